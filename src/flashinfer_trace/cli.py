@@ -1,0 +1,270 @@
+"""The `flashinfer-trace` command: parses arguments, calls the package, renders tables or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from . import __version__
+
+_out = Console(soft_wrap=True)
+_err = Console(stderr=True, soft_wrap=True)
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+# -- validate -----------------------------------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .dataset import definitions_dir
+    from .validate import validate_paths
+
+    paths = args.paths or [definitions_dir(args.definitions)]
+    reports, summary = validate_paths(paths)
+    if args.json:
+        _print_json({
+            "ok": summary.ok,
+            "summary": asdict(summary),
+            "problems": [asdict(p) for r in reports for p in r.problems],
+        })
+    else:
+        for r in reports:
+            for p in r.problems:
+                _out.print(f"[red]✗[/] {escape(p.file)}: [bold]{escape(p.path)}[/]: {escape(p.message)} "
+                           f"[dim]\\[{p.kind}][/]", highlight=False)
+        colour = "green" if summary.ok else "red"
+        kinds = ", ".join(f"{k}: {n}" for k, n in summary.by_kind.items())
+        _out.print(f"[{colour}]{summary.files} file(s), {summary.files_with_problems} with problems, "
+                   f"{summary.problems} problem(s)[/]" + (f" ({kinds})" if kinds else ""), highlight=False)
+    return 0 if summary.ok else 1
+
+
+# -- schema -------------------------------------------------------------------------------------
+def cmd_schema(args: argparse.Namespace) -> int:
+    from .definition import json_schema
+
+    _print_json(json_schema())
+    return 0
+
+
+# -- list / show --------------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    from .dataset import Dataset
+
+    defs = Dataset(args.definitions).select(op_type=args.op_type, tag=args.tag, model=args.model)
+    if args.json:
+        _print_json([{"name": d.name, "op_type": d.op_type, "tags": d.tags,
+                      "file": str(d.source) if d.source else None} for d in defs])
+        return 0
+    table = Table(title=f"{len(defs)} definition(s)")
+    for col in ("op_type", "name", "tags"):
+        table.add_column(col)
+    for d in sorted(defs, key=lambda d: (d.op_type, d.name)):
+        table.add_row(d.op_type, d.name, " ".join(d.tags))
+    _out.print(table)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .dataset import load_definition
+
+    d = load_definition(args.name, definitions=args.definitions)
+    if args.json:
+        _print_json(d.as_dict)
+        return 0
+    _out.print(f"[bold]{d.name}[/]  op_type={d.op_type}  {d.source or ''}", highlight=False)
+    if d.description:
+        _out.print(d.description)
+    _out.print("tags: " + " ".join(d.tags))
+    axes = Table(title="axes")
+    for col in ("axis", "type", "value", "description"):
+        axes.add_column(col)
+    for name, a in d.axes.items():
+        axes.add_row(name, a.type, str(getattr(a, "value", "")), a.description or "")
+    _out.print(axes)
+    for section in ("inputs", "outputs"):
+        t = Table(title=section)
+        for col in ("name", "shape", "dtype", "description"):
+            t.add_column(col)
+        for name, s in getattr(d, section).items():
+            t.add_row(name, "scalar" if s.shape is None else "[" + ", ".join(s.shape) + "]",
+                      s.dtype.value, s.description or "")
+        _out.print(t)
+    if d.constraints:
+        _out.print("constraints: " + "; ".join(d.constraints))
+    if args.reference:
+        _out.print(d.reference, highlight=False, markup=False)
+    return 0
+
+
+# -- inputs / run -------------------------------------------------------------------------------
+def _describe(value: Any) -> dict[str, Any]:
+    if hasattr(value, "shape"):
+        return {"shape": list(value.shape), "dtype": str(value.dtype).replace("torch.", ""),
+                "device": str(value.device)}
+    return {"shape": None, "dtype": type(value).__name__, "value": value}
+
+
+def _generate(args: argparse.Namespace, name: str):
+    from .dataset import load_definition
+    from .inputs import generate_inputs
+
+    d = load_definition(name, definitions=args.definitions)
+    return d, generate_inputs(d, size=args.size, seed=args.seed, device=args.device, case=args.case)
+
+
+def cmd_inputs(args: argparse.Namespace) -> int:
+    d, inputs = _generate(args, args.name)
+    described = {k: _describe(v) for k, v in inputs.values.items()}
+    if args.json:
+        _print_json({"definition": d.name, "size": args.size, "seed": args.seed, "case": args.case,
+                     "axes": inputs.axes, "inputs": described})
+        return 0
+    _out.print("axes: " + ", ".join(f"{k}={v}" for k, v in inputs.axes.items()), highlight=False)
+    t = Table(title=f"{d.name} inputs (size={args.size}, seed={args.seed}, case={args.case})")
+    for col in ("name", "shape", "dtype", "value"):
+        t.add_column(col)
+    for k, info in described.items():
+        t.add_row(k, "scalar" if info["shape"] is None else str(tuple(info["shape"])), info["dtype"],
+                  str(info.get("value", "")))
+    _out.print(t)
+    return 0
+
+
+def _run_one(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    from .inputs import UnsupportedOpType
+    from .testing import output_problems, run_reference
+
+    try:
+        d, inputs = _generate(args, name)
+    except UnsupportedOpType as e:
+        return {"definition": name, "status": "skip", "reason": str(e), "outputs": {}, "problems": []}
+    start = time.perf_counter()
+    try:
+        outputs = run_reference(d, inputs)
+    except Exception as e:  # a broken reference is a result to report, not a crash of the whole run
+        return {"definition": d.name, "status": "error", "outputs": {},
+                "problems": [f"reference raised {type(e).__name__}: {e}"]}
+    seconds = time.perf_counter() - start
+    problems = output_problems(d, inputs, outputs)
+    stats = {}
+    for out_name, value in zip(d.outputs, outputs):
+        info = _describe(value)
+        if hasattr(value, "is_floating_point") and value.is_floating_point() and value.numel():
+            v = value.float()
+            finite = v[v.isfinite()]
+            info.update(nonfinite=int(v.numel() - finite.numel()),
+                        mean=float(finite.mean()) if finite.numel() else None,
+                        absmax=float(finite.abs().max()) if finite.numel() else None)
+        stats[out_name] = info
+    return {"definition": d.name, "status": "fail" if problems else "ok", "seconds": seconds,
+            "outputs": stats, "problems": problems}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .dataset import Dataset
+
+    names = Dataset(args.definitions).names() if args.all else args.names
+    if not names:
+        _err.print("error: name a definition or pass --all", style="red")
+        return 2
+    results = [_run_one(args, n) for n in names]
+    if args.json:
+        _print_json({"size": args.size, "seed": args.seed, "case": args.case, "device": args.device,
+                     "results": results})
+    else:
+        t = Table(title=f"reference runs on {args.device} (size={args.size}, seed={args.seed})")
+        for col in ("definition", "status", "ms", "output", "shape", "dtype", "mean", "absmax"):
+            t.add_column(col)
+        for r in results:
+            ms = f"{r['seconds'] * 1e3:.1f}" if "seconds" in r else ""
+            outs = list(r["outputs"].items()) or [("", {})]
+            for i, (o, s) in enumerate(outs):
+                first = i == 0
+                t.add_row(r["definition"] if first else "", r["status"] if first else "", ms if first else "",
+                          o, str(s.get("shape", "")), s.get("dtype", ""), _fmt(s.get("mean")),
+                          _fmt(s.get("absmax")))
+        _out.print(t)
+        for r in results:
+            for p in r["problems"]:
+                _out.print(f"[red]✗ {r['definition']}: {escape(p)}[/]", highlight=False)
+            if r["status"] == "skip":
+                _out.print(f"[yellow]skip {r['definition']}: {escape(r['reason'])}[/]", highlight=False)
+    return 1 if any(r["status"] in ("fail", "error") for r in results) else 0
+
+
+def _fmt(x: Any) -> str:
+    return "" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+# -- wiring -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flashinfer-trace", description=__doc__)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--definitions", metavar="DIR",
+                        help="definitions folder (default: $FLASHINFER_TRACE_DEFINITIONS or ./definitions)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("validate", parents=[common], help="check definition files; exit 1 on any problem")
+    s.add_argument("paths", nargs="*", help="files or folders (default: the definitions folder)")
+    s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("schema", parents=[common], help="print the definition JSON Schema")
+    s.set_defaults(func=cmd_schema)
+
+    s = sub.add_parser("list", parents=[common], help="list definitions")
+    s.add_argument("--op-type")
+    s.add_argument("--tag")
+    s.add_argument("--model")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("show", parents=[common], help="show one definition")
+    s.add_argument("name", help="definition name or path to its JSON file")
+    s.add_argument("--reference", action="store_true", help="print the reference source too")
+    s.set_defaults(func=cmd_show)
+
+    gen = argparse.ArgumentParser(add_help=False)
+    gen.add_argument("--size", default="small", choices=("small", "medium", "large"))
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--case", default=None, help="an edge case of the op family, e.g. single_token")
+    gen.add_argument("--device", default="cpu")
+
+    s = sub.add_parser("inputs", parents=[common, gen], help="shapes and dtypes of generated inputs")
+    s.add_argument("name", help="definition name or path to its JSON file")
+    s.set_defaults(func=cmd_inputs)
+
+    s = sub.add_parser("run", parents=[common, gen], help="run references on generated inputs")
+    s.add_argument("names", nargs="*", help="definition names or paths to JSON files")
+    s.add_argument("--all", action="store_true", help="every definition in the definitions folder")
+    s.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .inputs import InputGenerationError
+    from .sandbox import SandboxError
+    from .validate import DefinitionError
+
+    try:
+        return args.func(args)
+    except (DefinitionError, SandboxError, InputGenerationError, KeyError, FileNotFoundError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        _err.print(f"error: {msg}", highlight=False, markup=False, style="red")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Finding and loading definitions: by name, op type, tag or model, parses cached per file.
+
+The definitions folder is, in order: an explicit argument (the CLI's `--definitions`), the
+FLASHINFER_TRACE_DEFINITIONS environment variable, `./definitions`, then the checkout's own folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from .definition import Definition
+from .validate import DefinitionError, Problem, load_file
+
+ENV_VAR = "FLASHINFER_TRACE_DEFINITIONS"
+_CHECKOUT_DEFINITIONS = Path(__file__).resolve().parents[2] / "definitions"
+
+_parsed: dict[Path, tuple[tuple[int, int], Definition]] = {}
+
+
+def definitions_dir(explicit: str | Path | None = None) -> Path:
+    if explicit is not None:
+        return Path(explicit)
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR])
+    if Path("definitions").is_dir():
+        return Path("definitions")
+    return _CHECKOUT_DEFINITIONS
+
+
+def load_path(path: str | Path) -> Definition:
+    """Load one file, reusing the parse while the file's mtime and size are unchanged."""
+    path = Path(path).resolve()
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise DefinitionError([Problem(str(path), "$", "not-found", str(e))]) from None
+    key = (st.st_mtime_ns, st.st_size)
+    hit = _parsed.get(path)
+    if hit and hit[0] == key:
+        return hit[1]
+    definition = load_file(path)
+    _parsed[path] = (key, definition)
+    return definition
+
+
+class Dataset:
+    """A definitions folder: `definitions/<op_type>/<name>.json`."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = definitions_dir(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"definitions folder {self.root} does not exist (set {ENV_VAR} or pass one)")
+        self._index: dict[str, Path] | None = None
+
+    @property
+    def index(self) -> dict[str, Path]:
+        """name -> file. File stems are names (validation enforces it), so no file is parsed here."""
+        if self._index is None:
+            index: dict[str, Path] = {}
+            for path in sorted(self.root.rglob("*.json")):
+                if path.stem in index:
+                    raise DefinitionError([Problem(str(path), "$.name", "duplicate-name",
+                                                   f"{path.stem!r} is also defined in {index[path.stem]}")])
+                index[path.stem] = path
+            self._index = index
+        return self._index
+
+    def names(self) -> list[str]:
+        return list(self.index)
+
+    def load(self, name: str) -> Definition:
+        if name not in self.index:
+            close = [n for n in self.index if name in n or n in name][:5]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise KeyError(f"no definition named {name!r} under {self.root}{hint}")
+        return load_path(self.index[name])
+
+    def __iter__(self) -> Iterator[Definition]:
+        for name in self.index:
+            yield self.load(name)
+
+    def select(self, *, op_type: str | None = None, tag: str | None = None,
+               model: str | None = None, names: list[str] | None = None) -> list[Definition]:
+        out = []
+        for name in names if names is not None else self.index:
+            d = self.load(name)
+            if op_type and d.op_type != op_type:
+                continue
+            if tag and tag not in d.tags:
+                continue
+            if model and model not in d.models:
+                continue
+            out.append(d)
+        return out
+
+
+def load_definition(name_or_path: str | Path, *, definitions: str | Path | None = None) -> Definition:
+    """A definition by name (looked up in the definitions folder) or by path to its JSON file."""
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.is_file():
+        return load_path(p)
+    return Dataset(definitions).load(str(name_or_path))
+
+
+def iter_definitions(*, op_type: str | None = None, tag: str | None = None, model: str | None = None,
+                     definitions: str | Path | None = None) -> list[Definition]:
+    return Dataset(definitions).select(op_type=op_type, tag=tag, model=model)

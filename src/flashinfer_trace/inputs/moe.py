@@ -1,0 +1,186 @@
+"""Mixture-of-experts inputs (op_type `moe`), e.g. the DeepSeek-V3 fp8 block-scale MoE:
+routing logits and bias, fp8 hidden states and expert weights with their block scales, the
+offset of this rank's local experts and the routed scaling factor.
+
+Every dimension comes from the definition's axes and shapes (nothing is hard-coded to
+DeepSeek-V3's 256 experts or 7168 hidden), so other definitions of the same family work.
+
+* fp8 tensors are made from random bytes mapped to finite codes of magnitude 0.125..1.875
+  (`common.random_fp8`): the ~1.4 GB of DeepSeek-V3 expert weights take about a second.
+* Any input `<x>_scale` next to an fp8 input `<x>` is a block scale, drawn with the shape the
+  definition gives, positive and log-uniform over 1.5 binades around a centre chosen so the
+  dequantised values are O(1) for activations and O(1/sqrt(K)) for weights ([.., N, K] layout,
+  K last): each GEMM then keeps its outputs O(1) and the bf16 output is finite.
+* `local_expert_offset` is a multiple of the number of local experts, chosen by the seed.
+* Routing is steered: the logits of two random local experts are raised by 5 for most tokens.
+  With 256 experts and 32 local ones, plain random logits often route no token of a small batch
+  to this rank, and then the kernel computes nothing and any implementation "passes". The
+  `no_local_tokens` case does the opposite on purpose (local logits pushed to -30): the output
+  must then be all zeros. Both are checked after generation with the DeepSeek-V3 routing when
+  the definition names its routing parameters (topk/ng/kg in the name or as axes).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .common import FP8_CODE_RMS, Builder, log_uniform, normal, randint, uniform
+
+OP_TYPES = ("moe",)
+ROWS = {"small": 2, "medium": 8, "large": 64}
+CASES = ("single_token", "no_local_tokens")
+ROUTED_SCALING_FACTOR = 2.5
+LOCAL_TOKEN_FRACTION = 0.75  # tokens steered to local experts
+BOOST = 5.0  # added to the logits of two local experts of a steered token: sigmoid ~ 0.99
+SUPPRESSED = -30.0  # local logits in `no_local_tokens`: sigmoid ~ 1e-13, below every other expert
+ROUTING_BIAS_STD = 0.1
+SCALE_SPREAD = 0.75  # block scales vary over +-0.75 binades around their centre
+
+LOGITS, BIAS, HIDDEN = "routing_logits", "routing_bias", "hidden_states"
+OFFSET, SCALING = "local_expert_offset", "routed_scaling_factor"
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def edge_cases(definition) -> list[str]:
+    return list(CASES)
+
+
+@dataclass(frozen=True)
+class Routing:
+    top_k: int
+    n_group: int | None = None
+    topk_group: int | None = None
+
+
+def routing_params(definition) -> Routing | None:
+    """top_k / n_group / topk_group from axes of those names, else from the name (`topk8_ng8_kg4`)."""
+    ax = definition.const_axes
+
+    def find(axis_names, pattern):
+        for a in axis_names:
+            if a in ax:
+                return ax[a]
+        m = re.search(pattern, definition.name)
+        return int(m.group(1)) if m else None
+
+    top_k = find(("top_k", "topk"), r"topk(\d+)")
+    if top_k is None:
+        return None
+    return Routing(top_k, find(("n_group", "num_groups"), r"_ng(\d+)"),
+                   find(("topk_group", "num_topk_groups"), r"_kg(\d+)"))
+
+
+def route(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing) -> torch.Tensor:
+    """Selected expert ids [T, top_k]: DeepSeek-V3 grouped routing when bias and groups are
+    known (sigmoid + bias, groups ranked by their best two, top-k inside the best groups),
+    else plain top-k of the logits."""
+    if bias is None or r.n_group is None or r.topk_group is None:
+        return logits.float().topk(r.top_k, dim=-1).indices
+    t, e = logits.shape
+    biased = torch.sigmoid(logits.float()) + bias.float()
+    per_group = e // r.n_group
+    group_score = biased.view(t, r.n_group, per_group).topk(min(2, per_group), dim=-1).values.sum(-1)
+    groups = group_score.topk(r.topk_group, dim=-1).indices
+    keep = torch.zeros(t, r.n_group, dtype=torch.bool).scatter_(1, groups, True)
+    masked = biased.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
+    return masked.topk(r.top_k, dim=-1).indices
+
+
+def _is_fp8(b: Builder, name: str) -> bool:
+    s = b.spec(name)
+    return s.shape is not None and b.torch_dtype(name) in _FP8
+
+
+def generate(b: Builder) -> None:
+    d = b.definition
+    names = list(d.inputs)
+    fp8 = [n for n in names if _is_fp8(b, n)]
+    scales = [n for n in names if n.endswith("_scale") and n[: -len("_scale")] in fp8]
+    weights = [n for n in names if "weight" in n and n not in scales]
+    known = {LOGITS, BIAS, HIDDEN, OFFSET, SCALING, *fp8, *scales, *weights}
+    extra = [n for n in names if n not in known]
+    if extra:
+        raise b.error(f"the moe generator does not know input(s) {', '.join(extra)}")
+    for need in (LOGITS, OFFSET):
+        if need not in d.inputs:
+            raise b.error(f"a moe definition needs a {need!r} input")
+
+    rows = 1 if b.case == "single_token" else ROWS[b.size]
+    b.set_dim(LOGITS, 0, rows)
+    if HIDDEN in d.inputs:
+        b.set_dim(HIDDEN, 0, rows)
+    num_experts = b.dim(LOGITS, -1)
+    num_local = _num_local_experts(b, weights)
+    if num_local < 1 or num_local > num_experts:
+        raise b.error(f"{num_local} local experts of {num_experts}: cannot place them")
+    offset = num_local * int(torch.randint(0, num_experts // num_local, (1,), generator=b.rng(OFFSET)))
+    b.put_scalar(OFFSET, offset)
+    if SCALING in d.inputs:
+        b.put_scalar(SCALING, ROUTED_SCALING_FACTOR)
+
+    logits = _routing_logits(b, rows, num_experts, offset, num_local)
+    b.put(LOGITS, logits.to(b.torch_dtype(LOGITS)))
+    if BIAS in d.inputs:
+        b.put_random(BIAS, scale=ROUTING_BIAS_STD)
+
+    for name in names:
+        if name in scales:
+            base = name[: -len("_scale")]
+            centre = -math.log2(FP8_CODE_RMS)
+            if base in weights:
+                centre -= 0.5 * math.log2(max(b.dim(base, -1), 1))
+            t = log_uniform(b.shape(name), b.rng(name), centre - SCALE_SPREAD, centre + SCALE_SPREAD)
+            b.put(name, t.to(b.torch_dtype(name)))
+        elif name in fp8 or name in weights or name == HIDDEN:
+            # fp8 codes ignore the scale (their block scales carry it); bf16 weights are N(0, 1/K)
+            k = b.dim(name, -1)
+            b.put_random(name, scale=1.0 / math.sqrt(max(k, 1)) if name in weights else 1.0)
+
+    _check_routing(b, offset, num_local)
+
+
+def _num_local_experts(b: Builder, weights: list[str]) -> int:
+    if "num_local_experts" in b.axes:
+        return b.axes["num_local_experts"]
+    for name in weights:
+        shape = b.spec(name).shape
+        if shape and len(shape) == 3:  # [experts, N, K]
+            return b.dim(name, 0)
+    raise b.error("cannot tell the number of local experts (no num_local_experts axis, no 3-d weight)")
+
+
+def _routing_logits(b: Builder, rows: int, num_experts: int, offset: int, num_local: int) -> torch.Tensor:
+    g = b.rng(LOGITS)
+    logits = normal((rows, num_experts), g)
+    local = slice(offset, offset + num_local)
+    if b.case == "no_local_tokens":
+        logits[:, local] = SUPPRESSED
+        return logits
+    steered = uniform((rows,), g) < LOCAL_TOKEN_FRACTION
+    if not bool(steered.any()):
+        steered[int(randint(0, rows, (1,), g))] = True
+    first = randint(0, num_local, (rows,), g)
+    second = (first + 1 + randint(0, max(num_local - 1, 1), (rows,), g)) % num_local
+    tokens = torch.arange(rows)[steered]
+    for experts in (first, second) if num_local > 1 else (first,):
+        logits[tokens, offset + experts[steered]] += BOOST
+    return logits
+
+
+def _check_routing(b: Builder, offset: int, num_local: int) -> None:
+    """Fail loudly if the routing does not do what the case promises (see the module docstring)."""
+    r = routing_params(b.definition)
+    if r is None:
+        return
+    bias = b.values.get(BIAS)
+    chosen = route(b.values[LOGITS], bias if isinstance(bias, torch.Tensor) else None, r)
+    local = int(((chosen >= offset) & (chosen < offset + num_local)).sum())
+    if b.case == "no_local_tokens" and local:
+        raise b.error(f"no_local_tokens: {local} routing choice(s) still reach the local experts")
+    if b.case != "no_local_tokens" and not local:
+        raise b.error("no token is routed to a local expert: the case would test nothing")

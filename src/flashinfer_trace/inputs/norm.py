@@ -1,0 +1,37 @@
+"""RMSNorm inputs (op_type `rmsnorm`): `rmsnorm` (hidden_states, weight) and `fused_add_rmsnorm`
+(hidden_states, residual, weight), told apart by input name.
+
+Activations are standard normal (bf16 activations of a real model are O(1) after the previous
+layer's norm); the weight is 1 + 0.1 * N(0, 1), so a wrong broadcast or a dropped weight shows.
+"""
+
+from __future__ import annotations
+
+from .common import Builder, bind_rows, float_tensor_inputs, unknown_inputs
+
+OP_TYPES = ("rmsnorm",)
+ROWS = {"small": 4, "medium": 64, "large": 2048}
+CASES = ("single_token", "large_values")
+LARGE = 100.0  # `large_values`: activations * 100, so x**2 summed over 4096 channels needs float32
+WEIGHTS = ("weight", "gamma")
+ACTIVATIONS = ("hidden_states", "residual", "input", "x")
+
+
+def edge_cases(definition) -> list[str]:
+    return list(CASES)
+
+
+def generate(b: Builder) -> None:
+    unknown_inputs(b, WEIGHTS + ACTIVATIONS, "rmsnorm")
+    floats = float_tensor_inputs(b)
+    if len(floats) != len(b.definition.inputs):
+        raise b.error("rmsnorm inputs must all be float tensors")
+    acts = [n for n in floats if n in ACTIVATIONS]
+    rows = 1 if b.case == "single_token" else ROWS[b.size]
+    bind_rows(b, acts, rows)
+    scale = LARGE if b.case == "large_values" else 1.0
+    for name in floats:
+        if name in WEIGHTS:
+            b.put_random(name, scale=0.1, mean=1.0)
+        else:
+            b.put_random(name, scale=scale)

@@ -1,0 +1,38 @@
+"""op_type -> the family generator that makes its inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+from . import activation, attention, gemm, moe, norm, rope, sampling
+from .common import Builder, UnsupportedOpType
+
+_MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the module: "attention"
+    generate: Callable[[Builder], None]
+    edge_cases: Callable[..., list[str]]
+
+
+FAMILIES: dict[str, Family] = {
+    op: Family(m.__name__.rsplit(".", 1)[-1], m.generate, m.edge_cases) for m in _MODULES for op in m.OP_TYPES
+}
+
+
+def supported_op_types() -> list[str]:
+    return sorted(FAMILIES)
+
+
+def family_for(definition) -> Family:
+    try:
+        return FAMILIES[definition.op_type]
+    except KeyError:
+        raise UnsupportedOpType(
+            f"no input generator for op_type {definition.op_type!r} (definition {definition.name!r}; "
+            f"supported: {', '.join(supported_op_types())})"
+        ) from None

@@ -1,0 +1,71 @@
+"""Rotary embedding inputs (op_type `rope`): positions, query, key and a cos/sin cache.
+
+Positions are random (not sorted, not arange): a kernel that indexes the cache by token index
+instead of by position passes on arange positions and fails here. The cache is built the way
+models build it (inv_freq = theta^(-2i/rotary_dim); cos in the first half of each row, sin in
+the second) so outputs are real rotations with norms preserved, which a test can check.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import Builder, bind_rows, randint
+
+OP_TYPES = ("rope",)
+ROWS = {"small": 4, "medium": 64, "large": 2048}
+MAX_POSITION = {"small": 256, "medium": 4096, "large": 32768}  # only when the definition leaves it var
+CASES = ("single_token", "large_values")
+LARGE = 100.0
+POSITIONS = ("positions", "pos_ids")
+ACTIVATIONS = ("query", "key", "q", "k")
+CACHE = "cos_sin_cache"
+
+
+def edge_cases(definition) -> list[str]:
+    return list(CASES)
+
+
+def rope_theta(definition) -> float:
+    """Llama 3.x uses theta 5e5; everything else here gets the classic 1e4 (any theta is valid:
+    the cache is an input, so reference and kernel see the same one)."""
+    return 5e5 if any(m.startswith("llama-3") for m in definition.models) else 1e4
+
+
+def cos_sin_cache(max_position: int, rotary_dim: int, theta: float) -> torch.Tensor:
+    """[max_position, rotary_dim] float32: cos(p * f_i) | sin(p * f_i), computed in float64."""
+    half = rotary_dim // 2
+    inv_freq = 1.0 / theta ** (torch.arange(half, dtype=torch.float64) * 2 / rotary_dim)
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.float64), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(torch.float32)
+
+
+def generate(b: Builder) -> None:
+    d = b.definition
+    known = POSITIONS + ACTIVATIONS + (CACHE,)
+    extra = [n for n in d.inputs if n not in known]
+    if extra:
+        raise b.error(f"the rope generator does not know input(s) {', '.join(extra)}")
+    pos = next((n for n in POSITIONS if n in d.inputs), None)
+    acts = [n for n in d.inputs if n in ACTIVATIONS]
+    if pos is None or not acts:
+        raise b.error("a rope definition needs positions and query/key inputs")
+    rows = 1 if b.case == "single_token" else ROWS[b.size]
+    bind_rows(b, [pos, *acts], rows)
+
+    if CACHE in d.inputs:
+        max_axis, rd_axis = b.dim_axis(CACHE, 0), b.dim_axis(CACHE, 1)
+        if max_axis not in b.axes:
+            b.set_axis(max_axis, MAX_POSITION[b.size])
+        rotary_dim = b.axis(rd_axis)
+        if rotary_dim % 2:
+            raise b.error(f"rotary dim {rotary_dim} is odd; cos|sin halves need it even")
+        max_position = b.axis(max_axis)
+        cache = cos_sin_cache(max_position, rotary_dim, rope_theta(d)).to(b.torch_dtype(CACHE))
+        b.put(CACHE, cache)
+    else:
+        max_position = MAX_POSITION[b.size]
+
+    b.put(pos, randint(0, max_position, b.shape(pos), b.rng(pos), dtype=b.torch_dtype(pos)))
+    for name in acts:
+        b.put_random(name, scale=LARGE if b.case == "large_values" else 1.0)

@@ -1,0 +1,724 @@
+"""The input generators: every case satisfies its definition, replays bit for bit, and the
+structural promises of each family hold (shuffled pages, causal lengths, routing that reaches
+the local experts, normalised probabilities, ...)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flashinfer_trace.constraints import check_all
+from flashinfer_trace.dataset import load_path
+from flashinfer_trace.definition import Definition
+from flashinfer_trace.dtypes import torch_dtype
+from flashinfer_trace.inputs import (
+    SIZES,
+    InputGenerationError,
+    Inputs,
+    UnsupportedOpType,
+    edge_cases,
+    generate_inputs,
+    supported_op_types,
+)
+from flashinfer_trace.inputs import attention as attention_mod
+from flashinfer_trace.inputs.common import normal, random_fp8, random_words64
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "definitions"
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+# -- definitions made here (the shipped ones are tested too, when present) ---------------------
+def var():
+    return {"type": "var"}
+
+
+def const(v):
+    return {"type": "const", "value": v}
+
+
+def t(shape, dtype):
+    return {"shape": shape, "dtype": dtype}
+
+
+def make(name, op_type, axes, inputs, outputs, constraints=(), tags=(), reference=None):
+    args = ", ".join(inputs)
+    return Definition.model_validate({
+        "name": name, "op_type": op_type, "axes": axes, "inputs": inputs, "outputs": outputs,
+        "constraints": list(constraints), "tags": list(tags),
+        "reference": reference or f"def run({args}):\n    return None\n",
+    })
+
+
+def gqa_paged(stage, page_size=1, last_page_len=False, h=4, kv=2, d=16):
+    prefill = stage == "prefill"
+    rows = "total_q" if prefill else "batch_size"
+    axes = {"batch_size": var(), "num_pages": var(), "len_indptr": var(), "num_kv_indices": var(),
+            "num_qo_heads": const(h), "num_kv_heads": const(kv), "head_dim": const(d),
+            "page_size": const(page_size)}
+    if prefill:
+        axes["total_q"] = var()
+    cache = ["num_pages", "page_size", "num_kv_heads", "head_dim"]
+    inputs = {"q": t([rows, "num_qo_heads", "head_dim"], "bfloat16"),
+              "k_cache": t(cache, "bfloat16"), "v_cache": t(cache, "bfloat16")}
+    if prefill:
+        inputs["qo_indptr"] = t(["len_indptr"], "int32")
+    inputs["kv_indptr"] = t(["len_indptr"], "int32")
+    inputs["kv_indices"] = t(["num_kv_indices"], "int32")
+    if last_page_len:
+        inputs["kv_last_page_len"] = t(["batch_size"], "int32")
+    inputs["sm_scale"] = t(None, "float32")
+    constraints = ["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"]
+    if prefill:
+        constraints.append("total_q == qo_indptr[-1].item()")
+    suffix = "_lpl" if last_page_len else ""
+    return make(f"gqa_paged_{stage}_h{h}_kv{kv}_d{d}_ps{page_size}{suffix}", "gqa_paged", axes, inputs,
+                {"output": t([rows, "num_qo_heads", "head_dim"], "bfloat16")}, constraints,
+                [f"stage:{stage}"])
+
+
+def gqa_ragged():
+    axes = {"batch_size": var(), "total_q": var(), "total_kv": var(), "len_indptr": var(),
+            "num_qo_heads": const(4), "num_kv_heads": const(2), "head_dim": const(16)}
+    inputs = {"q": t(["total_q", "num_qo_heads", "head_dim"], "bfloat16"),
+              "k": t(["total_kv", "num_kv_heads", "head_dim"], "bfloat16"),
+              "v": t(["total_kv", "num_kv_heads", "head_dim"], "bfloat16"),
+              "qo_indptr": t(["len_indptr"], "int32"), "kv_indptr": t(["len_indptr"], "int32"),
+              "sm_scale": t(None, "float32")}
+    return make("gqa_ragged_prefill_causal_h4_kv2_d16", "gqa_ragged", axes, inputs,
+                {"output": t(["total_q", "num_qo_heads", "head_dim"], "bfloat16")},
+                ["len_indptr == batch_size + 1", "total_q == qo_indptr[-1].item()",
+                 "total_kv == kv_indptr[-1].item()"])
+
+
+def mla_paged(stage):
+    prefill = stage == "prefill"
+    rows = "total_q" if prefill else "batch_size"
+    axes = {"batch_size": var(), "num_pages": var(), "len_indptr": var(), "num_kv_indices": var(),
+            "num_qo_heads": const(2), "head_dim_ckv": const(32), "head_dim_kpe": const(8),
+            "page_size": const(1)}
+    if prefill:
+        axes["total_q"] = var()
+    inputs = {"q_nope": t([rows, "num_qo_heads", "head_dim_ckv"], "bfloat16"),
+              "q_pe": t([rows, "num_qo_heads", "head_dim_kpe"], "bfloat16"),
+              "ckv_cache": t(["num_pages", "page_size", "head_dim_ckv"], "bfloat16"),
+              "kpe_cache": t(["num_pages", "page_size", "head_dim_kpe"], "bfloat16")}
+    if prefill:
+        inputs["qo_indptr"] = t(["len_indptr"], "int32")
+    inputs |= {"kv_indptr": t(["len_indptr"], "int32"), "kv_indices": t(["num_kv_indices"], "int32"),
+               "sm_scale": t(None, "float32")}
+    return make(f"mla_paged_{stage}_h2_ckv32_kpe8_ps1", "mla_paged", axes, inputs,
+                {"output": t([rows, "num_qo_heads", "head_dim_ckv"], "bfloat16")},
+                ["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"])
+
+
+def rmsnorm(fused=False):
+    inputs = {"hidden_states": t(["batch_size", "hidden_size"], "bfloat16")}
+    if fused:
+        inputs["residual"] = t(["batch_size", "hidden_size"], "bfloat16")
+    inputs["weight"] = t(["hidden_size"], "bfloat16")
+    return make("fused_add_rmsnorm_h64" if fused else "rmsnorm_h64", "rmsnorm",
+                {"batch_size": var(), "hidden_size": const(64)}, inputs,
+                {"output": t(["batch_size", "hidden_size"], "bfloat16")}, ["hidden_size == weight.shape[0]"])
+
+
+def gemm():
+    return make("gemm_n32_k64", "gemm", {"M": var(), "N": const(32), "K": const(64)},
+                {"A": t(["M", "K"], "float16"), "B": t(["N", "K"], "float16")}, {"C": t(["M", "N"], "float16")})
+
+
+def silu_and_mul():
+    return make("silu_and_mul_i32", "activation",
+                {"num_tokens": var(), "intermediate_size": const(32), "gate_up_size": const(64)},
+                {"input": t(["num_tokens", "gate_up_size"], "bfloat16")},
+                {"output": t(["num_tokens", "intermediate_size"], "bfloat16")},
+                ["gate_up_size == 2 * intermediate_size"])
+
+
+def rope(max_position=None):
+    axes = {"num_tokens": var(), "max_position": var() if max_position is None else const(max_position),
+            "num_qo_heads": const(4), "num_kv_heads": const(2), "head_dim": const(32), "rotary_dim": const(32)}
+    return make(f"rope_h4_kv2_d32_rd32{'' if max_position is None else f'_p{max_position}'}", "rope", axes,
+                {"positions": t(["num_tokens"], "int64"),
+                 "query": t(["num_tokens", "num_qo_heads", "head_dim"], "bfloat16"),
+                 "key": t(["num_tokens", "num_kv_heads", "head_dim"], "bfloat16"),
+                 "cos_sin_cache": t(["max_position", "rotary_dim"], "float32")},
+                {"query_out": t(["num_tokens", "num_qo_heads", "head_dim"], "bfloat16")},
+                ["positions.min().item() >= 0 and positions.max().item() < max_position"],
+                tags=["model:llama-3.1-8b"])
+
+
+def sampling(top_k=True, top_p=True, vocab=1000):
+    inputs = {"probs": t(["batch_size", "vocab_size"], "float32")}
+    if top_k:
+        inputs["top_k"] = t(["batch_size"], "int32")
+    if top_p:
+        inputs["top_p"] = t(["batch_size"], "float32")
+    name = {(True, True): "top_k_top_p", (True, False): "top_k", (False, True): "top_p"}[(top_k, top_p)]
+    return make(f"{name}_sampling_from_probs_v{vocab}", "sampling",
+                {"batch_size": var(), "vocab_size": const(vocab)}, inputs,
+                {"samples": t(["batch_size"], "int64")}, ["abs(probs.sum(1) - 1).max().item() < 1e-3"])
+
+
+def moe(reference=None):
+    """The DeepSeek-V3 fp8 MoE shape family, scaled down: 64 experts in 8 groups, 8 local ones,
+    hidden 256, intermediate 128, block 128 (the shipped reference runs on it unchanged)."""
+    axes = {"seq_len": var(), "num_experts": const(64), "num_local_experts": const(8),
+            "hidden_size": const(256), "intermediate_size": const(128), "gemm1_out_size": const(256),
+            "num_hidden_blocks": const(2), "num_intermediate_blocks": const(1), "num_gemm1_out_blocks": const(2)}
+    inputs = {
+        "routing_logits": t(["seq_len", "num_experts"], "float32"),
+        "routing_bias": t(["num_experts"], "bfloat16"),
+        "hidden_states": t(["seq_len", "hidden_size"], "float8_e4m3fn"),
+        "hidden_states_scale": t(["num_hidden_blocks", "seq_len"], "float32"),
+        "gemm1_weights": t(["num_local_experts", "gemm1_out_size", "hidden_size"], "float8_e4m3fn"),
+        "gemm1_weights_scale": t(["num_local_experts", "num_gemm1_out_blocks", "num_hidden_blocks"], "float32"),
+        "gemm2_weights": t(["num_local_experts", "hidden_size", "intermediate_size"], "float8_e4m3fn"),
+        "gemm2_weights_scale": t(["num_local_experts", "num_hidden_blocks", "num_intermediate_blocks"],
+                                 "float32"),
+        "local_expert_offset": t(None, "int32"),
+        "routed_scaling_factor": t(None, "float32"),
+    }
+    return make("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e8_h256_i128", "moe", axes, inputs,
+                {"output": t(["seq_len", "hidden_size"], "bfloat16")},
+                ["local_expert_offset >= 0 and local_expert_offset + num_local_experts <= num_experts"],
+                reference=reference)
+
+
+SYNTHETIC = [
+    rmsnorm(), rmsnorm(fused=True), gemm(), silu_and_mul(), rope(), rope(max_position=512),
+    gqa_paged("decode"), gqa_paged("prefill"), gqa_paged("decode", 16, last_page_len=True),
+    gqa_paged("prefill", 16, last_page_len=True), gqa_paged("prefill", 16), gqa_paged("decode", 16),
+    gqa_ragged(), mla_paged("decode"), mla_paged("prefill"),
+    sampling(), sampling(top_p=False), sampling(top_k=False), moe(),
+]
+BY_NAME = {d.name: d for d in SYNTHETIC}
+ATTENTION = [d for d in SYNTHETIC if d.op_type in attention_mod.OP_TYPES]
+
+
+def _shipped() -> list[Definition]:
+    out = []
+    for path in sorted(SHIPPED.rglob("*.json")) if SHIPPED.is_dir() else []:
+        try:
+            d = load_path(path)
+        except Exception:  # a file being written right now; the validate tests report it
+            continue
+        if d.op_type in supported_op_types():
+            out.append(d)
+    return out
+
+
+SHIPPED_DEFS = _shipped()
+SHIPPED_CHEAP = [d for d in SHIPPED_DEFS if d.op_type != "moe"]  # the shipped MoE weighs 1.4 GB
+SHIPPED_MOE = [d for d in SHIPPED_DEFS if d.op_type == "moe"]
+CHEAP_FAMILIES = ("rmsnorm", "activation", "rope", "sampling", "gemm")
+
+
+def ids(defs):
+    return [d.name for d in defs]
+
+
+# -- checks every case must pass, written independently of the generator ----------------------
+def as_comparable(v):
+    if isinstance(v, torch.Tensor) and v.dtype in FP8:
+        return v.view(torch.uint8)
+    return v
+
+
+def same(a: Inputs, b: Inputs) -> bool:
+    if list(a.values) != list(b.values) or a.axes != b.axes:
+        return False
+    for x, y in zip(a.args(), b.args(), strict=True):
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(as_comparable(x),
+                                                                                       as_comparable(y))):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def digest(x: Inputs) -> str:
+    h = hashlib.sha256()
+    for name, v in x.values.items():
+        h.update(name.encode())
+        if isinstance(v, torch.Tensor):
+            h.update(str(v.dtype).encode() + str(tuple(v.shape)).encode())
+            h.update(as_comparable(v).contiguous().view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(v).encode())
+    return h.hexdigest()
+
+
+def check_spec(d: Definition, x: Inputs) -> None:
+    """Shapes, dtypes, axes and constraints, re-checked from the definition alone."""
+    assert list(x.values) == list(d.inputs)
+    assert list(x.axes) == list(d.axes)
+    for axis, value in d.const_axes.items():
+        assert x.axes[axis] == value
+    for name, spec in d.inputs.items():
+        v = x.values[name]
+        if spec.shape is None:
+            want = {"int32": int, "int64": int, "float32": float, "bool": bool}[spec.dtype.value]
+            assert type(v) is want, name
+            continue
+        assert isinstance(v, torch.Tensor), name
+        assert tuple(v.shape) == tuple(x.axes[a] for a in spec.shape), name
+        assert v.dtype == torch_dtype(spec.dtype), name
+        if v.is_floating_point() and v.dtype not in FP8:
+            assert torch.isfinite(v).all(), name
+    check_all(d.constraints, {**x.axes, **x.values}, definition=d.name)
+
+
+def lens(indptr: torch.Tensor) -> list[int]:
+    return (indptr[1:] - indptr[:-1]).tolist()
+
+
+def request_lengths(d: Definition, x: Inputs) -> tuple[list[int], list[int]]:
+    """(kv_lens, qo_lens) per request, read back from the structural tensors."""
+    v = x.values
+    if d.op_type == "gqa_ragged":
+        kv = lens(v["kv_indptr"])
+    else:
+        ps = d.const_axes.get("page_size", 1)
+        pages = lens(v["kv_indptr"])
+        if "kv_last_page_len" in v:
+            last = v["kv_last_page_len"].tolist()
+            kv = [(p - 1) * ps + lp if p else 0 for p, lp in zip(pages, last, strict=True)]
+        else:
+            kv = [p * ps for p in pages]
+    qo = lens(v["qo_indptr"]) if "qo_indptr" in v else [1] * len(kv)
+    return kv, qo
+
+
+def check_attention(d: Definition, x: Inputs) -> None:
+    v = x.values
+    batch = len(v["kv_indptr"]) - 1
+    assert batch >= 1
+    for name in ("qo_indptr", "kv_indptr"):
+        if name in v:
+            p = v[name]
+            assert p.dtype == torch.int32 and p[0].item() == 0 and (p[1:] >= p[:-1]).all(), name
+    kv, qo = request_lengths(d, x)
+    if "qo_indptr" in v:
+        assert all(q <= k for q, k in zip(qo, kv, strict=True)), (qo, kv)  # causal: queries end the sequence
+        assert sum(qo) == x.values[next(n for n in ("q", "q_nope") if n in v)].shape[0]
+    if d.op_type != "gqa_ragged":
+        idx = v["kv_indices"]
+        num_pages = x.axes["num_pages"]
+        assert len(idx) == v["kv_indptr"][-1].item()
+        assert len(set(idx.tolist())) == len(idx), "a page is used twice"
+        assert len(idx) == 0 or (idx.min() >= 0 and idx.max() < num_pages)
+        assert num_pages > len(idx), "no spare pages: a kernel reading unlisted pages would go unseen"
+        if len(idx) >= 2:
+            assert not bool((idx[1:] > idx[:-1]).all()), "kv_indices are sorted: pages not shuffled"
+        if "kv_last_page_len" in v:
+            ps = d.const_axes["page_size"]
+            for p, lp in zip(lens(v["kv_indptr"]), v["kv_last_page_len"].tolist(), strict=True):
+                assert (1 <= lp <= ps) if p else lp == 0
+    if "sm_scale" in v:
+        head = 128 + x.axes["head_dim_kpe"] if d.op_type == "mla_paged" else v["q"].shape[-1]
+        assert v["sm_scale"] == pytest.approx(1 / math.sqrt(head), rel=1e-6)
+
+
+def ds_routing_reference(logits, bias, top_k=8, n_group=8, topk_group=4) -> list[set[int]]:
+    """DeepSeek-V3 routing, one token at a time in plain Python (independent of moe.route)."""
+    chosen = []
+    num_experts = logits.shape[1]
+    per_group = num_experts // n_group
+    for row in range(logits.shape[0]):
+        s = [1 / (1 + math.exp(-float(z))) + float(b) for z, b in zip(logits[row], bias.float(), strict=True)]
+        groups = [sorted(s[g * per_group:(g + 1) * per_group], reverse=True) for g in range(n_group)]
+        group_score = [grp[0] + grp[1] for grp in groups]
+        kept = sorted(range(n_group), key=lambda g: -group_score[g])[:topk_group]
+        candidates = [e for g in kept for e in range(g * per_group, (g + 1) * per_group)]
+        chosen.append(set(sorted(candidates, key=lambda e: -s[e])[:top_k]))
+    return chosen
+
+
+def local_choices(x: Inputs) -> int:
+    off = x.values["local_expert_offset"]
+    n_local = x.axes["num_local_experts"]
+    routed = ds_routing_reference(x.values["routing_logits"], x.values["routing_bias"])
+    return sum(1 for experts in routed for e in experts if off <= e < off + n_local)
+
+
+# -- every definition, every size tier, every edge case ---------------------------------------
+def size_params(defs):
+    out = []
+    for d in defs:
+        sizes = SIZES if d.op_type in CHEAP_FAMILIES else ("small", "medium")
+        if d.op_type == "moe":
+            sizes = ("small",)
+        out += [pytest.param(d, s, id=f"{d.name}-{s}") for s in sizes]
+    return out
+
+
+def case_params(defs):
+    return [pytest.param(d, c, id=f"{d.name}-{c}") for d in defs for c in edge_cases(d)]
+
+
+@pytest.mark.parametrize("d,size", size_params(SYNTHETIC + SHIPPED_CHEAP))
+def test_every_size_satisfies_the_definition(d, size):
+    x = generate_inputs(d, size, seed=0)
+    check_spec(d, x)
+    assert (x.definition, x.size, x.seed, x.case) == (d.name, size, 0, None)
+    if d.op_type in attention_mod.OP_TYPES:
+        check_attention(d, x)
+
+
+@pytest.mark.parametrize("d,case", case_params(SYNTHETIC + SHIPPED_CHEAP))
+def test_every_edge_case_satisfies_the_definition(d, case):
+    x = generate_inputs(d, "small", seed=1, case=case)
+    check_spec(d, x)
+    assert x.case == case
+    if d.op_type in attention_mod.OP_TYPES:
+        check_attention(d, x)
+
+
+def test_tiers_grow():
+    for d in (gqa_paged("prefill"), rmsnorm(), sampling(), rope()):
+        rows = [generate_inputs(d, s).args()[0].shape[0] for s in ("small", "medium")]
+        assert rows[0] < rows[1]
+
+
+# -- reproducibility ------------------------------------------------------------------------
+@pytest.mark.parametrize("d", SYNTHETIC, ids=ids(SYNTHETIC))
+def test_same_seed_replays_bit_for_bit_and_other_seeds_differ(d):
+    a = generate_inputs(d, "small", seed=7)
+    b = generate_inputs(d, "small", seed=7)
+    assert same(a, b)
+    c = generate_inputs(d, "small", seed=8)
+    floats = [n for n, v in a.values.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert any(not torch.equal(as_comparable(a.values[n]), as_comparable(c.values[n]))
+               for n in floats if a.values[n].shape == c.values[n].shape) or a.axes != c.axes
+
+
+def test_size_and_case_are_part_of_the_seed():
+    d = rmsnorm()
+    base = generate_inputs(d, "small", seed=0)
+    other = generate_inputs(d, "small", seed=0, case="large_values")
+    assert not torch.equal(base.values["weight"], other.values["weight"])
+
+
+def test_global_rng_is_left_alone():
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    for d in (gqa_paged("prefill", 16, True), moe(), sampling(), rope()):
+        generate_inputs(d, "small", seed=3)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_inputs_do_not_depend_on_cpu_capability_or_thread_count():
+    """torch.randn's CPU kernel gives different bits with and without AVX2; the generators
+    draw integers only, so a child process on the scalar code path and one thread must agree."""
+    defs = [gqa_paged("prefill", 16, True), moe(), sampling(), rope(), rmsnorm(fused=True), gemm()]
+    here = {d.name: digest(generate_inputs(d, "small", seed=5)) for d in defs}
+    script = (
+        "import json, sys, torch\n"
+        "torch.set_num_threads(1)\n"
+        "sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+        "import test_inputs as T\n"
+        "from flashinfer_trace.inputs import generate_inputs\n"
+        "defs = [T.gqa_paged('prefill', 16, True), T.moe(), T.sampling(), T.rope(), T.rmsnorm(fused=True), T.gemm()]\n"
+        "print(json.dumps({d.name: T.digest(generate_inputs(d, 'small', seed=5)) for d in defs}))\n"
+    )
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    out = subprocess.run([sys.executable, "-c", script, str(ROOT / "src"), str(Path(__file__).parent)],
+                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+
+
+def test_block_parallel_random_words_are_thread_independent():
+    n = 3 * (1 << 21) + 5  # more than one block, and a ragged last one
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = random_words64(n, torch.Generator().manual_seed(9))
+        torch.set_num_threads(max(2, threads))
+        many = random_words64(n, torch.Generator().manual_seed(9))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, many)
+    assert len(torch.unique(one[:100_000])) == 100_000
+
+
+def test_generated_on_cpu_then_moved():
+    d = gqa_paged("decode")
+    meta = generate_inputs(d, "small", seed=2, device="meta")
+    cpu = generate_inputs(d, "small", seed=2)
+    for name, v in meta.values.items():
+        if isinstance(v, torch.Tensor):
+            assert v.device.type == "meta" and v.shape == cpu.values[name].shape
+        else:
+            assert v == cpu.values[name]
+    if torch.cuda.is_available():
+        assert same(generate_inputs(d, "small", seed=2, device="cuda").to("cpu"), cpu)
+
+
+# -- the Inputs object ----------------------------------------------------------------------
+def test_inputs_api():
+    d = rmsnorm(fused=True)
+    x = generate_inputs(d, "small", seed=0)
+    assert x.args() == list(x.values.values()) and list(x.values) == ["hidden_states", "residual", "weight"]
+    y = x.clone()
+    y.values["residual"].zero_()  # an in-place kernel writing into its inputs
+    assert not torch.equal(x.values["residual"], y.values["residual"])
+    assert x.values["residual"].abs().sum() > 0
+    z = x.to("cpu")
+    assert same(x, z) and z.axes == x.axes == {"batch_size": 4, "hidden_size": 64}
+    assert "hidden_states=(4, 64):bfloat16" in repr(x) and len(repr(x)) < 300
+
+
+def test_scalars_are_python_scalars_rounded_to_their_dtype():
+    x = generate_inputs(gqa_paged("decode"), "small")
+    assert type(x.values["sm_scale"]) is float
+    assert x.values["sm_scale"] == torch.tensor(1 / 4.0, dtype=torch.float32).item()
+    m = generate_inputs(moe(), "small")
+    assert type(m.values["local_expert_offset"]) is int and m.values["routed_scaling_factor"] == 2.5
+
+
+# -- attention ------------------------------------------------------------------------------
+@pytest.mark.parametrize("d", ATTENTION, ids=ids(ATTENTION))
+def test_attention_edge_cases(d):
+    prefill = "qo_indptr" in d.inputs
+    ps = d.const_axes.get("page_size", 1)
+    full_pages = d.op_type != "gqa_ragged" and "kv_last_page_len" not in d.inputs
+    one_token = ps if full_pages else 1  # without kv_last_page_len the smallest kv is one full page
+
+    x = generate_inputs(d, "small", case="single_token")
+    kv, qo = request_lengths(d, x)
+    assert kv == [one_token] * len(kv) and qo == [1] * len(kv) and len(kv) == attention_mod.TIERS["small"].batch
+
+    x = generate_inputs(d, "medium", case="batch1")
+    assert x.axes["len_indptr"] == 2 and (x.axes.get("batch_size", 1) == 1)
+
+    x = generate_inputs(d, "medium", case="uneven")
+    kv, qo = request_lengths(d, x)
+    tier = attention_mod.TIERS["medium"]
+    assert min(kv) == one_token and max(kv) >= tier.max_kv
+    if prefill:
+        assert 1 in qo and tier.max_qo in qo
+
+    for seed in range(4):
+        x = generate_inputs(d, "small", seed=seed, case="empty")
+        kv, qo = request_lengths(d, x)
+        empty = qo if prefill else kv
+        assert empty.count(0) == 1 and len(empty) > 1, (kv, qo)
+        check_attention(d, x)
+
+
+def test_paged_pages_are_shuffled_with_spares():
+    d = gqa_paged("decode")
+    x = generate_inputs(d, "medium", seed=0)
+    idx = x.values["kv_indices"]
+    assert not torch.equal(idx.sort().values, idx)
+    assert (idx[1:] - idx[:-1]).abs().float().mean() > 10  # scattered, not runs of neighbours
+    assert x.axes["num_pages"] >= len(idx) * 1.2
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**40), stage=st.sampled_from(["decode", "prefill"]),
+       last=st.booleans(), case=st.sampled_from([None, *attention_mod.CASES]))
+def test_paged_structure_holds_for_any_seed(seed, stage, last, case):
+    d = gqa_paged(stage, 16, last_page_len=last, h=2, kv=1, d=8)
+    x = generate_inputs(d, "small", seed=seed, case=case)
+    check_spec(d, x)
+    check_attention(d, x)
+
+
+# -- moe ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(6))
+def test_moe_routes_tokens_to_local_experts(seed):
+    x = generate_inputs(moe(), "medium", seed=seed)
+    off, n_local, n_exp = x.values["local_expert_offset"], x.axes["num_local_experts"], x.axes["num_experts"]
+    assert off % n_local == 0 and 0 <= off <= n_exp - n_local
+    assert local_choices(x) >= x.axes["seq_len"]  # most tokens send two or more choices here
+
+
+def test_moe_offsets_vary_with_the_seed():
+    offsets = {generate_inputs(moe(), "small", seed=s).values["local_expert_offset"] for s in range(12)}
+    assert len(offsets) >= 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_moe_no_local_tokens_routes_nothing_locally(seed):
+    x = generate_inputs(moe(), "medium", seed=seed, case="no_local_tokens")
+    assert local_choices(x) == 0
+
+
+def test_moe_single_token():
+    x = generate_inputs(moe(), "small", case="single_token")
+    assert x.axes["seq_len"] == 1 and local_choices(x) >= 1
+
+
+def test_moe_fp8_codes_and_scales():
+    x = generate_inputs(moe(), "small")
+    for name, v in x.values.items():
+        if isinstance(v, torch.Tensor) and v.dtype == torch.float8_e4m3fn:
+            assert not ((v.view(torch.uint8) & 0x7F) == 0x7F).any(), f"{name} has NaN codes"
+            mag = v.float().abs()
+            assert mag.min() >= 0.125 and mag.max() <= 1.875
+        if name.endswith("_scale"):
+            assert (v > 0).all() and torch.isfinite(v).all()
+    # weight scales shrink with the contraction dim so that every GEMM output stays O(1)
+    assert x.values["gemm1_weights_scale"].mean() < x.values["hidden_states_scale"].mean()
+
+
+def _shipped_moe_reference():
+    if not SHIPPED_MOE:
+        pytest.skip("no shipped moe definition")
+    return SHIPPED_MOE[0].reference
+
+
+def test_moe_reference_output_is_finite_and_order_one():
+    """The shipped reference on the scaled-down family: O(1) outputs, and exact zeros when no
+    token is routed locally (the case exists so that this is tested)."""
+    from flashinfer_trace.testing import run_reference
+
+    d = moe(reference=_shipped_moe_reference())
+    (out,) = run_reference(d, generate_inputs(d, "medium", seed=0))
+    assert torch.isfinite(out.float()).all()
+    rms = out.float().pow(2).mean().sqrt().item()
+    assert 0.01 < rms < 10, rms
+    (zero,) = run_reference(d, generate_inputs(d, "medium", seed=0, case="no_local_tokens"))
+    assert not zero.any()
+
+
+@pytest.mark.skipif(not SHIPPED_MOE, reason="no shipped moe definition")
+def test_shipped_moe_small():
+    d = SHIPPED_MOE[0]
+    x = generate_inputs(d, "small", seed=0)
+    check_spec(d, x)
+    assert local_choices(x) >= 1
+    assert x.values["gemm1_weights"].numel() == math.prod(x.values["gemm1_weights"].shape)
+
+
+# -- sampling -------------------------------------------------------------------------------
+SAMPLING = [d for d in SYNTHETIC + SHIPPED_CHEAP if d.op_type == "sampling"]
+
+
+@pytest.mark.parametrize("d", SAMPLING, ids=ids(SAMPLING))
+def test_sampling_inputs(d):
+    x = generate_inputs(d, "medium", seed=0)
+    probs = x.values["probs"]
+    vocab = probs.shape[1]
+    assert (probs >= 0).all()
+    assert (probs.double().sum(1) - 1).abs().max() < 1e-5
+    top = probs.max(1).values
+    assert top.max() > 0.2 and top.min() < top.max() / 2  # peaked rows and flatter ones
+    if "top_k" in x.values:
+        k = x.values["top_k"]
+        assert k.dtype == torch.int32 and (k >= 1).all() and (k <= vocab).all()
+        assert (k == vocab).any() and (k < vocab).any()
+        assert (generate_inputs(d, "small", case="top_k_1").values["top_k"] == 1).all()
+    if "top_p" in x.values:
+        p = x.values["top_p"]
+        assert p.dtype == torch.float32 and (p > 0).all() and (p <= 1).all() and (p < 1).any()
+        small = generate_inputs(d, "small", case="top_p_small").values["top_p"]
+        assert (small > 0).all() and (small <= 0.05).all()
+    assert set(edge_cases(d)) == {c for c, n in (("top_k_1", "top_k"), ("top_p_small", "top_p")) if n in d.inputs}
+
+
+# -- the dense families ---------------------------------------------------------------------
+def test_norm_and_activation_magnitudes():
+    x = generate_inputs(rmsnorm(fused=True), "medium")
+    w = x.values["weight"].float()
+    assert 0.9 < w.mean() < 1.1 and w.std() > 0.05
+    assert 0.9 < x.values["hidden_states"].float().std() < 1.1
+    big = generate_inputs(rmsnorm(fused=True), "medium", case="large_values")
+    assert 90 < big.values["hidden_states"].float().std() < 110
+    assert 90 < big.values["residual"].float().std() < 110
+    assert generate_inputs(silu_and_mul(), "small", case="large_values").values["input"].abs().max() > 100
+    assert generate_inputs(silu_and_mul(), "small", case="single_token").axes["num_tokens"] == 1
+
+
+def test_gemm_outputs_are_order_one():
+    x = generate_inputs(gemm(), "medium")
+    c = x.values["A"].float() @ x.values["B"].float().T
+    assert 0.7 < c.std() < 1.3
+    big = generate_inputs(gemm(), "medium", case="large_values")
+    assert torch.isfinite((big.values["A"] @ big.values["B"].T)).all()
+
+
+def test_rope_positions_and_cache():
+    d = rope()
+    x = generate_inputs(d, "medium", seed=0)
+    pos, cache = x.values["positions"], x.values["cos_sin_cache"]
+    assert pos.dtype == torch.int64 and not torch.equal(pos.sort().values, pos)
+    assert 0 <= pos.min() and pos.max() < x.axes["max_position"] == cache.shape[0]
+    half = cache.shape[1] // 2
+    cos, sin = cache[:, :half].double(), cache[:, half:].double()
+    assert torch.allclose(cos**2 + sin**2, torch.ones_like(cos), atol=1e-6)
+    assert torch.equal(cache[0], torch.cat([torch.ones(half), torch.zeros(half)]))
+    # position 1, frequency i: angle theta^(-2i/rd) with theta 5e5 (llama-3)
+    i = torch.arange(half, dtype=torch.float64)
+    assert torch.allclose(sin[1], torch.sin(500000.0 ** (-2 * i / cache.shape[1])), atol=1e-6)
+    assert generate_inputs(rope(max_position=512), "small").axes["max_position"] == 512
+
+
+# -- the random primitives ------------------------------------------------------------------
+def test_normal_is_standard_and_fp8_codes_are_finite():
+    g = torch.Generator().manual_seed(0)
+    x = normal((1 << 20,), g)
+    assert abs(x.mean()) < 0.01 and abs(x.std() - 1) < 0.01 and x.abs().max() <= 4.0
+    assert len(torch.unique(x)) > 0.99 * x.numel()  # float32: no ties to make top-k ambiguous
+    y = normal((1 << 16,), g, scale=3.0, mean=1.0, dtype=torch.bfloat16).float()
+    assert abs(y.mean() - 1) < 0.05 and abs(y.std() - 3) < 0.05
+    for dtype in FP8:
+        f = random_fp8((1 << 16,), dtype, g)
+        assert f.dtype == dtype and torch.isfinite(f.float()).all() and (f.float() != 0).all()
+
+
+# -- errors ---------------------------------------------------------------------------------
+def test_unsupported_op_type():
+    d = rmsnorm().model_copy(update={"op_type": "conv3d", "name": "conv3d_x"})
+    with pytest.raises(UnsupportedOpType, match="no input generator for op_type 'conv3d'") as e:
+        generate_inputs(d)
+    assert isinstance(e.value, InputGenerationError) and "conv3d_x" in str(e.value)
+    with pytest.raises(UnsupportedOpType):
+        edge_cases(d)
+    assert set(supported_op_types()) == {"rmsnorm", "gemm", "gqa_paged", "gqa_ragged", "mla_paged", "moe",
+                                         "rope", "activation", "sampling"}
+
+
+def test_unknown_case_and_size():
+    with pytest.raises(InputGenerationError, match="single_token, batch1, uneven, empty"):
+        generate_inputs(gqa_paged("decode"), case="large_values")
+    with pytest.raises(InputGenerationError, match="unknown size 'huge'"):
+        generate_inputs(rmsnorm(), size="huge")
+    with pytest.raises(InputGenerationError, match="seed"):
+        generate_inputs(rmsnorm(), seed="1")
+
+
+def test_a_constraint_that_cannot_hold_fails_loudly():
+    d = gqa_paged("decode")
+    broken = d.model_copy(update={"constraints": [*d.constraints, "batch_size == 999999"]})
+    with pytest.raises(InputGenerationError, match="batch_size == 999999") as e:
+        generate_inputs(broken)
+    assert d.name in str(e.value)
+
+
+def test_an_input_the_family_does_not_know_fails_loudly():
+    d = rmsnorm()
+    inputs = dict(d.inputs) | {"mystery": d.inputs["weight"]}
+    with pytest.raises(InputGenerationError, match="mystery"):
+        generate_inputs(d.model_copy(update={"inputs": inputs}))
+
+
+def test_a_const_axis_the_generator_contradicts_fails_loudly():
+    d = gqa_paged("decode")
+    axes = dict(d.axes) | {"batch_size": Definition.model_validate(
+        {**d.as_dict, "axes": {**d.as_dict["axes"], "batch_size": const(5)}}).axes["batch_size"]}
+    with pytest.raises(InputGenerationError, match="batch_size"):
+        generate_inputs(d.model_copy(update={"axes": axes}))
