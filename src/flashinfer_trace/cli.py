@@ -158,7 +158,7 @@ def _run_one(args: argparse.Namespace, name: str) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     problems = output_problems(d, inputs, outputs)
     stats = {}
-    for out_name, value in zip(d.outputs, outputs):
+    for out_name, value in zip(d.outputs, outputs, strict=False):
         info = _describe(value)
         if hasattr(value, "is_floating_point") and value.is_floating_point() and value.numel():
             v = value.float()
@@ -184,16 +184,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                      "results": results})
     else:
         t = Table(title=f"reference runs on {args.device} (size={args.size}, seed={args.seed})")
-        for col in ("definition", "status", "ms", "output", "shape", "dtype", "mean", "absmax"):
-            t.add_column(col)
+        for col in ("definition", "status", "ms", "outputs (shape dtype absmax)"):
+            t.add_column(col, overflow="fold")
         for r in results:
             ms = f"{r['seconds'] * 1e3:.1f}" if "seconds" in r else ""
-            outs = list(r["outputs"].items()) or [("", {})]
-            for i, (o, s) in enumerate(outs):
-                first = i == 0
-                t.add_row(r["definition"] if first else "", r["status"] if first else "", ms if first else "",
-                          o, str(s.get("shape", "")), s.get("dtype", ""), _fmt(s.get("mean")),
-                          _fmt(s.get("absmax")))
+            outs = "\n".join(f"{o} {'x'.join(map(str, s['shape'] or []))} {s['dtype']} {_fmt(s.get('absmax'))}"
+                             for o, s in r["outputs"].items())
+            t.add_row(r["definition"], r["status"], ms, outs)
         _out.print(t)
         for r in results:
             for p in r["problems"]:

@@ -104,7 +104,7 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
         return _UNARY[type(node.op)](_eval(node.operand, env))
     if isinstance(node, ast.Compare):
         left = _eval(node.left, env)
-        for op, comp in zip(node.ops, node.comparators):
+        for op, comp in zip(node.ops, node.comparators, strict=True):
             right = _eval(comp, env)
             if not bool(_CMPOPS[type(op)](left, right)):
                 return False

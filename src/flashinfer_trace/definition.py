@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, StrictStr
 
@@ -33,7 +33,7 @@ class VarAxis(BaseModel):
     description: StrictStr | None = None
 
 
-Axis = Annotated[Union[ConstAxis, VarAxis], Field(discriminator="type")]
+Axis = Annotated[ConstAxis | VarAxis, Field(discriminator="type")]
 
 
 class TensorSpec(BaseModel):

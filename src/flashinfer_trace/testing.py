@@ -37,7 +37,7 @@ def output_problems(definition: Definition, inputs: Inputs, outputs: tuple) -> l
     if len(outputs) != len(specs):
         return [f"returned {len(outputs)} output(s), the definition declares {len(specs)}"]
     problems = []
-    for (name, spec), value in zip(specs.items(), outputs):
+    for (name, spec), value in zip(specs.items(), outputs, strict=True):
         shape = getattr(value, "shape", None)
         if spec.shape is None:
             if shape is not None:

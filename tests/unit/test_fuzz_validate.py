@@ -5,8 +5,8 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from samples import VALID
+
 from flashinfer_trace.dtypes import DTYPE_NAMES
 from flashinfer_trace.validate import UNPARSED, check_data, parse_json
 

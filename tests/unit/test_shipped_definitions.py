@@ -32,7 +32,7 @@ def test_reference_runs_on_cpu_small(name):
     inputs = generate_inputs(d, size="small", seed=0)
     outputs = run_reference(d, inputs)
     assert output_problems(d, inputs, outputs) == []
-    for spec, value in zip(d.outputs.values(), outputs):
+    for spec, value in zip(d.outputs.values(), outputs, strict=True):
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             finite = value.float().isfinite()
             if "lse" not in spec.dtype.value:  # lse may be -inf only for empty requests, absent here

@@ -12,9 +12,10 @@ DeepSeek-V3's 256 experts or 7168 hidden), so other definitions of the same fami
   dequantised values are O(1) for activations and O(1/sqrt(K)) for weights ([.., N, K] layout,
   K last): each GEMM then keeps its outputs O(1) and the bf16 output is finite.
 * `local_expert_offset` is a multiple of the number of local experts, chosen by the seed.
-* Routing is steered: the logits of two random local experts are raised by 5 for most tokens.
-  With 256 experts and 32 local ones, plain random logits often route no token of a small batch
-  to this rank, and then the kernel computes nothing and any implementation "passes". The
+* Routing is steered: for most tokens, 2..3 experts of a small hot set of local experts get
+  their logits raised by 5 and the other local experts are pushed down. With 256 experts and 32
+  local ones, plain random logits often route no token of a small batch to this rank, and then
+  the kernel computes nothing and any implementation "passes". The
   `no_local_tokens` case does the opposite on purpose (local logits pushed to -30): the output
   must then be all zeros. Both are checked after generation with the DeepSeek-V3 routing when
   the definition names its routing parameters (topk/ng/kg in the name or as axes).
@@ -35,7 +36,12 @@ ROWS = {"small": 2, "medium": 8, "large": 64}
 CASES = ("single_token", "no_local_tokens")
 ROUTED_SCALING_FACTOR = 2.5
 LOCAL_TOKEN_FRACTION = 0.75  # tokens steered to local experts
-BOOST = 5.0  # added to the logits of two local experts of a steered token: sigmoid ~ 0.99
+HOT_EXPERTS = {"small": 2, "medium": 3, "large": 8}  # local experts the steered tokens share
+# A steered token sends 2..3 of its top-k choices to local experts. Not 1: DeepSeek-V3 ranks
+# groups by their best two experts, so one boosted expert in an otherwise suppressed group
+# would not get its group kept (32 local experts are exactly one group there).
+MIN_LOCAL_CHOICES, MAX_LOCAL_CHOICES = 2, 3
+BOOST = 5.0  # added to the logits of a steered token's chosen local experts: sigmoid ~ 0.99
 SUPPRESSED = -30.0  # local logits in `no_local_tokens`: sigmoid ~ 1e-13, below every other expert
 ROUTING_BIAS_STD = 0.1
 SCALE_SPREAD = 0.75  # block scales vary over +-0.75 binades around their centre
@@ -155,20 +161,31 @@ def _num_local_experts(b: Builder, weights: list[str]) -> int:
 
 
 def _routing_logits(b: Builder, rows: int, num_experts: int, offset: int, num_local: int) -> torch.Tensor:
+    """Router logits: N(0, 1), then steered (see the module docstring).
+
+    A steered token boosts 2..3 experts of a small hot set of local experts and suppresses the
+    other local experts, so it sends (almost always exactly) that many choices to this rank. The hot set is
+    shared by all tokens of the case: experts receive several tokens (the grouped GEMM's M > 1
+    path), and the reference, which dequantises every local expert it meets (~0.1 s each on a
+    CPU), stays fast. Unsteered tokens route freely and may or may not land here.
+    """
     g = b.rng(LOGITS)
     logits = normal((rows, num_experts), g)
-    local = slice(offset, offset + num_local)
     if b.case == "no_local_tokens":
-        logits[:, local] = SUPPRESSED
+        logits[:, offset:offset + num_local] = SUPPRESSED
         return logits
     steered = uniform((rows,), g) < LOCAL_TOKEN_FRACTION
     if not bool(steered.any()):
         steered[int(randint(0, rows, (1,), g))] = True
-    first = randint(0, num_local, (rows,), g)
-    second = (first + 1 + randint(0, max(num_local - 1, 1), (rows,), g)) % num_local
-    tokens = torch.arange(rows)[steered]
-    for experts in (first, second) if num_local > 1 else (first,):
-        logits[tokens, offset + experts[steered]] += BOOST
+    n_hot = min(HOT_EXPERTS[b.size], num_local)
+    hot = offset + torch.randperm(num_local, generator=g)[:n_hot]
+    per_token = randint(min(MIN_LOCAL_CHOICES, n_hot), min(MAX_LOCAL_CHOICES, n_hot) + 1, (rows,), g)
+    order = torch.argsort(uniform((rows, n_hot), g), dim=-1, stable=True)  # a shuffle of the hot set
+    for t in torch.arange(rows)[steered].tolist():
+        chosen = hot[order[t, : int(per_token[t])]]
+        boosted = logits[t, chosen] + BOOST
+        logits[t, offset:offset + num_local] = SUPPRESSED
+        logits[t, chosen] = boosted
     return logits
 
 
