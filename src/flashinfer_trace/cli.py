@@ -204,6 +204,123 @@ def _fmt(x: Any) -> str:
     return "" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
+# -- check ------------------------------------------------------------------------------------
+def _tolerance_args(args: argparse.Namespace) -> dict[str, float]:
+    return {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol), ("matched_ratio", args.matched_ratio))
+            if v is not None}
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import CheckConfig, discover, plan, run, summarise
+    from .groundtruth import SOURCES
+
+    sources = SOURCES if args.ground_truth == "all" else (args.ground_truth,)
+    sizes = tuple(args.size) if args.size else ("small", "medium")
+    config = CheckConfig(sources=sources, sizes=sizes, seeds=tuple(args.seed or (0,)),
+                         cases=(tuple(args.case) if args.case else None) if not args.no_edge_cases else (),
+                         device=args.device, tolerance=_tolerance_args(args), draws=args.draws,
+                         definitions_dir=args.definitions, save_failures=args.save_failures,
+                         save_inputs=args.save_inputs)
+    from .dataset import definitions_dir
+
+    targets = args.targets or [str(definitions_dir(args.definitions))]
+    results = []
+    for r in run(plan(discover(targets, config), config), config):
+        results.append(r)
+        if not args.json and r.status in ("fail", "error"):
+            _out.print(f"[red]{r.status.upper()}[/] {escape(r.definition)} {r.check} {r.source or ''} "
+                       f"{r.size or ''} seed={r.seed} {r.case or ''}: {escape(r.reason or '')}", highlight=False)
+    summary = summarise(results)
+    if args.json:
+        _print_json({"device": config.resolved_device, "summary": asdict(summary),
+                     "results": [r.as_dict() for r in results]})
+        return 0 if summary.ok else 1
+    t = Table(title=f"check on {config.resolved_device}: {summary.total} case(s)")
+    for col in ("definition", "pass", "fail", "error", "skip"):
+        t.add_column(col)
+    per: dict[str, dict[str, int]] = {}
+    for r in results:
+        per.setdefault(r.definition, {}).setdefault(r.status, 0)
+        per[r.definition][r.status] += 1
+    for name, counts in per.items():
+        t.add_row(name, *(str(counts.get(k, 0)) for k in ("pass", "fail", "error", "skip")))
+    _out.print(t)
+    for reason, n in summary.skip_reasons.items():
+        _out.print(f"[yellow]skip x{n}[/] {escape(reason or '')}", highlight=False)
+    colour = "green" if summary.ok else "red"
+    _out.print(f"[{colour}]" + ", ".join(f"{k} {v}" for k, v in sorted(summary.by_status.items())) + "[/]",
+               highlight=False)
+    return 0 if summary.ok else 1
+
+
+# -- tests generate / coverage --------------------------------------------------------------------
+def cmd_tests_generate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .coverage import coverage
+    from .dataset import Dataset
+    from .testgen import generate, write
+
+    if not (args.all or args.op_type or args.definition):
+        _err.print("error: pass --all, --op-type T or --definition NAME", style="red")
+        return 2
+    defs = list(Dataset(args.definitions))
+    out_dir = Path(args.output)
+    files = generate(defs, out_dir, op_type=args.op_type, name=args.definition)
+    if len(files) == 1:
+        _err.print("error: no definition matched (or its op type has no input generator)", style="red")
+        return 2
+    done = write(files, force=args.force)
+    cov = coverage(defs, out_dir)
+    if args.json:
+        _print_json({k: [str(p) for p in v] for k, v in done.items()} | {"coverage": cov.as_dict()})
+        return 0
+    for kind, paths in done.items():
+        for p in paths:
+            note = " (exists; --force to overwrite)" if kind == "skipped" else ""
+            _out.print(f"{kind:9s} {p}{note}", highlight=False)
+    _out.print(f"{len(cov.with_tests)} of {len(defs)} definition(s) have generated tests; without: "
+               f"{', '.join(cov.without_tests) or 'none'}", highlight=False)
+    for op in cov.op_types.values():
+        _out.print(f"  {op.op_type}: {op.tested}/{op.definitions} tested", highlight=False)
+    return 0
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .coverage import coverage
+    from .dataset import Dataset
+
+    defs = list(Dataset(args.definitions))
+    cov = coverage(defs, Path(args.tests))
+    if args.json:
+        _print_json(cov.as_dict())
+        return 0
+    t = Table(title=f"tests: {len(cov.with_tests)} of {len(defs)} definition(s)")
+    for col in ("op_type", "defs", "tested", "generator", "flashinfer", "sglang", "torch"):
+        t.add_column(col, overflow="fold")
+    for op in cov.op_types.values():
+        t.add_row(op.op_type, str(op.definitions), str(op.tested), "yes" if op.has_generator else "no",
+                  *("\n".join(op.ground_truths[s]) or "-" for s in ("flashinfer", "sglang", "torch")))
+    _out.print(t)
+    a = Table(title="axis coverage")
+    for col in ("op_type", "dtype", "stage", "page_size", "causal", "const axes"):
+        a.add_column(col, overflow="fold")
+    for op in cov.op_types.values():
+        d = op.as_dict()
+        a.add_row(op.op_type, ", ".join(d["dtypes"]), ", ".join(d["stages"]) or "-",
+                  ", ".join(map(str, d["page_sizes"])) or "-", ", ".join(map(str, d["causal"])) or "-",
+                  "; ".join(f"{k}={','.join(map(str, v))}" for k, v in d["const_axes"].items()))
+    _out.print(a)
+    if cov.without_tests:
+        _out.print(f"[yellow]without tests:[/] {', '.join(cov.without_tests)}", highlight=False)
+    if cov.stale_tests:
+        _out.print(f"[yellow]tests for definitions that no longer exist:[/] {', '.join(cov.stale_tests)}",
+                   highlight=False)
+    return 0
+
+
 # -- wiring -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashinfer-trace", description=__doc__)
@@ -246,18 +363,54 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("names", nargs="*", help="definition names or paths to JSON files")
     s.add_argument("--all", action="store_true", help="every definition in the definitions folder")
     s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("check", parents=[common],
+                       help="check references against ground truth outside pytest; exit 1 on any failure")
+    s.add_argument("targets", nargs="*", help="definition files, folders or names (default: the definitions folder)")
+    s.add_argument("--ground-truth", default="all", choices=("all", "torch", "flashinfer", "sglang"))
+    s.add_argument("--size", action="append", choices=("small", "medium", "large"),
+                   help="repeatable (default: small and medium)")
+    s.add_argument("--seed", action="append", type=int, help="repeatable (default: 0)")
+    s.add_argument("--case", action="append", help="only these edge cases (repeatable)")
+    s.add_argument("--no-edge-cases", action="store_true")
+    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--atol", type=float)
+    s.add_argument("--rtol", type=float)
+    s.add_argument("--matched-ratio", type=float)
+    s.add_argument("--draws", type=int, help="sampler draws per row")
+    s.add_argument("--save-failures", default="results/failures", metavar="DIR",
+                   help="where failing cases are saved for replay ('' to disable)")
+    s.add_argument("--save-inputs", action="store_true", help="also save failing inputs as safetensors")
+    s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("coverage", parents=[common], help="tests, ground truths and axis values per op type")
+    s.add_argument("--tests", default="tests/references", help="the generated tests folder")
+    s.set_defaults(func=cmd_coverage)
+
+    tests = sub.add_parser("tests", help="the generated reference tests")
+    tsub = tests.add_subparsers(dest="tests_command", required=True)
+    s = tsub.add_parser("generate", parents=[common], help="write tests/references/conftest.py and test_<op>.py")
+    which = s.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true")
+    which.add_argument("--op-type")
+    which.add_argument("--definition")
+    s.add_argument("--force", action="store_true", help="overwrite existing files")
+    s.add_argument("--output", default="tests/references", metavar="DIR")
+    s.set_defaults(func=cmd_tests_generate)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .compare import ToleranceConfigError
     from .inputs import InputGenerationError
     from .sandbox import SandboxError
     from .validate import DefinitionError
 
     try:
         return args.func(args)
-    except (DefinitionError, SandboxError, InputGenerationError, KeyError, FileNotFoundError) as e:
+    except (DefinitionError, SandboxError, InputGenerationError, ToleranceConfigError, KeyError,
+            FileNotFoundError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         _err.print(f"error: {msg}", highlight=False, markup=False, style="red")
         return 2

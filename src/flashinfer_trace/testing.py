@@ -1,52 +1,127 @@
-"""The public testing API: what reference tests (ours and anyone's) are written against."""
+"""The public testing API: what reference tests (ours and anyone's) are written against.
+
+    d = load_definition("rmsnorm_h4096")
+    inputs = generate_inputs(d, "medium", seed=0, device="cuda")
+    expected = get_ground_truth("flashinfer", d)(inputs)      # or GroundTruthUnavailable: skip
+    assert_close(run_reference(d, inputs), expected, tolerance=tolerance_for(d))
+"""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+
+import torch
+
+from .compare import DiffReport, Mismatch, Tolerance, assert_close, compare_outputs, diff, tolerance_for
+from .compare_samples import SampleReport, SamplingMismatch, SamplingSettings, assert_samples_match
 from .dataset import iter_definitions, load_definition
 from .definition import Definition
+from .groundtruth import SOURCES, GroundTruth, GroundTruthUnavailable, get_ground_truth, ground_truths
 from .inputs import SIZES, Inputs, edge_cases, generate_inputs
 from .sandbox import SandboxError, compile_reference
 
 __all__ = [
-    "Definition",
-    "Inputs",
     "SIZES",
+    "SOURCES",
+    "Definition",
+    "DiffReport",
+    "GroundTruth",
+    "GroundTruthUnavailable",
+    "Inputs",
+    "Mismatch",
+    "SampleReport",
+    "SamplingMismatch",
+    "SamplingSettings",
     "SandboxError",
+    "Tolerance",
+    "assert_close",
+    "assert_samples_match",
+    "compare_outputs",
     "compile_reference",
+    "diff",
     "edge_cases",
+    "expected_dtypes",
+    "expected_shapes",
     "generate_inputs",
+    "get_ground_truth",
+    "ground_truths",
+    "is_sampler",
     "iter_definitions",
     "load_definition",
     "output_problems",
+    "reference_function",
     "run_reference",
+    "tolerance_for",
 ]
 
+_compiled: dict[tuple[str, str], Callable] = {}
 
-def run_reference(definition: Definition, inputs: Inputs) -> tuple:
-    """Run a definition's reference on generated inputs; always a tuple, in output order."""
-    run = compile_reference(definition.reference, definition=definition.name)
-    out = run(*inputs.args())
+
+def reference_function(definition: Definition) -> Callable:
+    """The definition's sandboxed `run`, compiled once per (name, source)."""
+    key = (definition.name, hashlib.sha256(definition.reference.encode()).hexdigest())
+    fn = _compiled.get(key)
+    if fn is None:
+        fn = _compiled[key] = compile_reference(definition.reference, definition=definition.name)
+    return fn
+
+
+def run_reference(definition: Definition, inputs: Inputs, *, seed: int | None = None) -> tuple:
+    """Run a definition's reference on generated inputs; always a tuple, in output order.
+
+    Inputs are not cloned (MoE weights are gigabytes); a reference that writes into its inputs
+    shows up in the determinism test. With `seed`, the global torch RNG is seeded inside a forked
+    RNG state, so sampling references replay exactly.
+    """
+    run = reference_function(definition)
+    args = inputs.args()
+    if seed is None:
+        out = run(*args)
+    else:
+        cuda = [a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda][:1]
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(seed)
+            out = run(*args)
     return out if isinstance(out, tuple) else (out,)
+
+
+def is_sampler(definition: Definition) -> bool:
+    """Sampling definitions draw random tokens: they are compared statistically, not element-wise."""
+    return definition.op_type == "sampling"
+
+
+def expected_shapes(definition: Definition, inputs: Inputs) -> list[list[int] | None]:
+    """Each output's shape from the definition's axes as bound by these inputs (None: a scalar)."""
+    return [None if s.shape is None else [inputs.axes[a] for a in s.shape] for s in definition.outputs.values()]
+
+
+def expected_dtypes(definition: Definition) -> list[str]:
+    """Each output's dtype as torch names it (a scalar output: its Python type's name)."""
+    from .dtypes import torch_dtype
+
+    out = []
+    for s in definition.outputs.values():
+        if s.shape is None:
+            out.append("float" if s.dtype.is_float else "bool" if s.dtype.value == "bool" else "int")
+        else:
+            out.append(str(torch_dtype(s.dtype)).replace("torch.", ""))
+    return out
 
 
 def output_problems(definition: Definition, inputs: Inputs, outputs: tuple) -> list[str]:
     """Count, shape and dtype of a reference's outputs against the definition; empty when all match."""
-    from .dtypes import torch_dtype
-
-    specs = definition.outputs
-    if len(outputs) != len(specs):
-        return [f"returned {len(outputs)} output(s), the definition declares {len(specs)}"]
+    if len(outputs) != len(definition.outputs):
+        return [f"returned {len(outputs)} output(s), the definition declares {len(definition.outputs)}"]
     problems = []
-    for (name, spec), value in zip(specs.items(), outputs, strict=True):
-        shape = getattr(value, "shape", None)
-        if spec.shape is None:
-            if shape is not None:
-                problems.append(f"{name}: expected a Python scalar, got a tensor")
-            continue
-        want = tuple(inputs.axes[a] for a in spec.shape)
-        if shape is None or tuple(shape) != want:
-            problems.append(f"{name}: shape {None if shape is None else tuple(shape)}, expected {want}")
-        if getattr(value, "dtype", None) != torch_dtype(spec.dtype):
-            problems.append(f"{name}: dtype {getattr(value, 'dtype', type(value).__name__)}, "
-                            f"expected {spec.dtype.value}")
+    specs = zip(definition.outputs, expected_shapes(definition, inputs), expected_dtypes(definition), outputs,
+                strict=True)
+    for name, shape, dtype, value in specs:
+        got_shape = getattr(value, "shape", None)
+        got_shape = None if got_shape is None else list(got_shape)
+        got_dtype = str(getattr(value, "dtype", type(value).__name__)).replace("torch.", "")
+        if got_shape != shape:
+            problems.append(f"{name}: shape {got_shape}, expected {shape}")
+        if got_dtype != dtype:
+            problems.append(f"{name}: dtype {got_dtype}, expected {dtype}")
     return problems

@@ -1,0 +1,278 @@
+"""`flashinfer-trace check`: the reference tests' checks, outside pytest, on any definitions.
+
+A pipeline of plain functions, each taking the previous result and the config:
+
+    discover(targets, config) -> Discovered      definitions, plus files that did not load
+    plan(discovered, config)  -> list[Case]      what to check: shape, dtype, match, determinism, edge cases
+    run(cases, config)        -> list[Result]    one result per case: pass / fail / skip / error
+    summarise(results)        -> Summary         counts, and skip reasons grouped
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .compare import Mismatch, Tolerance, compare_outputs, tolerance_for
+from .compare_samples import SamplingSettings, check_sampler
+from .definition import Definition
+from .groundtruth import SOURCES, GroundTruthUnavailable, default_device, get_ground_truth
+from .inputs import InputGenerationError, UnsupportedOpType, edge_cases, generate_inputs
+from .testing import expected_dtypes, expected_shapes, is_sampler, run_reference
+
+CHECKS = ("shape", "dtype", "match", "deterministic", "edge")
+
+
+@dataclass
+class CheckConfig:
+    sources: tuple[str, ...] = SOURCES
+    sizes: tuple[str, ...] = ("small", "medium")
+    seeds: tuple[int, ...] = (0,)
+    cases: tuple[str, ...] | None = None  # None: every edge case; () none; else only these
+    device: str | None = None
+    tolerance: dict[str, float] = field(default_factory=dict)  # command-line atol / rtol / matched_ratio
+    draws: int | None = None  # sampler draws per row; None: by device
+    definitions_dir: str | None = None
+    save_failures: str | None = None
+    save_inputs: bool = False
+
+    @property
+    def resolved_device(self) -> str:
+        return self.device or default_device()
+
+    def sampling(self) -> SamplingSettings:
+        draws = self.draws or (64 if self.resolved_device == "cpu" else 2000)
+        return SamplingSettings(draws=draws)
+
+
+@dataclass(frozen=True)
+class Case:
+    definition: Definition
+    check: str
+    size: str = "small"
+    seed: int = 0
+    case: str | None = None
+    source: str | None = None
+
+    @property
+    def id(self) -> str:
+        parts = [self.definition.name, self.check, self.source, self.size, str(self.seed), self.case]
+        return "-".join(p for p in parts if p)
+
+
+@dataclass
+class Result:
+    definition: str
+    check: str
+    status: str  # pass | fail | skip | error
+    size: str | None = None
+    seed: int | None = None
+    case: str | None = None
+    source: str | None = None
+    reason: str | None = None
+    verdict: str | None = None
+    tolerance: dict[str, Any] | None = None
+    ground_truth: dict[str, Any] | None = None
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    failure_file: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Discovered:
+    definitions: list[Definition]
+    errors: list[Result]
+
+
+@dataclass
+class Summary:
+    total: int
+    by_status: dict[str, int]
+    skip_reasons: dict[str, int]
+    failures: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.by_status.get("fail") and not self.by_status.get("error")
+
+
+# -- discover ---------------------------------------------------------------------------------------
+def discover(targets: Iterable[str], config: CheckConfig) -> Discovered:
+    """Files, folders (every *.json below) or names in the definitions folder."""
+    from .dataset import Dataset, load_path
+    from .validate import DefinitionError
+
+    defs: list[Definition] = []
+    errors: list[Result] = []
+    seen: set[str] = set()
+    for target in targets:
+        p = Path(target)
+        paths = sorted(p.rglob("*.json")) if p.is_dir() else [p] if p.suffix == ".json" or p.is_file() else None
+        try:
+            if paths is None:
+                found = [Dataset(config.definitions_dir).load(target)]
+            else:
+                found = [load_path(f) for f in paths]
+        except (DefinitionError, KeyError, FileNotFoundError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            errors.append(Result(str(target), "load", "error", reason=msg))
+            continue
+        for d in found:
+            if d.name not in seen:
+                seen.add(d.name)
+                defs.append(d)
+    return Discovered(defs, errors)
+
+
+# -- plan -------------------------------------------------------------------------------------------
+def plan(discovered: Discovered, config: CheckConfig) -> list[Case | Result]:
+    """Cases in the order they run; a definition no generator supports becomes a skip result."""
+    out: list[Case | Result] = list(discovered.errors)
+    for d in discovered.definitions:
+        try:
+            cases = edge_cases(d)
+        except UnsupportedOpType as e:
+            out.append(Result(d.name, "all", "skip", reason=f"no-generator: {e}"))
+            continue
+        if config.cases is not None:
+            cases = [c for c in cases if c in config.cases]
+        for size in config.sizes:
+            out += [Case(d, "shape", size), Case(d, "dtype", size)]
+            out += [Case(d, "match", size, seed, source=s) for seed in config.seeds for s in config.sources]
+        out.append(Case(d, "deterministic"))
+        out += [Case(d, "edge", "small", 0, c, s) for c in cases for s in config.sources]
+    return out
+
+
+# -- run --------------------------------------------------------------------------------------------
+class _Memo:
+    """Inputs and reference outputs of the current (definition, size, seed, case): several
+    checks and sources share them, and cases are planned grouped."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.key: tuple | None = None
+        self.inputs = self.outputs = None
+
+    def get(self, case: Case):
+        key = (case.definition.name, case.size, case.seed, case.case)
+        if key != self.key:
+            self.key, self.outputs = key, None
+            self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
+                                          case=case.case)
+        return self.inputs
+
+    def reference(self, case: Case):
+        self.get(case)
+        if self.outputs is None:
+            self.outputs = run_reference(case.definition, self.inputs, seed=case.seed)
+        return self.outputs
+
+
+def _result(case: Case, status: str, **kw) -> Result:
+    return Result(case.definition.name, case.check, status, case.size, case.seed, case.case, case.source, **kw)
+
+
+def _compare(case: Case, memo: _Memo, config: CheckConfig, tol: Tolerance) -> Result:
+    d = case.definition
+    try:
+        gt = get_ground_truth(case.source, d, device=memo.device)
+    except GroundTruthUnavailable as e:
+        return _result(case, "skip", reason=str(e))
+    inputs = memo.get(case)
+    if is_sampler(d):
+        settings = config.sampling()
+        report = check_sampler(d, inputs, gt, settings, case.seed)
+        return _result(case, "pass" if report.passed else "fail", verdict=report.verdict,
+                       tolerance=settings.as_dict(), ground_truth=gt.describe(), reports=[report.as_dict()],
+                       reason=None if report.passed else report.summary())
+    expected = gt(inputs)
+    reports = compare_outputs(memo.reference(case), expected, tol, list(d.outputs))
+    passed = all(r.passed for r in reports)
+    verdict = None if passed else Mismatch(reports).verdict
+    return _result(case, "pass" if passed else "fail", verdict=verdict, tolerance=tol.as_dict(),
+                   ground_truth=gt.describe(), reports=[r.as_dict() for r in reports],
+                   reason=None if passed else "; ".join(r.summary() for r in reports if not r.passed))
+
+
+def _structure(case: Case, memo: _Memo) -> Result:
+    d = case.definition
+    outputs = memo.reference(case)
+    if case.check == "shape":
+        got = [list(getattr(o, "shape", [])) if getattr(o, "shape", None) is not None else None for o in outputs]
+        want = expected_shapes(d, memo.inputs)
+    else:
+        got = [str(getattr(o, "dtype", type(o).__name__)).replace("torch.", "") for o in outputs]
+        want = expected_dtypes(d)
+    ok = got == want
+    return _result(case, "pass" if ok else "fail", reason=None if ok else f"{case.check}s {got} != {want}")
+
+
+def _deterministic(case: Case, memo: _Memo) -> Result:
+    inputs = memo.get(case)
+    first = run_reference(case.definition, inputs, seed=0)
+    second = run_reference(case.definition, inputs, seed=0)
+    same = all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+               for a, b in zip(first, second, strict=True))
+    return _result(case, "pass" if same else "fail",
+                   reason=None if same else "two runs with the same inputs and seed differ")
+
+
+def run_case(case: Case, memo: _Memo, config: CheckConfig) -> Result:
+    start = time.perf_counter()
+    try:
+        if case.check in ("match", "edge"):
+            tol = tolerance_for(case.definition, cli=config.tolerance)
+            result = _compare(case, memo, config, tol)
+        elif case.check in ("shape", "dtype"):
+            result = _structure(case, memo)
+        else:
+            result = _deterministic(case, memo)
+    except InputGenerationError as e:
+        result = _result(case, "error", reason=f"inputs: {e}")
+    except Exception as e:  # a kernel or reference that raises is a result, not a crash of the run
+        tb = traceback.extract_tb(e.__traceback__)[-1]
+        result = _result(case, "error", reason=f"{type(e).__name__}: {' '.join(str(e).split())[:400]} "
+                                               f"({Path(tb.filename).name}:{tb.lineno})")
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def run(cases: list[Case | Result], config: CheckConfig) -> Iterator[Result]:
+    from .failures import save_failure
+
+    memo = _Memo(config.resolved_device)
+    for case in cases:
+        if isinstance(case, Result):
+            yield case
+            continue
+        result = run_case(case, memo, config)
+        if result.status == "fail" and config.save_failures:
+            record = {**result.as_dict(), "device": memo.device,
+                      "definition_path": str(case.definition.source) if case.definition.source else None}
+            result.failure_file = str(save_failure(record, config.save_failures, inputs=config.save_inputs))
+        yield result
+
+
+# -- summarise --------------------------------------------------------------------------------------
+def summarise(results: list[Result]) -> Summary:
+    by_status = Counter(r.status for r in results)
+    reasons = Counter(r.reason for r in results if r.status == "skip")
+    failures = [f"{r.definition} {r.check} {r.source or ''} {r.size or ''} seed={r.seed}: {r.reason}"
+                for r in results if r.status in ("fail", "error")]
+    return Summary(len(results), dict(by_status), dict(reasons.most_common()), failures)
+
+
+def check(targets: Iterable[str], config: CheckConfig) -> tuple[list[Result], Summary]:
+    results = list(run(plan(discover(targets, config), config), config))
+    return results, summarise(results)

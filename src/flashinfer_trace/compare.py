@@ -1,0 +1,265 @@
+"""Comparing a reference's outputs with a ground truth's: tolerances, the diff report, the verdict.
+
+Tolerances come from the least precise float dtype the definition touches (an fp32 lse computed
+from bf16 q/k is only as exact as bf16), then op-type and definition overrides from
+`tolerances.toml` in the definitions folder, then the command line; the one used is recorded
+with every result. An element passes when |actual - expected| <= atol + rtol * |expected|
+(torch.isclose); an output passes when the share of passing elements reaches `matched_ratio`
+(1.0 except for fp8/fp4, whose kernels round intermediates the reference keeps in float32).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from .definition import Definition
+
+TOLERANCE_FILE = "tolerances.toml"
+BUG_ABS = 1.0  # a difference above this is no rounding effect
+BUG_COSINE = 0.99
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    matched_ratio: float = 1.0
+    origin: str = ""  # where the values came from: "dtype:bfloat16, op_type:moe, cli"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# The least precise first; a definition's tolerance follows the first of these it touches.
+PRECISION_ORDER = ("float4_e2m1", "float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "float32")
+DTYPE_TOLERANCES = {
+    "float4_e2m1": Tolerance(0.1, 0.2, 0.85),
+    "float8_e5m2": Tolerance(0.1, 0.2, 0.9),
+    "float8_e4m3fn": Tolerance(0.1, 0.2, 0.9),
+    "bfloat16": Tolerance(1e-2, 1e-2),
+    "float16": Tolerance(1e-3, 1e-3),
+    "float32": Tolerance(1e-5, 1e-5),
+}
+FIELDS = ("atol", "rtol", "matched_ratio")
+
+
+class ToleranceConfigError(ValueError):
+    pass
+
+
+def governing_dtype(definition: Definition) -> str:
+    """The least precise float dtype among the definition's tensor inputs and outputs."""
+    used = {s.dtype.value for s in [*definition.inputs.values(), *definition.outputs.values()]
+            if s.shape is not None}
+    for name in PRECISION_ORDER:
+        if name in used:
+            return name
+    return "float32"
+
+
+def load_tolerance_config(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
+    """`[op_type.<name>]` and `[definition.<name>]` tables of atol / rtol / matched_ratio."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ToleranceConfigError(f"{path}: {e}") from None
+    out: dict[str, dict[str, dict[str, float]]] = {"op_type": {}, "definition": {}}
+    for section, tables in data.items():
+        if section not in out or not isinstance(tables, dict):
+            raise ToleranceConfigError(f"{path}: unknown table [{section}] (expected [op_type.X] or "
+                                       f"[definition.X])")
+        for key, values in tables.items():
+            if not isinstance(values, dict):
+                raise ToleranceConfigError(f"{path}: [{section}.{key}] must be a table")
+            for f, v in values.items():
+                if f not in FIELDS:
+                    raise ToleranceConfigError(f"{path}: [{section}.{key}].{f}: unknown field "
+                                               f"(expected {', '.join(FIELDS)})")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0) or (
+                        f == "matched_ratio" and v > 1):
+                    raise ToleranceConfigError(f"{path}: [{section}.{key}].{f}: {v!r} is not a "
+                                               f"{'ratio in [0, 1]' if f == 'matched_ratio' else 'number >= 0'}")
+            out[section][key] = {f: float(v) for f, v in values.items()}
+    return out
+
+
+def _config_for(definition: Definition) -> dict[str, dict[str, dict[str, float]]]:
+    folder = definition.source.parent.parent if definition.source else None
+    for candidate in ([folder / TOLERANCE_FILE, folder.parent / TOLERANCE_FILE] if folder else []):
+        if candidate.is_file():
+            return load_tolerance_config(candidate)
+    return {"op_type": {}, "definition": {}}
+
+
+def tolerance_for(definition: Definition, *, config: dict | None = None, cli: dict[str, float] | None = None
+                  ) -> Tolerance:
+    """dtype defaults, then `[op_type.X]`, then `[definition.X]`, then command-line values."""
+    dtype = governing_dtype(definition)
+    tol = replace(DTYPE_TOLERANCES[dtype], origin=f"dtype:{dtype}")
+    config = _config_for(definition) if config is None else config
+    layers = [(f"op_type:{definition.op_type}", config.get("op_type", {}).get(definition.op_type)),
+              (f"definition:{definition.name}", config.get("definition", {}).get(definition.name)),
+              ("cli", {k: v for k, v in (cli or {}).items() if v is not None} or None)]
+    for origin, values in layers:
+        if values:
+            tol = replace(tol, **values, origin=f"{tol.origin}, {origin}")
+    return tol
+
+
+# -- the diff report --------------------------------------------------------------------------------
+@dataclass
+class DiffReport:
+    """One output's comparison. `verdict`: "pass", "precision" (close but out of tolerance) or "bug"."""
+
+    name: str
+    shape: list[int]
+    total: int = 0
+    mismatched: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst_index: list[int] | None = None
+    worst_actual: float | None = None
+    worst_expected: float | None = None
+    cosine: float = 1.0
+    nan_actual: int = 0
+    nan_expected: int = 0
+    inf_actual: int = 0
+    inf_expected: int = 0
+    tolerance: dict[str, Any] = field(default_factory=dict)
+    verdict: str = "pass"
+    problem: str | None = None  # a structural problem (shape) that made values incomparable
+
+    @property
+    def mismatch_ratio(self) -> float:
+        return self.mismatched / self.total if self.total else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "mismatch_ratio": self.mismatch_ratio}
+
+    def summary(self) -> str:
+        if self.problem:
+            return f"{self.name}: {self.problem} [{self.verdict}]"
+        worst = ""
+        if self.worst_index is not None:
+            worst = (f", worst at {tuple(self.worst_index)}: actual {self.worst_actual:.6g} vs expected "
+                     f"{self.worst_expected:.6g}")
+        nonfinite = ""
+        if self.nan_actual or self.nan_expected or self.inf_actual or self.inf_expected:
+            nonfinite = (f", nan {self.nan_actual}/{self.nan_expected} inf {self.inf_actual}/{self.inf_expected}"
+                         f" (actual/expected)")
+        return (f"{self.name}: {self.mismatched}/{self.total} ({self.mismatch_ratio:.2%}) out of tolerance "
+                f"atol={self.tolerance.get('atol')} rtol={self.tolerance.get('rtol')}, max abs "
+                f"{self.max_abs:.4g}, max rel {self.max_rel:.4g}, cosine {self.cosine:.6f}{worst}{nonfinite} "
+                f"[{self.verdict}]")
+
+
+def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output") -> DiffReport:
+    """Compare one output; both are upcast to float64 (non-float values compare exactly)."""
+    a = torch.as_tensor(actual).detach().cpu()
+    e = torch.as_tensor(expected).detach().cpu()
+    report = DiffReport(name, list(a.shape), tolerance=tolerance.as_dict())
+    if a.shape != e.shape:
+        report.problem = f"shape {tuple(a.shape)} != expected {tuple(e.shape)}"
+        report.verdict = "bug"
+        return report
+    exact = not (a.is_floating_point() or e.is_floating_point())
+    a, e = a.to(torch.float64).flatten(), e.to(torch.float64).flatten()
+    report.total = a.numel()
+    report.nan_actual, report.nan_expected = int(a.isnan().sum()), int(e.isnan().sum())
+    report.inf_actual, report.inf_expected = int(a.isinf().sum()), int(e.isinf().sum())
+    finite = a.isfinite() & e.isfinite()
+    err = (a - e).abs()
+    if exact:
+        ok = a == e
+    else:
+        ok = torch.where(finite, err <= tolerance.atol + tolerance.rtol * e.abs(), False)
+        # the same infinity, or NaN on both sides, is agreement (an empty softmax's lse is -inf)
+        ok |= (a.isinf() & (a == e)) | (a.isnan() & e.isnan())
+    report.mismatched = int((~ok).sum())
+    if finite.any():
+        fe, fa, ferr = e[finite], a[finite], err[finite]
+        report.max_abs = float(ferr.max())
+        report.max_rel = float((ferr / fe.abs().clamp_min(1e-12)).max())
+        na, ne = float(fa.norm()), float(fe.norm())
+        report.cosine = 1.0 if na == ne == 0.0 else float(fa @ fe) / (na * ne) if na and ne else 0.0
+    bad = (~ok).nonzero().flatten()
+    if bad.numel():
+        score = torch.where(finite, err, math.inf)[bad]
+        flat = int(bad[int(score.argmax())])
+        report.worst_index = list(_unravel(flat, report.shape))
+        report.worst_actual, report.worst_expected = float(a[flat]), float(e[flat])
+    matched = 1.0 - report.mismatch_ratio
+    if report.mismatched == 0 or matched >= tolerance.matched_ratio:
+        report.verdict = "pass"
+    elif (report.max_abs > BUG_ABS or report.cosine < BUG_COSINE
+          or report.nan_actual != report.nan_expected or report.inf_actual != report.inf_expected):
+        report.verdict = "bug"
+    else:
+        report.verdict = "precision"
+    return report
+
+
+def _unravel(flat: int, shape: list[int]) -> tuple[int, ...]:
+    idx = []
+    for dim in reversed(shape):
+        idx.append(flat % dim)
+        flat //= dim
+    return tuple(reversed(idx))
+
+
+class Mismatch(AssertionError):
+    """Outputs differ beyond tolerance; `reports` holds one DiffReport per output."""
+
+    def __init__(self, reports: list[DiffReport], context: str = ""):
+        failing = [r for r in reports if not r.passed]
+        verdict = "bug" if any(r.verdict == "bug" for r in failing) else "precision"
+        lines = [f"{context}{len(failing)} of {len(reports)} output(s) differ [{verdict}]"]
+        lines += ["  " + r.summary() for r in reports]
+        super().__init__("\n".join(lines))
+        self.reports = reports
+        self.verdict = verdict
+
+
+def compare_outputs(actual: Any, expected: Any, tolerance: Tolerance, names: list[str] | None = None
+                    ) -> list[DiffReport]:
+    actual = actual if isinstance(actual, (tuple, list)) else (actual,)
+    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+    if len(actual) != len(expected):
+        return [DiffReport("outputs", [], problem=f"{len(actual)} output(s) vs {len(expected)} expected",
+                           verdict="bug", tolerance=tolerance.as_dict())]
+    names = names or [f"output[{i}]" for i in range(len(actual))]
+    return [diff(a, e, tolerance, n) for a, e, n in zip(actual, expected, names, strict=True)]
+
+
+def assert_close(actual: Any, expected: Any, rtol: float | None = None, atol: float | None = None, *,
+                 tolerance: Tolerance | None = None, matched_ratio: float | None = None,
+                 names: list[str] | None = None) -> list[DiffReport]:
+    """Assert that outputs (a tensor or a tuple of them) agree; raise Mismatch with the diff report.
+
+    Give either a Tolerance (e.g. from `tolerance_for`) or rtol/atol, which override it.
+    Returns the reports when everything passes, so callers can record them.
+    """
+    base = tolerance or Tolerance(1e-5, 1e-5, origin="assert_close default")
+    tol = replace(base, **{k: v for k, v in (("rtol", rtol), ("atol", atol), ("matched_ratio", matched_ratio))
+                           if v is not None})
+    reports = compare_outputs(actual, expected, tol, names)
+    if not all(r.passed for r in reports):
+        raise Mismatch(reports)
+    return reports

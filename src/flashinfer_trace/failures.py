@@ -1,0 +1,68 @@
+"""A failing case, saved so it replays: inputs are a pure function of (definition, size, seed, case),
+so the record names those and the command that reruns it; `inputs=True` also writes the tensors
+as safetensors (when that package is installed) for use outside this project."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DIR = Path("results") / "failures"
+
+
+def replay_command(definition: str, size: str, seed: int, case: str | None, source: str, device: str) -> str:
+    parts = ["flashinfer-trace", "check", definition, "--size", size, "--seed", str(seed),
+             "--ground-truth", source, "--device", device]
+    if case:
+        parts += ["--case", case]
+    return " ".join(parts)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_failure(record: dict[str, Any], directory: str | Path = DEFAULT_DIR, *, inputs: bool = False) -> Path:
+    """Write `<directory>/<id>.json` (and `<id>.safetensors` with inputs=True); returns the JSON path."""
+    directory = Path(directory)
+    key = "-".join(str(record.get(k)) for k in ("definition", "check", "source", "size", "seed", "case")
+                   if record.get(k) is not None)
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)[:200]
+    record = {**record, "replay": replay_command(record["definition"], record.get("size", "small"),
+                                                 int(record.get("seed", 0)), record.get("case"),
+                                                 record.get("source", "torch"), record.get("device", "cpu"))}
+    if inputs:
+        record["inputs_file"] = _save_inputs(record, directory / f"{stem}.safetensors")
+    path = directory / f"{stem}.json"
+    write_atomic(path, json.dumps(record, indent=2, default=str))
+    return path
+
+
+def _save_inputs(record: dict[str, Any], path: Path) -> str | None:
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        return None
+    import torch
+
+    from .inputs import generate_inputs
+
+    x = generate_inputs(record["definition_path"] or record["definition"], record.get("size", "small"),
+                        int(record.get("seed", 0)), case=record.get("case"))
+    tensors = {k: v.contiguous() for k, v in x.values.items() if isinstance(v, torch.Tensor)}
+    scalars = {k: str(v) for k, v in x.values.items() if not isinstance(v, torch.Tensor)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=scalars)
+    return str(path)

@@ -1,0 +1,125 @@
+"""Ground truth for a definition, from one of three sources: FlashInfer's kernels (preferred),
+SGLang's (fallback) and an independent torch computation (runs anywhere).
+
+    gt = get_ground_truth("flashinfer", definition, device="cuda")   # or GroundTruthUnavailable
+    expected = gt(inputs)                                              # outputs, definition order
+
+One module per source declares its adapters (`ADAPTERS`); this module only looks them up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from packaging.version import Version
+
+from . import flashinfer, sglang, torch_ref
+from .base import SOURCES, Adapter, Call, GroundTruthUnavailable, availability
+
+if TYPE_CHECKING:
+    from ..definition import Definition
+    from ..inputs import Inputs
+
+__all__ = ["SOURCES", "Adapter", "GroundTruth", "GroundTruthUnavailable", "adapters_for", "get_ground_truth",
+           "ground_truths", "default_device"]
+
+ADAPTERS: dict[str, list[Adapter]] = {
+    "flashinfer": flashinfer.ADAPTERS,
+    "sglang": sglang.ADAPTERS,
+    "torch": torch_ref.ADAPTERS,
+}
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def adapters_for(op_type: str, source: str | None = None) -> list[Adapter]:
+    """Adapters for an op type, in preference order (FlashInfer, SGLang, torch)."""
+    sources = (source,) if source else SOURCES
+    return [a for s in sources for a in ADAPTERS[s] if a.op_type == op_type]
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """An adapter that can run here, bound to its imported package and device."""
+
+    adapter: Adapter
+    definition: Definition
+    device: str
+    module: ModuleType | None
+    version: Version | None
+
+    @property
+    def source(self) -> str:
+        return self.adapter.source
+
+    @property
+    def kind(self) -> str:
+        return self.adapter.kind
+
+    @property
+    def api(self) -> str:
+        return self.adapter.api
+
+    def describe(self) -> dict:
+        return {"source": self.source, "api": self.api, "version": str(self.version) if self.version else None,
+                "device": self.device}
+
+    def __call__(self, inputs: Inputs, *, draws: int = 1) -> tuple:
+        """Outputs in the definition's order (for a sampler: samples [batch, draws] per output)."""
+        if _device_of(inputs) != self.device:
+            inputs = inputs.to(self.device)
+        out = self.adapter.fn(Call(self.definition, inputs, self.module, self.version, draws))
+        return out if isinstance(out, tuple) else (out,)
+
+
+def _device_of(inputs: Inputs) -> str:
+    import torch
+
+    for v in inputs.values.values():
+        if isinstance(v, torch.Tensor):
+            dev = v.device
+            return "cuda" if dev.type == "cuda" and dev.index in (None, 0) else str(dev)
+    return "cpu"
+
+
+def get_ground_truth(source: str, definition: Definition | str, *, device: str | None = None) -> GroundTruth:
+    """The first adapter of `source` that can run `definition` on `device`; otherwise raises
+    GroundTruthUnavailable with the most telling reason among the source's adapters."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown ground-truth source {source!r}; expected one of {', '.join(SOURCES)}")
+    if isinstance(definition, str):
+        from ..dataset import load_definition
+
+        definition = load_definition(definition)
+    device = device or default_device()
+    candidates = adapters_for(definition.op_type, source)
+    if not candidates:
+        raise GroundTruthUnavailable("unsupported", f"no {source} ground truth for op_type "
+                                                    f"{definition.op_type!r}")
+    reasons: list[GroundTruthUnavailable] = []
+    for adapter in candidates:
+        try:
+            module, version = availability(adapter, definition, device)
+        except GroundTruthUnavailable as e:
+            reasons.append(e)
+            continue
+        return GroundTruth(adapter, definition, device, module, version)
+    raise max(reasons, key=lambda e: e.progress)
+
+
+def ground_truths(definition: Definition, *, device: str | None = None
+                  ) -> dict[str, GroundTruth | GroundTruthUnavailable]:
+    """Every source, available or with its reason."""
+    out: dict[str, GroundTruth | GroundTruthUnavailable] = {}
+    for source in SOURCES:
+        try:
+            out[source] = get_ground_truth(source, definition, device=device)
+        except GroundTruthUnavailable as e:
+            out[source] = e
+    return out

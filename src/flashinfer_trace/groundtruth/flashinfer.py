@@ -1,0 +1,356 @@
+"""FlashInfer ground truth, across 0.5.x, 0.6.x and 0.7.x.
+
+The API drifts (see docs/ground-truth.md): positional arguments shift between versions, defaults
+change (q_data_type defaults to float16 everywhere, `backend="auto"` picks fa3 on Hopper), and
+some APIs exist only on some versions or archs. So every call passes the stable leading
+positionals and the rest by keyword, always names q/kv data types, pins `backend="fa2"` where
+the parameter exists, asks for a base-2 lse explicitly where a version lets one choose, and each
+adapter states the versions, attributes and compute capabilities it needs as data. In-place
+kernels get clones, and every output they write is compared.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import cache
+from typing import Any
+
+import torch
+from packaging.specifiers import SpecifierSet
+
+from . import semantics as sem
+from .base import Adapter, Call, Package
+
+PACKAGE = Package("flashinfer", ("flashinfer-python", "flashinfer"), "flashinfer")
+WORKSPACE_BYTES = 128 << 20
+HALF = frozenset({"bfloat16", "float16"})
+
+_workspaces: dict[str, torch.Tensor] = {}
+
+
+def workspace(device: torch.device) -> torch.Tensor:
+    key = str(device)
+    if key not in _workspaces:
+        _workspaces[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _workspaces[key]
+
+
+@cache
+def _params(fn: Any) -> frozenset[str] | None:
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def accepts(fn: Any, name: str) -> bool:
+    """Whether a callable takes a keyword of that name (plain parameters only; **kwargs does not count,
+    because some versions swallow unknown keywords there and warn instead of acting on them)."""
+    params = _params(fn)
+    return params is not None and name in params
+
+
+def keywords(fn: Any, **maybe: Any) -> dict[str, Any]:
+    """The subset of optional keywords this version's `fn` takes."""
+    return {k: v for k, v in maybe.items() if accepts(fn, k)}
+
+
+def _fa2(cls) -> dict[str, Any]:
+    return keywords(cls.__init__, backend="fa2")
+
+
+# -- norms / activation / rope ----------------------------------------------------------------------
+def rmsnorm(call: Call) -> tuple:
+    fi, x = call.module, call.inputs.values
+    out = fi.norm.rmsnorm(x["hidden_states"], x["weight"], eps=sem.eps(call.definition))
+    return (out,)
+
+
+def fused_add_rmsnorm(call: Call) -> tuple:
+    """In place: the normalised result lands in `input`, the sum in `residual`; both are outputs."""
+    fi, x = call.module, call.inputs.values
+    hidden, residual = x["hidden_states"].clone(), x["residual"].clone()
+    fi.norm.fused_add_rmsnorm(hidden, residual, x["weight"], eps=sem.eps(call.definition))
+    return sem.norm_outputs(call.definition, hidden, residual)
+
+
+def silu_and_mul(call: Call) -> tuple:
+    return (call.module.activation.silu_and_mul(call.inputs.values["input"]),)
+
+
+def rope(call: Call) -> tuple:
+    """Takes query/key flattened to [tokens, heads * head_dim] and returns rotated copies."""
+    fi, x = call.module, call.inputs.values
+    q, k = x["query"], x["key"]
+    tokens, _, head_dim = q.shape
+    fn = fi.rope.apply_rope_with_cos_sin_cache
+    q_out, k_out = fn(x["positions"], q.reshape(tokens, -1), k.reshape(tokens, -1), head_dim,
+                      x["cos_sin_cache"], is_neox=sem.rope_is_neox(call.definition))
+    return q_out.reshape(q.shape), k_out.reshape(k.shape)
+
+
+# -- gemm -------------------------------------------------------------------------------------------
+def mm_bf16(backend: str):
+    def run(call: Call) -> tuple:
+        fi, x = call.module, call.inputs.values
+        a, b = x["A"], x["B"]  # C = A @ B^T; mm_bf16 takes b as (k, n) column-major: B.T is exactly that
+        return (fi.mm_bf16(a, b.T, out_dtype=torch.bfloat16, backend=backend),)
+
+    return run
+
+
+# -- attention --------------------------------------------------------------------------------------
+def _kv_layout(call: Call):
+    d, x = call.definition, call.inputs.values
+    page = sem.page_size(d)
+    indptr = x["kv_indptr"].to(torch.int32)
+    last = sem.last_page_lens(indptr, page, x.get("kv_last_page_len"))
+    return page, indptr, x["kv_indices"].to(torch.int32), last
+
+
+def _lse_base2(run_fn) -> dict[str, Any]:
+    return keywords(run_fn, lse_base="log2", return_lse_base_on_e=False)
+
+
+def gqa_decode(call: Call) -> tuple:
+    fi, x = call.module, call.inputs.values
+    q, kc, vc = x["q"], x["k_cache"], x["v_cache"]
+    page, indptr, indices, last = _kv_layout(call)
+    cls = fi.decode.BatchDecodeWithPagedKVCacheWrapper
+    w = cls(workspace(q.device), "NHD", **_fa2(cls))
+    w.plan(indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
+           q_data_type=q.dtype, kv_data_type=kc.dtype, sm_scale=float(x["sm_scale"]))
+    out, lse = w.run(q, (kc, vc), return_lse=True, **_lse_base2(w.run))
+    return out, lse
+
+
+def gqa_prefill_paged(call: Call) -> tuple:
+    fi, x = call.module, call.inputs.values
+    q, kc, vc = x["q"], x["k_cache"], x["v_cache"]
+    page, indptr, indices, last = _kv_layout(call)
+    cls = fi.prefill.BatchPrefillWithPagedKVCacheWrapper
+    w = cls(workspace(q.device), "NHD", **_fa2(cls))
+    # head_dim is passed positionally: its keyword was renamed head_dim_qk in 0.2.1
+    w.plan(x["qo_indptr"].to(torch.int32), indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
+           causal=sem.is_causal(call.definition), sm_scale=float(x["sm_scale"]),
+           q_data_type=q.dtype, kv_data_type=kc.dtype)
+    out, lse = w.run(q, (kc, vc), return_lse=True, **_lse_base2(w.run))
+    return out, lse
+
+
+def gqa_prefill_ragged(call: Call) -> tuple:
+    fi, x = call.module, call.inputs.values
+    q, k, v = x["q"], x["k"], x["v"]
+    cls = fi.prefill.BatchPrefillWithRaggedKVCacheWrapper
+    w = cls(workspace(q.device), "NHD", **_fa2(cls))
+    w.plan(x["qo_indptr"].to(torch.int32), x["kv_indptr"].to(torch.int32), q.shape[1], k.shape[1], q.shape[2],
+           causal=sem.is_causal(call.definition), sm_scale=float(x["sm_scale"]),
+           q_data_type=q.dtype, kv_data_type=k.dtype)
+    out, lse = w.run(q, k, v, return_lse=True, **_lse_base2(w.run))
+    return out, lse
+
+
+def mla(call: Call) -> tuple:
+    """BatchMLAPagedAttentionWrapper's flat plan: every argument is a required positional from 0.2.1
+    to 0.6.x, and 0.7.x still takes that form (deprecated, legacy path)."""
+    fi, x = call.module, call.inputs.values
+    q_nope, q_pe, ckv, kpe = x["q_nope"], x["q_pe"], x["ckv_cache"], x["kpe_cache"]
+    page, indptr, indices, last = _kv_layout(call)
+    pages = (indptr[1:] - indptr[:-1]).to(torch.int32)
+    kv_len = torch.where(pages > 0, (pages - 1) * page + last, 0).to(torch.int32)
+    if "qo_indptr" in x:
+        qo_indptr = x["qo_indptr"].to(torch.int32)
+    else:
+        qo_indptr = torch.arange(indptr.numel(), dtype=torch.int32, device=q_nope.device)
+    cls = fi.mla.BatchMLAPagedAttentionWrapper
+    w = cls(workspace(q_nope.device), **_fa2(cls))
+    w.plan(qo_indptr, indptr, indices, kv_len, q_nope.shape[1], ckv.shape[-1], kpe.shape[-1], page,
+           sem.is_causal(call.definition), float(x["sm_scale"]), q_nope.dtype, ckv.dtype)
+    out, lse = w.run(q_nope, q_pe, ckv, kpe, return_lse=True, **_lse_base2(w.run))
+    return out, lse
+
+
+# -- sampling ---------------------------------------------------------------------------------------
+SAMPLERS = {
+    frozenset({"top_k"}): "top_k_sampling_from_probs",
+    frozenset({"top_p"}): "top_p_sampling_from_probs",
+    frozenset({"top_k", "top_p"}): "top_k_top_p_sampling_from_probs",
+}
+ROWS_PER_CALL = 4096
+
+
+def _sampler_name(d) -> str | None:
+    return SAMPLERS.get(frozenset(n for n in ("top_k", "top_p") if n in d.inputs))
+
+
+def sampling(call: Call) -> tuple:
+    """draws per row from repeated rows: [batch, draws]. deterministic=True and a seeded generator
+    make the draws replay."""
+    from ..compare_samples import repeat_rows
+
+    fi, d, x = call.module, call.definition, call.inputs.values
+    fn = getattr(fi.sampling, _sampler_name(d))
+    probs = x["probs"]
+    batch = probs.shape[0]
+    g = torch.Generator(device=probs.device).manual_seed(call.inputs.seed + 0xF1)
+    extra = keywords(fn, deterministic=True, generator=g)
+    if "top_k" in x and "top_p" in x:
+        extra.update(keywords(fn, filter_apply_order="top_k_first"))
+    out = torch.empty(batch, call.draws, dtype=torch.int64, device=probs.device)
+    for row in range(batch):
+        done = 0
+        while done < call.draws:
+            n = min(call.draws - done, ROWS_PER_CALL)
+            args = repeat_rows(d, call.inputs, n, slice(row, row + 1))
+            named = dict(zip(x, args, strict=True))
+            rest = [named[k] for k in ("top_k", "top_p") if k in named]
+            out[row, done:done + n] = fn(named["probs"], *rest, **extra).to(torch.int64)
+            done += n
+    return (out,)
+
+
+# -- moe --------------------------------------------------------------------------------------------
+def trtllm_moe(call: Call) -> tuple:
+    """trtllm-gen fp8 block-scale MoE (sm100/sm103): takes the definition's tensors as they are,
+    routing included (DeepSeek-V3 routing method); GEMM1 rows [up; gate] like the definition."""
+    fi, d, x = call.module, call.definition, call.inputs.values
+    top_k, n_group, topk_group = sem.moe_routing(d)
+    fn = fi.fused_moe.trtllm_fp8_block_scale_moe
+    w1 = x["gemm1_weights"]
+    local, inter = w1.shape[0], x["gemm2_weights"].shape[-1]
+    kwargs = dict(routing_logits=x["routing_logits"].to(torch.float32),
+                  routing_bias=x["routing_bias"].to(torch.bfloat16),
+                  hidden_states=x["hidden_states"], hidden_states_scale=x["hidden_states_scale"],
+                  gemm1_weights=w1, gemm1_weights_scale=x["gemm1_weights_scale"],
+                  gemm2_weights=x["gemm2_weights"], gemm2_weights_scale=x["gemm2_weights_scale"],
+                  num_experts=x["routing_logits"].shape[1], top_k=top_k, n_group=n_group,
+                  topk_group=topk_group, intermediate_size=inter,
+                  local_expert_offset=int(x["local_expert_offset"]), local_num_experts=local,
+                  routed_scaling_factor=float(x["routed_scaling_factor"]),
+                  routing_method_type=2)  # DeepSeekV3
+    kwargs.update(keywords(fn, use_shuffled_weight=False, tile_tokens_dim=None))
+    out = fn(**{k: v for k, v in kwargs.items() if accepts(fn, k)})
+    return ((out[0] if isinstance(out, (list, tuple)) else out).to(torch.bfloat16),)
+
+
+def cutlass_moe(call: Call) -> tuple:
+    """cutlass fused MoE with DeepSeek fp8 block scales (sm90, flashinfer >= 0.4, CUDA >= 12.8).
+
+    It takes bf16 activations and quantizes them 1x128 itself, fp8 weights with one float32 scale
+    per 128x128 tile ([fc1, fc2], the definition's layouts), fc1 rows [w3 (up); w1 (gate)] (the
+    definition's order) and the routing as global expert ids and weights, which this adapter
+    computes with the torch ground truth's DeepSeek-V3 routing (the kernel has none of its own).
+    """
+    from .torch_ref import deepseek_routing
+
+    fi, d, x = call.module, call.definition, call.inputs.values
+    top_k, n_group, topk_group = sem.moe_routing(d)
+    block = sem.moe_block(d)
+    hs = x["hidden_states"]
+    act = (hs.to(torch.float32) * x["hidden_states_scale"].to(torch.float32).T
+           .repeat_interleave(block, dim=1)[:, :hs.shape[1]]).to(torch.bfloat16)
+    ids, weights = deepseek_routing(x["routing_logits"], x["routing_bias"], top_k, n_group, topk_group,
+                                    float(x["routed_scaling_factor"]))
+    w1, w2 = x["gemm1_weights"], x["gemm2_weights"]
+    local = w1.shape[0]
+    offset = int(x["local_expert_offset"])
+    fn = fi.fused_moe.cutlass_fused_moe
+    out = torch.zeros(hs.shape[0], hs.shape[1], dtype=torch.bfloat16, device=hs.device)
+    result = fn(act, ids.to(torch.int32), weights.to(torch.float32), w1, w2, torch.bfloat16,
+                quant_scales=[x["gemm1_weights_scale"].to(torch.float32).contiguous(),
+                              x["gemm2_weights_scale"].to(torch.float32).contiguous()],
+                ep_size=x["routing_logits"].shape[1] // local, ep_rank=offset // local, output=out,
+                use_deepseek_fp8_block_scale=True)
+    return ((result[0] if isinstance(result, (list, tuple)) else result),)
+
+
+def segment_gemm(call: Call) -> tuple:
+    """SegmentGEMMWrapper with one segment is a dense C = A @ B^T (fp16 and bf16, every version)."""
+    fi, x = call.module, call.inputs.values
+    a, b = x["A"], x["B"]
+    w = fi.gemm.SegmentGEMMWrapper(workspace(a.device))
+    seg_lens = torch.tensor([a.shape[0]], dtype=torch.int64, device=a.device)
+    return (w.run(a, b[None], 1, True, seg_lens=seg_lens),)
+
+
+# -- the adapters -----------------------------------------------------------------------------------
+def _plain_norm(d) -> str | None:
+    return "fused add + norm (see fused_add_rmsnorm)" if sem.is_fused_add(d) else \
+        sem.missing_inputs(d, ("hidden_states", "weight"))
+
+
+def _fused_norm(d) -> str | None:
+    return None if sem.is_fused_add(d) else "not a fused add + norm"
+
+
+def _stage(want: str, *names: str):
+    def applies(d) -> str | None:
+        if sem.stage(d) != want:
+            return f"handles {want}, not {sem.stage(d)}"
+        return sem.missing_inputs(d, names)
+
+    return applies
+
+
+def _rope_applies(d) -> str | None:
+    missing = sem.missing_inputs(d, ("positions", "query", "key", "cos_sin_cache"))
+    if missing:
+        return missing
+    if d.inputs["query"].dtype.value not in HALF:  # the cache is float32, the rotated tensors 16-bit
+        return f"rotates float16/bfloat16 only, not {d.inputs['query'].dtype.value}"
+    return None
+
+
+def _sampler_applies(d) -> str | None:
+    return None if _sampler_name(d) else "no top_k / top_p input"
+
+
+_ATTN = dict(package=PACKAGE, dtypes=HALF, needs_cuda=True)
+ADAPTERS = [
+    Adapter("flashinfer", "rmsnorm", "flashinfer.norm.rmsnorm", rmsnorm, package=PACKAGE,
+            requires=("norm.rmsnorm",), applies=_plain_norm, dtypes=HALF, needs_cuda=True),
+    Adapter("flashinfer", "rmsnorm", "flashinfer.norm.fused_add_rmsnorm", fused_add_rmsnorm, package=PACKAGE,
+            requires=("norm.fused_add_rmsnorm",), applies=_fused_norm, dtypes=HALF, needs_cuda=True),
+    # mm_bf16: 0.6.1-0.6.17 only through cudnn/cutlass/tgv on sm100/103; cublaslt on sm80+ from 0.6.18
+    Adapter("flashinfer", "gemm", "flashinfer.mm_bf16(backend=cublaslt)", mm_bf16("cublaslt"), package=PACKAGE,
+            versions=SpecifierSet(">=0.6.18"), requires=("mm_bf16",), dtypes=frozenset({"bfloat16"}),
+            needs_cuda=True, min_cc=(8, 0)),
+    Adapter("flashinfer", "gemm", "flashinfer.mm_bf16(backend=cudnn)", mm_bf16("cudnn"), package=PACKAGE,
+            versions=SpecifierSet(">=0.6.1,<0.6.18"), requires=("mm_bf16",), dtypes=frozenset({"bfloat16"}),
+            needs_cuda=True, min_cc=(10, 0), max_cc=(10, 3)),
+    Adapter("flashinfer", "gemm", "flashinfer.gemm.SegmentGEMMWrapper", segment_gemm, package=PACKAGE,
+            requires=("gemm.SegmentGEMMWrapper",), applies=lambda d: sem.missing_inputs(d, ("A", "B")),
+            dtypes=HALF, needs_cuda=True, min_cc=(8, 0)),
+    Adapter("flashinfer", "gqa_paged", "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper", gqa_decode,
+            requires=("decode.BatchDecodeWithPagedKVCacheWrapper",),
+            applies=_stage("decode", "q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale"), **_ATTN),
+    Adapter("flashinfer", "gqa_paged", "flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper",
+            gqa_prefill_paged, requires=("prefill.BatchPrefillWithPagedKVCacheWrapper",),
+            applies=_stage("prefill", "q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices",
+                           "sm_scale"), **_ATTN),
+    Adapter("flashinfer", "gqa_ragged", "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper",
+            gqa_prefill_ragged, requires=("prefill.BatchPrefillWithRaggedKVCacheWrapper",),
+            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"), **_ATTN),
+    Adapter("flashinfer", "mla_paged", "flashinfer.mla.BatchMLAPagedAttentionWrapper", mla,
+            requires=("mla.BatchMLAPagedAttentionWrapper",),
+            applies=lambda d: sem.missing_inputs(d, ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr",
+                                                     "kv_indices", "sm_scale")), **_ATTN),
+    Adapter("flashinfer", "rope", "flashinfer.rope.apply_rope_with_cos_sin_cache", rope, package=PACKAGE,
+            requires=("rope.apply_rope_with_cos_sin_cache",), versions=SpecifierSet(">=0.2.1"),
+            applies=_rope_applies, dtypes=frozenset({"bfloat16", "float16", "float32"}), needs_cuda=True),
+    Adapter("flashinfer", "activation", "flashinfer.activation.silu_and_mul", silu_and_mul, package=PACKAGE,
+            requires=("activation.silu_and_mul",),
+            applies=lambda d: None if "silu" in d.name and "input" in d.inputs else "only silu_and_mul",
+            dtypes=HALF, needs_cuda=True),
+    Adapter("flashinfer", "sampling", "flashinfer.sampling.*_sampling_from_probs", sampling, package=PACKAGE,
+            versions=SpecifierSet(">=0.2.3"), requires=("sampling.top_k_top_p_sampling_from_probs",),
+            applies=_sampler_applies, needs_cuda=True, kind="sampler"),
+    Adapter("flashinfer", "moe", "flashinfer.fused_moe.trtllm_fp8_block_scale_moe", trtllm_moe,
+            package=PACKAGE, requires=("fused_moe.trtllm_fp8_block_scale_moe",),
+            applies=lambda d: sem.missing_inputs(d, sem.MOE_INPUTS),
+            needs_cuda=True, min_cc=(10, 0), max_cc=(10, 3)),
+    Adapter("flashinfer", "moe", "flashinfer.fused_moe.cutlass_fused_moe(use_deepseek_fp8_block_scale)",
+            cutlass_moe, package=PACKAGE, versions=SpecifierSet(">=0.4"),
+            requires=("fused_moe.cutlass_fused_moe",), applies=lambda d: sem.missing_inputs(d, sem.MOE_INPUTS),
+            needs_cuda=True, min_cc=(9, 0), max_cc=(9, 0)),
+]

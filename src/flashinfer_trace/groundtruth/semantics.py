@@ -1,0 +1,137 @@
+"""What every ground truth reads off a definition besides its tensors: the parameters that the
+format leaves inside the reference (EPS, routing constants), the stage, the page layout.
+
+They are read, never executed: constants come from `reference_constants` (an AST walk), the
+rest from axes, input names, tags and the name, so a definition is interpreted the same way by
+the torch, FlashInfer and SGLang adapters.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..sandbox import reference_constants
+from .base import GroundTruthUnavailable
+
+if TYPE_CHECKING:
+    from ..definition import Definition
+
+EPS_NAMES = ("EPS", "EPSILON", "eps", "epsilon", "VARIANCE_EPSILON")
+
+
+def constant(definition: Definition, names: tuple[str, ...], what: str) -> float | int:
+    consts = reference_constants(definition.reference)
+    for n in names:
+        if n in consts and isinstance(consts[n], (int, float)) and not isinstance(consts[n], bool):
+            return consts[n]
+    raise GroundTruthUnavailable("unsupported", f"{definition.name}: the reference defines no {what} "
+                                                f"constant ({' / '.join(names)} = <number>)")
+
+
+def eps(definition: Definition) -> float:
+    return float(constant(definition, EPS_NAMES, "epsilon"))
+
+
+def missing_inputs(definition: Definition, names: tuple[str, ...]) -> str | None:
+    """Why an adapter cannot map this definition's tensors by name, or None."""
+    absent = [n for n in names if n not in definition.inputs]
+    return f"needs input(s) {', '.join(absent)}" if absent else None
+
+
+# -- norms ------------------------------------------------------------------------------------------
+def is_fused_add(definition: Definition) -> bool:
+    return "residual" in definition.inputs
+
+
+def norm_outputs(definition: Definition, output: torch.Tensor, residual: torch.Tensor | None) -> tuple:
+    """Outputs in definition order. A fused add + norm has the normalised result first and the
+    updated residual second when the definition lists it (public definitions may list only the
+    first)."""
+    if len(definition.outputs) == 1:
+        return (output,)
+    return (output, residual)
+
+
+# -- attention --------------------------------------------------------------------------------------
+def stage(definition: Definition) -> str:
+    tagged = definition.stage
+    if tagged in ("decode", "prefill"):
+        return tagged
+    return "prefill" if "qo_indptr" in definition.inputs else "decode"
+
+
+def is_causal(definition: Definition) -> bool:
+    """Prefill definitions say so in their name (`..._prefill_causal_...`); decode sees every key."""
+    return stage(definition) == "prefill" and "causal" in definition.name.split("_")
+
+
+def page_size(definition: Definition) -> int:
+    return int(definition.const_axes.get("page_size", 1))
+
+
+def last_page_lens(kv_indptr: torch.Tensor, page: int, given: torch.Tensor | None) -> torch.Tensor:
+    """Tokens on each request's last page: the definition's `kv_last_page_len` input when it has one,
+    else full pages (a definition without that input stores whole pages only). A request with no
+    pages has 0 (FlashInfer computes kv_len = (pages - 1) * page_size + last_page_len)."""
+    if given is not None:
+        return given.to(torch.int32)
+    pages = kv_indptr[1:] - kv_indptr[:-1]
+    return torch.where(pages > 0, page, 0).to(torch.int32)
+
+
+def request_token_slots(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page: int,
+                        last_len: torch.Tensor) -> list[torch.Tensor]:
+    """Per request, the flat slot (page * page_size + offset) of each of its tokens, in order."""
+    indptr = kv_indptr.cpu().tolist()
+    pages = kv_indices.to(torch.int64)
+    lasts = last_len.cpu().tolist()
+    out = []
+    for b in range(len(indptr) - 1):
+        p = pages[indptr[b]:indptr[b + 1]]
+        if p.numel() == 0:
+            out.append(p)
+            continue
+        slots = (p[:, None] * page + torch.arange(page, device=p.device)[None, :]).flatten()
+        out.append(slots[: (p.numel() - 1) * page + int(lasts[b])])
+    return out
+
+
+# -- rope -------------------------------------------------------------------------------------------
+def rope_is_neox(definition: Definition) -> bool:
+    name = definition.name
+    if "neox" in name:
+        return True
+    if re.search(r"interleave|gptj|gpt_j", name):
+        return False
+    consts = reference_constants(definition.reference)
+    for key in ("IS_NEOX", "NEOX", "is_neox"):
+        if isinstance(consts.get(key), bool):
+            return bool(consts[key])
+    raise GroundTruthUnavailable("unsupported", f"{definition.name}: cannot tell Neox from interleaved "
+                                                f"RoPE (no 'neox'/'interleave' in the name, no IS_NEOX)")
+
+
+# -- moe --------------------------------------------------------------------------------------------
+MOE_INPUTS = ("routing_logits", "routing_bias", "hidden_states", "hidden_states_scale", "gemm1_weights",
+              "gemm1_weights_scale", "gemm2_weights", "gemm2_weights_scale", "local_expert_offset",
+              "routed_scaling_factor")
+
+
+def moe_routing(definition: Definition):
+    """(top_k, n_group, topk_group) of DeepSeek-V3 style routing, from axes or the name."""
+    from ..inputs.moe import routing_params
+
+    r = routing_params(definition)
+    if r is None or r.n_group is None or r.topk_group is None:
+        raise GroundTruthUnavailable("unsupported", f"{definition.name}: routing parameters not found "
+                                                    f"(topkN_ngN_kgN in the name or top_k/n_group/topk_group axes)")
+    return r.top_k, r.n_group, r.topk_group
+
+
+def moe_block(definition: Definition) -> int:
+    consts = reference_constants(definition.reference)
+    block = consts.get("BLOCK", consts.get("BLOCK_SIZE", 128))
+    return int(block) if isinstance(block, int) else 128

@@ -1,0 +1,299 @@
+"""Independent torch ground truth: runs anywhere, so CI checks every reference on a CPU.
+
+Independent means a second computation of the same mathematics, never the definition's reference
+under another name: library operators where torch has them (`F.rms_norm`, `F.linear`,
+`F.scaled_dot_product_attention`, `F.silu`), complex multiplication for RoPE, this module's own
+routing and block dequantisation for MoE, and float64 throughout, so that what is compared is
+the reference's float32-then-round against a result whose own error is negligible.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import semantics as sem
+from .base import Adapter, Call
+
+F64 = torch.float64
+
+
+def _values(call: Call) -> dict:
+    return call.inputs.values
+
+
+# -- norms ------------------------------------------------------------------------------------------
+def rmsnorm(call: Call) -> tuple:
+    d, x = call.definition, _values(call)
+    eps = sem.eps(d)
+    h = x["hidden_states"].to(F64)
+    if sem.is_fused_add(d):
+        h = h + x["residual"].to(F64)  # the norm reads the unrounded sum
+    out = F.rms_norm(h, (h.shape[-1],), x["weight"].to(F64), eps)
+    return sem.norm_outputs(d, out, h)
+
+
+# -- gemm -------------------------------------------------------------------------------------------
+def gemm(call: Call) -> tuple:
+    x = _values(call)
+    return (F.linear(x["A"].to(F64), x["B"].to(F64)),)
+
+
+# -- attention --------------------------------------------------------------------------------------
+def _sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_offset: int | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [Hq, Lq, D], k [Hk, Lk, D], v [Hk, Lk, Dv] (Hq a multiple of Hk, consecutive query heads
+    sharing a kv head) -> output [Lq, Hq, Dv] and base-2 lse [Lq, Hq]. A query that sees no key
+    gets output 0 and lse -inf (the definitions' convention for an empty softmax)."""
+    hq, lq, _ = q.shape
+    hk, lk, dv = v.shape
+    if lk == 0:
+        return (torch.zeros(lq, hq, dv, dtype=F64, device=q.device),
+                torch.full((lq, hq), -math.inf, dtype=F64, device=q.device))
+    group = hq // hk
+    k = k.repeat_interleave(group, dim=0) if group > 1 else k
+    v = v.repeat_interleave(group, dim=0) if group > 1 else v
+    if causal_offset is None:
+        visible = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+    else:  # bottom-right aligned: query i sits at kv position causal_offset + i
+        i = torch.arange(lq, device=q.device)[:, None]
+        visible = torch.arange(lk, device=q.device)[None, :] <= i + causal_offset
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+    scores = torch.einsum("hqd,hkd->hqk", q, k) * scale
+    scores = scores.masked_fill(~visible, -math.inf)
+    peak = scores.amax(dim=-1, keepdim=True)
+    lse = peak.squeeze(-1) + torch.log(torch.exp(scores - peak.nan_to_num(neginf=0.0)).sum(dim=-1))
+    seen = visible.any(dim=-1)[None, :]
+    out = torch.where(seen[..., None], out, 0.0)
+    lse = torch.where(seen, lse, -math.inf)
+    return out.transpose(0, 1), (lse / math.log(2.0)).transpose(0, 1)
+
+
+def _requests(call: Call):
+    """Per request: (query rows, token slots or kv range). Decode is prefill with one query each."""
+    d, x = call.definition, _values(call)
+    kv_indptr = x["kv_indptr"].to(torch.int64)
+    n = kv_indptr.numel() - 1
+    if "qo_indptr" in x:
+        qo = x["qo_indptr"].to(torch.int64).cpu().tolist()
+    else:
+        qo = list(range(n + 1))
+    if "kv_indices" in x:  # paged
+        page = sem.page_size(d)
+        last = sem.last_page_lens(kv_indptr, page, x.get("kv_last_page_len"))
+        slots = sem.request_token_slots(kv_indptr, x["kv_indices"], page, last)
+    else:  # ragged: contiguous kv rows
+        kv = kv_indptr.cpu().tolist()
+        slots = [torch.arange(kv[b], kv[b + 1], device=kv_indptr.device) for b in range(n)]
+    return [(qo[b], qo[b + 1], slots[b]) for b in range(n)]
+
+
+def _attention(call: Call, queries, keys, values, num_rows: int, heads: int, dv: int) -> tuple:
+    d, x = call.definition, _values(call)
+    scale = float(x["sm_scale"])
+    causal = sem.is_causal(d)
+    out = torch.zeros(num_rows, heads, dv, dtype=F64, device=queries.device)
+    lse = torch.full((num_rows, heads), -math.inf, dtype=F64, device=queries.device)
+    for q0, q1, slots in _requests(call):
+        if q1 == q0:
+            continue
+        q = queries[q0:q1].transpose(0, 1)  # [H, Lq, D]
+        k, v = keys(slots), values(slots)
+        offset = k.shape[1] - (q1 - q0) if causal else None
+        o, s = _sdpa_with_lse(q, k, v, scale, offset)
+        out[q0:q1], lse[q0:q1] = o, s
+    return out, lse
+
+
+def gqa(call: Call) -> tuple:
+    x = _values(call)
+    q = x["q"].to(F64)
+    if "k_cache" in x:  # paged: [pages, page_size, Hk, D] -> flat token slots
+        kc = x["k_cache"].flatten(0, 1).to(F64)
+        vc = x["v_cache"].flatten(0, 1).to(F64)
+    else:
+        kc, vc = x["k"].to(F64), x["v"].to(F64)
+
+    def keys(slots):
+        return kc[slots].transpose(0, 1)  # [Hk, Lk, D]
+
+    def values(slots):
+        return vc[slots].transpose(0, 1)
+
+    return _attention(call, q, keys, values, q.shape[0], q.shape[1], vc.shape[-1])
+
+
+def mla(call: Call) -> tuple:
+    """Absorbed MLA: keys are [ckv | kpe] (one latent head shared by all query heads), values ckv."""
+    x = _values(call)
+    q = torch.cat([x["q_nope"], x["q_pe"]], dim=-1).to(F64)
+    ckv = x["ckv_cache"].flatten(0, 1).to(F64)
+    key = torch.cat([ckv, x["kpe_cache"].flatten(0, 1).to(F64)], dim=-1)
+
+    def keys(slots):
+        return key[slots][None]  # [1, Lk, 576]
+
+    def values(slots):
+        return ckv[slots][None]
+
+    return _attention(call, q, keys, values, q.shape[0], q.shape[1], ckv.shape[-1])
+
+
+# -- rope / activation ------------------------------------------------------------------------------
+def rope(call: Call) -> tuple:
+    """A rotation by the angle whose cos/sin the cache row holds is a complex multiplication."""
+    d, x = call.definition, _values(call)
+    neox = sem.rope_is_neox(d)
+    cache = x["cos_sin_cache"].to(F64)[x["positions"].to(torch.int64)]
+    half = cache.shape[-1] // 2
+    rot = torch.complex(cache[:, :half], cache[:, half:])[:, None, :]  # [T, 1, half]
+
+    def apply(t: torch.Tensor) -> torch.Tensor:
+        t = t.to(F64)
+        rd = 2 * half
+        if neox:  # pairs (i, i + half)
+            z = torch.complex(t[..., :half], t[..., half:rd]) * rot
+            rotated = torch.cat([z.real, z.imag], dim=-1)
+        else:  # pairs (2i, 2i + 1)
+            z = torch.view_as_complex(t[..., :rd].reshape(*t.shape[:-1], half, 2).contiguous()) * rot
+            rotated = torch.view_as_real(z).flatten(-2)
+        return torch.cat([rotated, t[..., rd:]], dim=-1)
+
+    names = [n for n in d.inputs if n not in ("positions", "cos_sin_cache")]
+    return tuple(apply(x[n]) for n in names)
+
+
+def silu_and_mul(call: Call) -> tuple:
+    x = _values(call)["input"].to(F64)
+    half = x.shape[-1] // 2
+    return (F.silu(x[..., :half]) * x[..., half:],)
+
+
+# -- sampling ---------------------------------------------------------------------------------------
+def filtered_distribution(call: Call, *, top_p_slack: float = 0.0) -> torch.Tensor:
+    """The distribution a sampling definition draws from, float64 [batch, vocab]: top-k, renormalise,
+    then top-p on the renormalised mass (FlashInfer's top_k_first order), renormalise.
+
+    `top_p_slack` widens the top-p cut by that much mass: with a positive slack the result's
+    support holds every token a correct float32 implementation may keep at the boundary.
+    """
+    x = _values(call)
+    probs = x["probs"].to(F64)
+    batch, vocab = probs.shape
+    dist = probs.clone()
+    if "top_k" in x:
+        k = _per_row(x["top_k"], batch, probs.device).to(torch.int64)
+        k = torch.where((k <= 0) | (k >= vocab), vocab, k)
+        kmax = int(k.max())
+        top = torch.topk(probs, kmax, dim=-1)
+        keep = torch.zeros_like(probs, dtype=torch.bool)
+        ranks = torch.arange(kmax, device=probs.device)[None, :]
+        keep.scatter_(1, top.indices, ranks < k[:, None])
+        dist = torch.where(keep, dist, 0.0)
+        dist = dist / dist.sum(dim=-1, keepdim=True)
+    if "top_p" in x:
+        p = _per_row(x["top_p"], batch, probs.device).to(F64)
+        order = torch.argsort(dist, dim=-1, descending=True, stable=True)
+        ranked = dist.gather(1, order)
+        before = ranked.cumsum(dim=-1) - ranked
+        keep_ranked = before < (p[:, None] + top_p_slack)
+        keep_ranked[:, 0] = True
+        keep = torch.zeros_like(keep_ranked).scatter_(1, order, keep_ranked)
+        dist = torch.where(keep, dist, 0.0)
+        dist = dist / dist.sum(dim=-1, keepdim=True)
+    return dist
+
+
+def _per_row(v, batch: int, device) -> torch.Tensor:
+    if isinstance(v, torch.Tensor) and v.dim() > 0:
+        return v.to(device)
+    return torch.full((batch,), float(v) if not isinstance(v, torch.Tensor) else float(v.item()),
+                      device=device)
+
+
+def sampling(call: Call) -> tuple:
+    """draws samples per row from the filtered distribution: [batch, draws] int64."""
+    dist = filtered_distribution(call)
+    g = torch.Generator(device=dist.device).manual_seed(call.inputs.seed + 0x5EED)
+    return (torch.multinomial(dist, call.draws, replacement=True, generator=g),)
+
+
+# -- moe --------------------------------------------------------------------------------------------
+def _expand_blocks(scale: torch.Tensor, block: int, rows: int, cols: int) -> torch.Tensor:
+    return scale.to(F64).repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)[..., :rows, :cols]
+
+
+def deepseek_routing(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int,
+                     scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 no-aux routing, written from its description: (expert ids [T, k], weights [T, k])."""
+    scores = torch.sigmoid(logits.to(F64))
+    biased = scores + bias.to(F64)[None, :]
+    tokens, experts = biased.shape
+    grouped = biased.reshape(tokens, n_group, experts // n_group)
+    best_two = grouped.sort(dim=-1, descending=True).values[..., :2].sum(dim=-1)  # [T, n_group]
+    chosen_groups = best_two.argsort(dim=-1, descending=True, stable=True)[:, :topk_group]
+    allowed = torch.zeros(tokens, n_group, dtype=torch.bool, device=logits.device)
+    allowed[torch.arange(tokens, device=logits.device)[:, None], chosen_groups] = True
+    candidates = torch.where(allowed[:, :, None], grouped, -math.inf).reshape(tokens, experts)
+    ids = candidates.argsort(dim=-1, descending=True, stable=True)[:, :top_k]
+    w = scores.gather(1, ids)
+    return ids, w / w.sum(dim=-1, keepdim=True) * scaling
+
+
+def moe(call: Call) -> tuple:
+    """Dequantise, route with this module's code, run each local expert that receives tokens:
+    GEMM1 rows [up; gate], silu on the gate (second) half, GEMM2, weighted sum."""
+    d, x = call.definition, _values(call)
+    top_k, n_group, topk_group = sem.moe_routing(d)
+    block = sem.moe_block(d)
+    hs = x["hidden_states"]
+    tokens, hidden = hs.shape
+    act = hs.to(F64) * x["hidden_states_scale"].to(F64).T.repeat_interleave(block, dim=1)[:, :hidden]
+    ids, weights = deepseek_routing(x["routing_logits"], x["routing_bias"], top_k, n_group, topk_group,
+                                    float(x["routed_scaling_factor"]))
+    offset = int(x["local_expert_offset"])
+    w1, w2 = x["gemm1_weights"], x["gemm2_weights"]
+    inter = w2.shape[-1]
+    out = torch.zeros(tokens, hidden, dtype=F64, device=hs.device)
+    for e in range(w1.shape[0]):
+        token_idx, slot = (ids == offset + e).nonzero(as_tuple=True)
+        if token_idx.numel() == 0:
+            continue
+        g1 = w1[e].to(F64) * _expand_blocks(x["gemm1_weights_scale"][e], block, *w1.shape[1:])
+        g2 = w2[e].to(F64) * _expand_blocks(x["gemm2_weights_scale"][e], block, *w2.shape[1:])
+        h = act[token_idx] @ g1.T
+        y = (F.silu(h[:, inter:]) * h[:, :inter]) @ g2.T
+        out.index_add_(0, token_idx, y * weights[token_idx, slot][:, None])
+    return (out,)
+
+
+# -- the adapters -----------------------------------------------------------------------------------
+def _needs(*names: str):
+    return lambda d: sem.missing_inputs(d, names)
+
+
+def _rope_applies(d) -> str | None:
+    return sem.missing_inputs(d, ("positions", "cos_sin_cache")) or (
+        None if len(d.outputs) == len(d.inputs) - 2 else "expects one output per rotated input")
+
+
+ADAPTERS = [
+    Adapter("torch", "rmsnorm", "torch.nn.functional.rms_norm (float64)", rmsnorm,
+            applies=_needs("hidden_states", "weight")),
+    Adapter("torch", "gemm", "torch.nn.functional.linear (float64)", gemm, applies=_needs("A", "B")),
+    Adapter("torch", "gqa_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
+            applies=_needs("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale")),
+    Adapter("torch", "gqa_ragged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
+            applies=_needs("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
+    Adapter("torch", "mla_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", mla,
+            applies=_needs("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices", "sm_scale")),
+    Adapter("torch", "rope", "complex rotation (float64)", rope, applies=_rope_applies),
+    Adapter("torch", "activation", "torch.nn.functional.silu (float64)", silu_and_mul,
+            applies=lambda d: None if "silu" in d.name else "only silu_and_mul"),
+    Adapter("torch", "sampling", "filtered distribution (float64) + torch.multinomial", sampling,
+            applies=_needs("probs"), kind="sampler"),
+    Adapter("torch", "moe", "dequantise + DeepSeek-V3 routing + float64 experts", moe,
+            applies=_needs(*sem.MOE_INPUTS)),
+]

@@ -1,0 +1,145 @@
+"""Options, fixtures and hooks of the generated reference tests (tests/references/conftest.py
+imports them), kept in the package so they are versioned and unit-tested with it.
+
+Options: --device auto|cpu|cuda, --sizes small,medium (large is marked slow and needs --run-slow
+or an explicit --sizes), --seeds 0,1, --atol/--rtol/--matched-ratio (override every tolerance),
+--draws N (sampler draws per row), --save-failures DIR, --save-inputs.
+
+Every comparison records its tolerance, seed and ground truth as user properties (they reach the
+JUnit XML and the per-test JSON); a failing comparison is saved under --save-failures with the
+command that replays it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .compare import Mismatch, tolerance_for
+from .compare_samples import SamplingMismatch, SamplingSettings
+from .dataset import load_definition
+from .groundtruth import GroundTruthUnavailable, get_ground_truth
+
+ARCH_MARKERS = ("sm80", "sm89", "sm90", "sm100", "sm103", "sm120")
+MARKERS = {
+    "gpu": "needs a CUDA device",
+    "flashinfer": "uses the FlashInfer ground truth",
+    "sglang": "uses the SGLang ground truth",
+    "slow": "large sizes, not in the default run",
+    **{a: f"the ground truth runs on {a}" for a in ARCH_MARKERS},
+}
+DEFAULT_SIZES = "small,medium"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("flashinfer-trace", "flashinfer-trace reference tests")
+    g.addoption("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
+    g.addoption("--sizes", default=None, help=f"size tiers, comma separated (default {DEFAULT_SIZES})")
+    g.addoption("--run-slow", action="store_true", help="include the large tier")
+    g.addoption("--seeds", default="0,1", help="input seeds for the ground-truth comparisons")
+    g.addoption("--atol", type=float, default=None, help="override every tolerance's atol")
+    g.addoption("--rtol", type=float, default=None, help="override every tolerance's rtol")
+    g.addoption("--matched-ratio", type=float, default=None, help="override the required matched ratio")
+    g.addoption("--draws", type=int, default=None, help="sampler draws per row (default 64 on cpu, 2000 on cuda)")
+    g.addoption("--save-failures", default="results/failures", help="where failing cases are saved")
+    g.addoption("--save-inputs", action="store_true", help="also save failing inputs as safetensors")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def _sizes(config: pytest.Config) -> list[str]:
+    given = config.getoption("--sizes")
+    sizes = (given or DEFAULT_SIZES).split(",")
+    if config.getoption("--run-slow") and "large" not in sizes:
+        sizes.append("large")
+    return [s.strip() for s in sizes if s.strip()]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "size" in metafunc.fixturenames:
+        params = [pytest.param(s, marks=pytest.mark.slow) if s == "large" else s for s in _sizes(metafunc.config)]
+        metafunc.parametrize("size", params)
+    if "seed" in metafunc.fixturenames:
+        seeds = [int(s) for s in metafunc.config.getoption("--seeds").split(",") if s.strip()]
+        metafunc.parametrize("seed", seeds)
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> str:
+    import torch
+
+    want = pytestconfig.getoption("--device")
+    if want == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if want.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip(reason="no-gpu: --device cuda but torch sees no CUDA device")
+    return want
+
+
+@pytest.fixture
+def definition(request: pytest.FixtureRequest):
+    """Parametrized indirectly with definition names by the generated modules."""
+    return load_definition(request.param)
+
+
+@pytest.fixture
+def tolerance(definition, pytestconfig: pytest.Config, record_property):
+    cli = {k: pytestconfig.getoption(o) for k, o in
+           (("atol", "--atol"), ("rtol", "--rtol"), ("matched_ratio", "--matched-ratio"))}
+    tol = tolerance_for(definition, cli=cli)
+    record_property("tolerance", tol.as_dict())
+    return tol
+
+
+@pytest.fixture
+def sampling_settings(device: str, pytestconfig: pytest.Config, record_property) -> SamplingSettings:
+    draws = pytestconfig.getoption("--draws") or (64 if device == "cpu" else 2000)
+    settings = SamplingSettings(draws=draws)
+    record_property("sampling", settings.as_dict())
+    return settings
+
+
+@pytest.fixture
+def ground_truth(device: str, record_property):
+    """ground_truth(source, definition) -> a GroundTruth, or the test is skipped with the reason."""
+
+    def get(source: str, definition):
+        try:
+            gt = get_ground_truth(source, definition, device=device)
+        except GroundTruthUnavailable as e:
+            record_property("skip_kind", e.kind)
+            pytest.skip(reason=str(e))
+        record_property("ground_truth", gt.describe())
+        return gt
+
+    return get
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or call.excinfo is None:
+        return
+    error = call.excinfo.value
+    if not isinstance(error, (Mismatch, SamplingMismatch)):
+        return
+    report.user_properties.append(("verdict", getattr(error, "verdict", None) or error.report.verdict))
+    params = dict(getattr(item, "callspec", None).params) if hasattr(item, "callspec") else {}
+    name = params.get("name") or params.get("definition")
+    if not name:
+        return
+    from .failures import save_failure
+
+    definition = load_definition(name)
+    detail = ([r.as_dict() for r in error.reports] if isinstance(error, Mismatch) else [error.report.as_dict()])
+    record = {"test": item.nodeid, "definition": name, "check": item.originalname,
+              "definition_path": str(definition.source) if definition.source else None,
+              "size": params.get("size", "small"), "seed": params.get("seed", 0), "case": params.get("case"),
+              "source": params.get("source"), "device": item.funcargs.get("device", "cpu"),
+              "reports": detail, "message": str(error)}
+    config = item.config
+    path = save_failure(record, config.getoption("--save-failures"), inputs=config.getoption("--save-inputs"))
+    report.user_properties.append(("failure_file", str(path)))
