@@ -6,7 +6,7 @@
 #   scripts/gpu-references.sh WHEELHOUSE OUTDIR VERSION... [-- PYTEST-ARGS]
 #
 # Writes OUTDIR/fi<VERSION>.xml (JUnit), OUTDIR/fi<VERSION>.log and the wall time of each run;
-# FT_TIMEOUT=SECONDS bounds each run.
+# FT_TIMEOUT=SECONDS bounds each run (SIGINT first, so pytest still writes its report).
 # The noxfile's offline mode does the same per combination; this is the minimal form.
 set -uo pipefail
 wh=$1 out=$2; shift 2
@@ -17,7 +17,7 @@ mkdir -p "$out"
 deps=${FT_DEPS:-/tmp/ft-deps}
 pip_target() { python3 -m pip install -q --no-index --no-deps --no-compile --target "$@"; }
 shopt -s nullglob
-extra=("$wh"/pydantic*.whl "$wh"/annotated_types*.whl "$wh"/typing_inspection*.whl "$wh"/apache_tvm_ffi*.whl
+extra=("$wh"/pydantic*.whl "$wh"/typing_extensions*.whl "$wh"/annotated_types*.whl "$wh"/typing_inspection*.whl "$wh"/apache_tvm_ffi*.whl
        "$wh"/nvidia_cudnn_frontend*.whl)
 [ -d "$deps" ] || pip_target "$deps" "${extra[@]}" || exit 1
 export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-4}
@@ -26,8 +26,8 @@ for v in "${versions[@]}"; do
   [ -d "/tmp/fi-$v" ] || pip_target "/tmp/fi-$v" "$wh"/flashinfer_python-"$v"-*.whl || exit 1
   (
     start=$SECONDS
-    PYTHONPATH="$PWD/src:/tmp/fi-$v:$deps" timeout "${FT_TIMEOUT:-0}" python3 -m pytest tests/references -p no:cacheprovider \
-      --device=cuda --junitxml="$out/fi$v.xml" -rs -q "$@" > "$out/fi$v.log" 2>&1
+    PYTHONPATH="$PWD/src:/tmp/fi-$v:$deps" timeout -s INT -k 30 "${FT_TIMEOUT:-0}" python3 -m pytest tests/references -p no:cacheprovider \
+      --device=cuda --junitxml="$out/fi$v.xml" -rs -v --durations=25 "$@" > "$out/fi$v.log" 2>&1
     rc=$?
     echo "flashinfer $v: exit $rc, wall $((SECONDS - start)) s" | tee -a "$out/fi$v.log"
   ) &

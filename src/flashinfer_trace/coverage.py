@@ -5,7 +5,7 @@ definitions of each op type cover, so gaps are visible before a kernel ships wit
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .compare import governing_dtype
@@ -30,7 +30,8 @@ class OpCoverage:
     const_axes: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
 
     def as_dict(self) -> dict:
-        d = asdict(self)
+        # asdict cannot copy a defaultdict before Python 3.12: build this one by hand
+        d = {k: v for k, v in asdict(replace(self, const_axes={})).items()}
         for k in ("dtypes", "stages", "page_sizes", "causal"):
             d[k] = sorted(d[k])
         d["const_axes"] = {k: sorted(v) for k, v in sorted(self.const_axes.items())}

@@ -40,7 +40,8 @@ def save_failure(record: dict[str, Any], directory: str | Path = DEFAULT_DIR, *,
     key = "-".join(str(record.get(k)) for k in ("definition", "check", "source", "size", "seed", "case")
                    if record.get(k) is not None)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)[:200]
-    record = {**record, "replay": replay_command(record["definition"], record.get("size", "small"),
+    target = record.get("definition_path") or record["definition"]
+    record = {**record, "replay": replay_command(target, record.get("size", "small"),
                                                  int(record.get("seed", 0)), record.get("case"),
                                                  record.get("source", "torch"), record.get("device", "cpu"))}
     if inputs:

@@ -87,6 +87,9 @@ class Adapter:
     requires: tuple[str, ...] = ()  # dotted attributes of the package that must exist
     # Which definitions of the op type this adapter computes: None if it does, else why not.
     applies: Callable[[Definition], str | None] = lambda d: None
+    # Readers of parameters the format leaves in the reference (semantics.eps, ...): called before
+    # running, so a definition they cannot read is a skip with their reason, not an error.
+    params: tuple[Callable[[Definition], Any], ...] = ()
     dtypes: frozenset[str] | None = None  # accepted dtypes of the definition's float inputs
     needs_cuda: bool = False
     min_cc: tuple[int, int] | None = None
@@ -186,6 +189,8 @@ def availability(adapter: Adapter, definition: Definition, device: str | None
     why = adapter.applies(definition)
     if why:
         raise GroundTruthUnavailable("unsupported", f"{adapter.api}: {why}")
+    for read in adapter.params:
+        read(definition)
     module = version = None
     pkg = adapter.package
     if pkg is not None:

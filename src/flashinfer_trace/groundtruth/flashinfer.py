@@ -308,9 +308,10 @@ def _sampler_applies(d) -> str | None:
 _ATTN = dict(package=PACKAGE, dtypes=HALF, needs_cuda=True)
 ADAPTERS = [
     Adapter("flashinfer", "rmsnorm", "flashinfer.norm.rmsnorm", rmsnorm, package=PACKAGE,
-            requires=("norm.rmsnorm",), applies=_plain_norm, dtypes=HALF, needs_cuda=True),
+            requires=("norm.rmsnorm",), applies=_plain_norm, dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
     Adapter("flashinfer", "rmsnorm", "flashinfer.norm.fused_add_rmsnorm", fused_add_rmsnorm, package=PACKAGE,
-            requires=("norm.fused_add_rmsnorm",), applies=_fused_norm, dtypes=HALF, needs_cuda=True),
+            requires=("norm.fused_add_rmsnorm",), applies=_fused_norm, dtypes=HALF, needs_cuda=True,
+            params=(sem.eps,)),
     # mm_bf16: 0.6.1-0.6.17 only through cudnn/cutlass/tgv on sm100/103; cublaslt on sm80+ from 0.6.18
     Adapter("flashinfer", "gemm", "flashinfer.mm_bf16(backend=cublaslt)", mm_bf16("cublaslt"), package=PACKAGE,
             versions=SpecifierSet(">=0.6.18"), requires=("mm_bf16",), dtypes=frozenset({"bfloat16"}),
@@ -337,7 +338,8 @@ ADAPTERS = [
                                                      "kv_indices", "sm_scale")), **_ATTN),
     Adapter("flashinfer", "rope", "flashinfer.rope.apply_rope_with_cos_sin_cache", rope, package=PACKAGE,
             requires=("rope.apply_rope_with_cos_sin_cache",), versions=SpecifierSet(">=0.2.1"),
-            applies=_rope_applies, dtypes=frozenset({"bfloat16", "float16", "float32"}), needs_cuda=True),
+            applies=_rope_applies, dtypes=frozenset({"bfloat16", "float16", "float32"}), needs_cuda=True,
+            params=(sem.rope_is_neox,)),
     Adapter("flashinfer", "activation", "flashinfer.activation.silu_and_mul", silu_and_mul, package=PACKAGE,
             requires=("activation.silu_and_mul",),
             applies=lambda d: None if "silu" in d.name and "input" in d.inputs else "only silu_and_mul",
@@ -347,10 +349,10 @@ ADAPTERS = [
             applies=_sampler_applies, needs_cuda=True, kind="sampler"),
     Adapter("flashinfer", "moe", "flashinfer.fused_moe.trtllm_fp8_block_scale_moe", trtllm_moe,
             package=PACKAGE, requires=("fused_moe.trtllm_fp8_block_scale_moe",),
-            applies=lambda d: sem.missing_inputs(d, sem.MOE_INPUTS),
+            applies=lambda d: sem.missing_inputs(d, sem.MOE_INPUTS), params=(sem.moe_routing,),
             needs_cuda=True, min_cc=(10, 0), max_cc=(10, 3)),
     Adapter("flashinfer", "moe", "flashinfer.fused_moe.cutlass_fused_moe(use_deepseek_fp8_block_scale)",
             cutlass_moe, package=PACKAGE, versions=SpecifierSet(">=0.4"),
             requires=("fused_moe.cutlass_fused_moe",), applies=lambda d: sem.missing_inputs(d, sem.MOE_INPUTS),
-            needs_cuda=True, min_cc=(9, 0), max_cc=(9, 0)),
+            params=(sem.moe_routing,), needs_cuda=True, min_cc=(9, 0), max_cc=(9, 0)),
 ]

@@ -281,7 +281,7 @@ def _rope_applies(d) -> str | None:
 
 ADAPTERS = [
     Adapter("torch", "rmsnorm", "torch.nn.functional.rms_norm (float64)", rmsnorm,
-            applies=_needs("hidden_states", "weight")),
+            applies=_needs("hidden_states", "weight"), params=(sem.eps,)),
     Adapter("torch", "gemm", "torch.nn.functional.linear (float64)", gemm, applies=_needs("A", "B")),
     Adapter("torch", "gqa_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
             applies=_needs("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale")),
@@ -289,11 +289,11 @@ ADAPTERS = [
             applies=_needs("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
     Adapter("torch", "mla_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", mla,
             applies=_needs("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices", "sm_scale")),
-    Adapter("torch", "rope", "complex rotation (float64)", rope, applies=_rope_applies),
+    Adapter("torch", "rope", "complex rotation (float64)", rope, applies=_rope_applies, params=(sem.rope_is_neox,)),
     Adapter("torch", "activation", "torch.nn.functional.silu (float64)", silu_and_mul,
             applies=lambda d: None if "silu" in d.name else "only silu_and_mul"),
     Adapter("torch", "sampling", "filtered distribution (float64) + torch.multinomial", sampling,
             applies=_needs("probs"), kind="sampler"),
     Adapter("torch", "moe", "dequantise + DeepSeek-V3 routing + float64 experts", moe,
-            applies=_needs(*sem.MOE_INPUTS)),
+            applies=_needs(*sem.MOE_INPUTS), params=(sem.moe_routing,)),
 ]

@@ -1,0 +1,373 @@
+"""check.py's pipeline (discover, plan, run, summarise), failure records, and the `check`, `coverage`
+and `tests generate` commands."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from samples import VALID
+
+from flashinfer_trace.check import (
+    Case,
+    CheckConfig,
+    Discovered,
+    Result,
+    check,
+    discover,
+    plan,
+    run,
+    summarise,
+)
+from flashinfer_trace.cli import main
+from flashinfer_trace.definition import Definition
+from flashinfer_trace.failures import replay_command
+
+# The weight multiply is missing: right shape and dtype, wrong values.
+NO_WEIGHT = (
+    "import torch\n\nEPS = 1e-5\n\n\n@torch.no_grad()\ndef run(hidden_states, weight):\n"
+    "    x = hidden_states.to(torch.float32)\n"
+    "    y = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + EPS)\n"
+    "    return y.to(hidden_states.dtype)\n"
+)
+
+CONFIG = dict(sources=("torch", "flashinfer"), sizes=("small",), seeds=(0,), cases=(), device="cpu")
+
+
+def definitions_folder(tmp_path, *defs: dict, name: str = "definitions"):
+    """definitions/<op_type>/<name>.json for each definition dict."""
+    folder = tmp_path / name
+    for d in defs:
+        path = folder / d["op_type"] / f"{d['name']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(d, indent=2))
+    return folder
+
+
+def bad_rmsnorm() -> dict:
+    return {**copy.deepcopy(VALID), "reference": NO_WEIGHT}
+
+
+def by_check(results: list[Result]) -> dict[tuple[str, str | None], Result]:
+    return {(r.check, r.source): r for r in results}
+
+
+# -- discover ---------------------------------------------------------------------------------------
+def test_discover_folder_with_a_broken_file_keeps_the_good_one(tmp_path):
+    folder = definitions_folder(tmp_path, VALID)
+    broken = folder / "rmsnorm" / "broken.json"
+    broken.write_text("[")
+    found = discover([str(folder)], CheckConfig(device="cpu"))
+    assert [d.name for d in found.definitions] == ["rmsnorm_h8"]
+    (error,) = found.errors
+    assert error.status == "error" and error.check == "load"
+    assert "broken.json" in error.definition or "broken.json" in (error.reason or "")
+
+
+def test_discover_file_name_and_missing_target(tmp_path):
+    folder = definitions_folder(tmp_path, VALID)
+    config = CheckConfig(device="cpu", definitions_dir=str(folder))
+    by_path = discover([str(folder / "rmsnorm" / "rmsnorm_h8.json")], config)
+    by_name = discover(["rmsnorm_h8"], config)
+    assert [d.name for d in by_path.definitions] == [d.name for d in by_name.definitions] == ["rmsnorm_h8"]
+    missing = discover(["nope"], config)
+    assert not missing.definitions and missing.errors[0].status == "error"
+    assert "no definition named 'nope'" in missing.errors[0].reason
+
+
+def test_discover_deduplicates_by_name(tmp_path):
+    folder = definitions_folder(tmp_path, VALID)
+    found = discover([str(folder), str(folder / "rmsnorm" / "rmsnorm_h8.json")], CheckConfig(device="cpu"))
+    assert len(found.definitions) == 1 and not found.errors
+
+
+# -- plan -------------------------------------------------------------------------------------------
+def test_plan_without_a_generator_is_one_skip():
+    d = Definition.model_validate({**VALID, "name": "conv_h8", "op_type": "conv2d"})
+    (only,) = plan(Discovered([d], []), CheckConfig(**CONFIG))
+    assert isinstance(only, Result) and only.status == "skip" and only.definition == "conv_h8"
+    assert only.reason.startswith("no-generator:")
+
+
+def test_plan_lists_every_check():
+    d = Definition.model_validate(VALID)
+    config = CheckConfig(sources=("torch",), sizes=("small", "medium"), seeds=(0, 1), cases=None, device="cpu")
+    cases = plan(Discovered([d], []), config)
+    assert all(isinstance(c, Case) for c in cases)
+    ids = [c.id for c in cases]
+    assert ids[:6] == ["rmsnorm_h8-shape-small-0", "rmsnorm_h8-dtype-small-0", "rmsnorm_h8-match-torch-small-0",
+                       "rmsnorm_h8-match-torch-small-1", "rmsnorm_h8-shape-medium-0", "rmsnorm_h8-dtype-medium-0"]
+    assert "rmsnorm_h8-deterministic-small-0" in ids
+    assert sorted(c.case for c in cases if c.check == "edge") == ["large_values", "single_token"]
+    only = plan(Discovered([d], []), CheckConfig(**{**CONFIG, "cases": ("single_token",)}))
+    assert [c.case for c in only if c.check == "edge"] == ["single_token", "single_token"]  # torch, flashinfer
+
+
+# -- run / summarise --------------------------------------------------------------------------------
+def test_run_good_definition(tmp_path):
+    config = CheckConfig(**CONFIG, save_failures=str(tmp_path / "failures"))
+    results = list(run(plan(Discovered([Definition.model_validate(VALID)], []), config), config))
+    got = by_check(results)
+    assert set(got) == {("shape", None), ("dtype", None), ("match", "torch"), ("match", "flashinfer"),
+                        ("deterministic", None)}
+    for key in [("shape", None), ("dtype", None), ("match", "torch"), ("deterministic", None)]:
+        assert got[key].status == "pass", got[key]
+    skipped = got[("match", "flashinfer")]
+    assert skipped.status == "skip" and skipped.reason.startswith("not-installed: flashinfer")
+    match = got[("match", "torch")]
+    assert match.tolerance["origin"] == "dtype:bfloat16" and match.ground_truth["source"] == "torch"
+    assert match.reports[0]["name"] == "output" and match.reports[0]["verdict"] == "pass"
+    assert not (tmp_path / "failures").exists()
+
+    summary = summarise(results)
+    assert summary.total == 5 and summary.ok
+    assert summary.by_status == {"pass": 4, "skip": 1}
+    assert summary.skip_reasons == {skipped.reason: 1}
+    assert summary.failures == []
+
+
+def test_run_wrong_reference_fails_and_saves_a_replayable_record(tmp_path):
+    config = CheckConfig(**CONFIG, save_failures=str(tmp_path / "failures"))
+    d = Definition.model_validate(bad_rmsnorm())
+    results = list(run(plan(Discovered([d], []), config), config))
+    got = by_check(results)
+    assert got[("shape", None)].status == got[("dtype", None)].status == "pass"
+    assert got[("deterministic", None)].status == "pass"
+    fail = got[("match", "torch")]
+    assert fail.status == "fail" and fail.verdict in ("bug", "precision")
+    assert "output:" in fail.reason and fail.reports[0]["mismatched"] > 0
+    assert fail.failure_file is not None
+    saved = Path(fail.failure_file)
+    assert saved.parent == tmp_path / "failures" and list(saved.parent.glob("*.json")) == [saved]
+    record = json.loads(saved.read_text())
+    assert record["definition"] == "rmsnorm_h8" and record["status"] == "fail"
+    assert record["replay"] == replay_command("rmsnorm_h8", "small", 0, None, "torch", "cpu")
+    replay = record["replay"].split()
+    assert replay[:3] == ["flashinfer-trace", "check", "rmsnorm_h8"]
+    assert replay[replay.index("--size") + 1] == "small" and replay[replay.index("--seed") + 1] == "0"
+    assert replay[replay.index("--ground-truth") + 1] == "torch"
+
+    summary = summarise(results)
+    assert not summary.ok and summary.by_status == {"pass": 3, "fail": 1, "skip": 1}
+    (line,) = summary.failures
+    assert line.startswith("rmsnorm_h8 match torch small seed=0: ")
+
+
+def test_run_without_save_failures_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = CheckConfig(**CONFIG)
+    results = list(run(plan(Discovered([Definition.model_validate(bad_rmsnorm())], []), config), config))
+    assert any(r.status == "fail" and r.failure_file is None for r in results)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reference_that_raises_is_an_error_result():
+    data = {**copy.deepcopy(VALID),
+            "reference": "EPS = 1e-5\n\n\ndef run(hidden_states, weight):\n    raise ValueError('boom')\n"}
+    config = CheckConfig(**{**CONFIG, "sources": ("torch",)})
+    results = list(run(plan(Discovered([Definition.model_validate(data)], []), config), config))
+    assert {r.status for r in results} == {"error"}
+    assert all("ValueError: boom" in r.reason for r in results)
+    assert summarise(results).by_status == {"error": 4} and not summarise(results).ok
+
+
+def test_ground_truth_that_cannot_read_the_definition_is_a_skip():
+    # The torch rmsnorm reads EPS off the reference; without one it raises GroundTruthUnavailable
+    # ("unsupported: ... no epsilon constant"), a skip reason like any other, not an error of the run.
+    data = {**copy.deepcopy(VALID), "reference": VALID["reference"].replace("EPS = 1e-5", "TINY = 1e-5")
+            .replace("+ EPS", "+ TINY")}
+    config = CheckConfig(**{**CONFIG, "sources": ("torch",)})
+    results = list(run(plan(Discovered([Definition.model_validate(data)], []), config), config))
+    match = by_check(results)[("match", "torch")]
+    assert match.status == "skip", match
+    assert match.reason.startswith("unsupported: ") and "epsilon" in match.reason
+    assert summarise(results).ok
+
+
+def test_check_runs_the_whole_pipeline(tmp_path):
+    folder = definitions_folder(tmp_path, VALID)
+    results, summary = check([str(folder)], CheckConfig(**{**CONFIG, "sources": ("torch",), "cases": None}))
+    assert summary.ok and summary.by_status == {"pass": len(results)}
+    assert {r.case for r in results if r.check == "edge"} == {"single_token", "large_values"}
+
+
+# -- the CLI ----------------------------------------------------------------------------------------
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def check_cli(capsys, path, failures):
+    return run_cli(capsys, "check", path, "--ground-truth", "torch", "--size", "small", "--no-edge-cases",
+                   "--device", "cpu", "--json", "--save-failures", failures)
+
+
+def test_cli_check_good_definition_exits_zero(capsys, tmp_path, write_def, valid):
+    path = write_def(valid)
+    code, out, _ = check_cli(capsys, path, tmp_path / "failures")
+    report = json.loads(out)
+    assert code == 0 and report["device"] == "cpu"
+    assert report["summary"]["by_status"] == {"pass": 4} and report["summary"]["total"] == 4
+    assert {r["check"] for r in report["results"]} == {"shape", "dtype", "match", "deterministic"}
+    assert not (tmp_path / "failures").exists()
+
+
+def test_cli_check_bad_definition_exits_one(capsys, tmp_path, write_def):
+    path = write_def(bad_rmsnorm())
+    code, out, _ = check_cli(capsys, path, tmp_path / "failures")
+    report = json.loads(out)
+    assert code == 1
+    assert report["summary"]["by_status"] == {"pass": 3, "fail": 1}
+    (fail,) = [r for r in report["results"] if r["status"] == "fail"]
+    assert fail["check"] == "match" and fail["source"] == "torch"
+    saved = json.loads(open(fail["failure_file"]).read())
+    assert "rmsnorm_h8" in saved["replay"] and "--size small" in saved["replay"] and "--seed 0" in saved["replay"]
+    assert saved["definition_path"] == str(path.resolve())
+
+
+def test_cli_check_human_output_names_the_failure(capsys, tmp_path, write_def, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write_def(bad_rmsnorm())
+    code, out, _ = run_cli(capsys, "check", path, "--ground-truth", "torch", "--size", "small", "--no-edge-cases",
+                           "--device", "cpu", "--save-failures", "")
+    assert code == 1 and "FAIL" in out and "rmsnorm_h8" in out
+    assert [p.name for p in tmp_path.rglob("*.json")] == ["rmsnorm_h8.json"]  # --save-failures '' saves nothing
+
+
+def test_cli_check_tolerance_flags_reach_the_comparison(capsys, tmp_path, write_def):
+    path = write_def(bad_rmsnorm())
+    code, out, _ = run_cli(capsys, "check", path, "--ground-truth", "torch", "--size", "small", "--no-edge-cases",
+                           "--device", "cpu", "--json", "--save-failures", "", "--atol", "10")
+    report = json.loads(out)
+    (match,) = [r for r in report["results"] if r["check"] == "match"]
+    assert code == 0 and match["status"] == "pass"
+    assert match["tolerance"]["atol"] == 10.0 and match["tolerance"]["origin"].endswith("cli")
+
+
+def test_coverage_function(tmp_path):
+    from flashinfer_trace.coverage import coverage
+
+    tests = tmp_path / "refs"
+    tests.mkdir()
+    (tests / "test_rmsnorm.py").write_text('DEFINITIONS = [\n    "rmsnorm_h8",\n    "gone_h1",\n]\n')
+    (tests / "test_broken.py").write_text("DEFINITIONS = [\n")  # unparsable: ignored
+    defs = [Definition.model_validate(VALID), Definition.model_validate({**VALID, "name": "rmsnorm_h8_b"}),
+            Definition.model_validate({**VALID, "name": "conv_h8", "op_type": "conv2d"})]
+    cov = coverage(defs, tests)
+    assert cov.with_tests == ["rmsnorm_h8"] and cov.without_tests == ["conv_h8", "rmsnorm_h8_b"]
+    assert cov.stale_tests == ["gone_h1"]
+    op = cov.op_types["rmsnorm"]
+    assert (op.definitions, op.tested, op.has_generator) == (2, 1, True)
+    assert op.dtypes == {"bfloat16"} and dict(op.const_axes) == {"hidden_size": {8}}
+    assert cov.op_types["conv2d"].has_generator is False
+    assert cov.op_types["conv2d"].ground_truths == {"flashinfer": [], "sglang": [], "torch": []}
+
+
+def test_cli_coverage_lists_definitions_without_tests(capsys, tmp_path):
+    other = {**copy.deepcopy(VALID), "name": "rmsnorm_h8_b"}
+    folder = definitions_folder(tmp_path, VALID, other)
+    tests = tmp_path / "refs"
+    tests.mkdir()
+    (tests / "test_rmsnorm.py").write_text('DEFINITIONS = [\n    "rmsnorm_h8",\n    "gone_h1",\n]\n')
+    code, out, _ = run_cli(capsys, "coverage", "--definitions", folder, "--tests", tests, "--json")
+    cov = json.loads(out)
+    assert code == 0
+    assert cov["with_tests"] == ["rmsnorm_h8"] and cov["without_tests"] == ["rmsnorm_h8_b"]
+    assert cov["stale_tests"] == ["gone_h1"]
+    op = cov["op_types"]["rmsnorm"]
+    assert (op["definitions"], op["tested"], op["has_generator"]) == (2, 1, True)
+    assert op["dtypes"] == ["bfloat16"] and op["const_axes"] == {"hidden_size": [8]}
+    assert op["ground_truths"]["torch"] and op["ground_truths"]["flashinfer"]
+
+
+def test_cli_coverage_with_no_tests_folder(capsys, tmp_path):
+    folder = definitions_folder(tmp_path, VALID)
+    code, out, _ = run_cli(capsys, "coverage", "--definitions", folder, "--tests", tmp_path / "none", "--json")
+    assert code == 0 and json.loads(out)["without_tests"] == ["rmsnorm_h8"]
+
+
+def generate_cli(capsys, folder, output, *extra):
+    return run_cli(capsys, "tests", "generate", "--op-type", "rmsnorm", "--definitions", folder, "--output",
+                   output, *extra)
+
+
+def test_cli_tests_generate_writes_skips_and_forces(capsys, tmp_path):
+    folder = definitions_folder(tmp_path, VALID)
+    refs = tmp_path / "refs"
+    conftest, test_file = refs / "conftest.py", refs / "test_rmsnorm.py"
+
+    code, out, _ = generate_cli(capsys, folder, refs)
+    assert code == 0
+    assert conftest.is_file() and test_file.is_file()
+    assert f"written   {conftest}" in out and f"written   {test_file}" in out
+    assert "1 of 1 definition(s) have generated tests; without: none" in out
+    assert "rmsnorm: 1/1 tested" in out
+
+    tree = ast.parse(test_file.read_text())
+    (names,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "DEFINITIONS" for t in node.targets)]
+    assert ast.literal_eval(names) == ["rmsnorm_h8"]
+    ast.parse(conftest.read_text())
+
+    code, out, _ = generate_cli(capsys, folder, refs)
+    assert code == 0 and f"unchanged {conftest}" in out and f"unchanged {test_file}" in out
+    assert "written" not in out
+
+    original = test_file.read_text()
+    test_file.write_text(original + "\n# a local edit\n")
+    code, out, _ = generate_cli(capsys, folder, refs)
+    assert code == 0 and f"skipped   {test_file} (exists; --force to overwrite)" in out
+    assert test_file.read_text().endswith("# a local edit\n")
+
+    code, out, _ = generate_cli(capsys, folder, refs, "--force")
+    assert code == 0 and f"written   {test_file}" in out and f"unchanged {conftest}" in out
+    assert test_file.read_text() == original
+
+
+def test_cli_tests_generate_json(capsys, tmp_path):
+    folder = definitions_folder(tmp_path, VALID)
+    refs = tmp_path / "refs"
+    code, out, _ = generate_cli(capsys, folder, refs, "--json")
+    done = json.loads(out)
+    assert code == 0 and sorted(done["written"]) == sorted([str(refs / "conftest.py"), str(refs / "test_rmsnorm.py")])
+    assert done["skipped"] == done["unchanged"] == []
+    assert done["coverage"]["with_tests"] == ["rmsnorm_h8"] and done["coverage"]["without_tests"] == []
+
+
+def test_cli_tests_generate_needs_a_selection(capsys, tmp_path):
+    folder = definitions_folder(tmp_path, VALID)
+    code, _, err = run_cli(capsys, "tests", "generate", "--definitions", folder, "--output", tmp_path / "refs")
+    assert code == 2 and "--all" in err
+    code, _, err = run_cli(capsys, "tests", "generate", "--op-type", "gemm", "--definitions", folder,
+                           "--output", tmp_path / "refs")
+    assert code == 2 and "no definition matched" in err
+    assert not (tmp_path / "refs").exists()
+
+
+@pytest.mark.parametrize("op_type, fixture, call", [
+    ("rmsnorm", "tolerance", "assert_close("),
+    ("sampling", "sampling_settings", "assert_samples_match("),
+])
+def test_generated_module_uses_the_right_comparison(capsys, tmp_path, op_type, fixture, call):
+    from flashinfer_trace.testgen import render
+
+    d = Definition.model_validate({**VALID, "op_type": op_type}) if op_type == "rmsnorm" else \
+        Definition.model_validate({
+            "name": "top_k_v8", "op_type": "sampling",
+            "axes": {"batch_size": {"type": "var"}, "vocab_size": {"type": "const", "value": 8}},
+            "inputs": {"probs": {"shape": ["batch_size", "vocab_size"], "dtype": "float32"},
+                       "top_k": {"shape": ["batch_size"], "dtype": "int32"}},
+            "outputs": {"samples": {"shape": ["batch_size"], "dtype": "int64"}},
+            "reference": "def run(probs, top_k):\n    return None\n"})
+    generated = render(op_type, [d], tmp_path)
+    tree = ast.parse(generated.text)
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert set(functions) == {"test_output_shape", "test_output_dtype", "test_matches_ground_truth",
+                              "test_deterministic", "test_edge_case"}
+    assert fixture in [a.arg for a in functions["test_matches_ground_truth"].args.args]
+    assert call in generated.text and generated.definitions == (d.name,)
+    assert generated.path == tmp_path / f"test_{op_type}.py"

@@ -1,0 +1,281 @@
+"""compare_samples.py: the chi-square machinery, the support and distribution verdicts, row repetition,
+and a whole sampler check on a tiny vocabulary against the torch ground truth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashinfer_trace.compare_samples import (
+    SamplingMismatch,
+    SamplingSettings,
+    assert_samples_match,
+    chi2_sf,
+    compare_samples,
+    repeat_rows,
+    two_sample_chi2,
+)
+from flashinfer_trace.definition import Definition
+from flashinfer_trace.groundtruth import get_ground_truth
+from flashinfer_trace.inputs import Inputs, generate_inputs
+
+VOCAB = 50
+
+
+# -- chi2_sf ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("x, df, p", [
+    (3.841, 1, 0.05),
+    (6.635, 1, 0.01),
+    (5.991, 2, 0.05),
+    (18.307, 10, 0.05),
+    (23.209, 10, 0.01),
+    (124.342, 100, 0.05),
+    (10.0, 10, 0.4405),
+])
+def test_chi2_sf_matches_table_values(x, df, p):
+    assert chi2_sf(x, df) == pytest.approx(p, abs=0.01)
+
+
+def test_chi2_sf_edges():
+    assert chi2_sf(0, 3) == 1.0
+    assert chi2_sf(-1.0, 3) == 1.0
+    assert chi2_sf(5.0, 0) == 1.0
+    assert chi2_sf(5.0, -2) == 1.0
+    assert chi2_sf(1000.0, 10) < 1e-12
+
+
+def test_chi2_sf_decreases_in_x_and_increases_in_df():
+    xs = [0.5, 1, 2, 5, 10, 20, 50]
+    ps = [chi2_sf(x, 4) for x in xs]
+    assert ps == sorted(ps, reverse=True) and len(set(ps)) == len(ps)
+    assert chi2_sf(10.0, 3) < chi2_sf(10.0, 6) < chi2_sf(10.0, 12)
+
+
+# -- two_sample_chi2 --------------------------------------------------------------------------------
+def draws(probs: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    return torch.multinomial(probs, n, replacement=True, generator=torch.Generator().manual_seed(seed))
+
+
+def test_same_distribution_is_not_rejected():
+    p = torch.softmax(torch.linspace(0, 3, 20), dim=0)
+    chi2, df, pval, bins = two_sample_chi2(draws(p, 4000, 1), draws(p, 4000, 2), 20)
+    assert pval > 1e-3
+    assert df == bins - 1 and 2 <= bins <= 20 and chi2 >= 0
+
+
+def test_different_distributions_are_rejected():
+    p = torch.softmax(torch.linspace(0, 3, 20), dim=0)
+    q = torch.full((20,), 1 / 20)
+    _, _, pval, _ = two_sample_chi2(draws(p, 4000, 1), draws(q, 4000, 2), 20)
+    assert pval < 1e-6
+
+
+def test_rare_tokens_share_one_bin():
+    a = torch.tensor([0] * 50 + [1] * 50 + [5, 6, 7])
+    b = torch.tensor([0] * 50 + [1] * 50 + [8, 9])
+    _, df, _, bins = two_sample_chi2(a, b, 10)
+    assert bins == 3 and df == 2  # tokens 0 and 1, plus one bin for 5..9 (fewer than 10 pooled draws each)
+
+
+def test_a_single_bin_is_no_evidence():
+    a = torch.zeros(30, dtype=torch.int64)
+    assert two_sample_chi2(a, a.clone(), 5) == (0.0, 0, 1.0, 1)
+
+
+# -- compare_samples --------------------------------------------------------------------------------
+def allowed_first(batch: int, vocab: int, n: int) -> torch.Tensor:
+    ok = torch.zeros(batch, vocab, dtype=torch.bool)
+    ok[:, :n] = True
+    return ok
+
+
+def test_compare_samples_passes_on_same_distribution():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
+    ref = torch.stack([draws(p, 500, 1), draws(p, 500, 3)])
+    gt = torch.stack([draws(p, 500, 2), draws(p, 500, 4)])
+    report = compare_samples(ref, gt, 5, allowed_first(2, 5, 3), SamplingSettings(draws=500))
+    assert report.verdict == "pass" and report.passed
+    assert [r.row for r in report.rows] == [0, 1]
+    assert all(r.outside_reference == r.outside_ground_truth == 0 for r in report.rows)
+    assert all(0 <= r.tvd < 0.2 for r in report.rows)
+
+
+@pytest.mark.parametrize("side", ["reference", "ground_truth"])
+def test_a_draw_outside_the_allowed_set_is_a_bug(side):
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
+    ref = torch.stack([draws(p, 500, 1), draws(p, 500, 3)])
+    gt = torch.stack([draws(p, 500, 2), draws(p, 500, 4)])
+    bad = ref if side == "reference" else gt
+    bad[1, 17] = 4  # one draw of a token the filters remove
+    report = compare_samples(ref, gt, 5, allowed_first(2, 5, 3), SamplingSettings(draws=500))
+    assert report.verdict == "bug" and not report.passed
+    row = report.rows[1]
+    assert (row.outside_reference, row.outside_ground_truth) == ((1, 0) if side == "reference" else (0, 1))
+    assert report.rows[0].outside_reference == report.rows[0].outside_ground_truth == 0
+    assert "reference 1" in report.summary() if side == "reference" else "ground truth 1" in report.summary()
+
+
+def test_distribution_difference_is_flagged_as_distribution():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
+    q = torch.tensor([0.2, 0.3, 0.5, 0.0, 0.0])
+    ref = torch.stack([draws(p, 1000, 1)])
+    gt = torch.stack([draws(q, 1000, 2)])
+    report = compare_samples(ref, gt, 5, allowed_first(1, 5, 3), SamplingSettings(draws=1000))
+    assert report.verdict == "distribution"
+    assert report.rows[0].p_value < 1e-6 and report.rows[0].tvd > 0.2
+
+
+def test_support_bug_outranks_a_distribution_difference():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
+    q = torch.tensor([0.2, 0.3, 0.5, 0.0, 0.0])
+    ref = torch.stack([draws(p, 1000, 1), draws(p, 1000, 3)])
+    gt = torch.stack([draws(q, 1000, 2), draws(p, 1000, 4)])
+    ref[1, 0] = 3
+    report = compare_samples(ref, gt, 5, allowed_first(2, 5, 3), SamplingSettings(draws=1000))
+    assert report.verdict == "bug"
+
+
+def test_without_allowed_only_the_distribution_is_checked():
+    p = torch.tensor([0.5, 0.5, 0.0])
+    ref = torch.stack([draws(p, 200, 1)])
+    ref[0, 0] = 2
+    report = compare_samples(ref, torch.stack([draws(p, 200, 2)]), 3, None, SamplingSettings(draws=200))
+    assert report.rows[0].outside_reference == 0 and report.verdict == "pass"
+
+
+# -- repeat_rows ------------------------------------------------------------------------------------
+def repeat_definition() -> Definition:
+    return Definition.model_validate({
+        "name": "repeat_v4", "op_type": "sampling",
+        "axes": {"batch_size": {"type": "var"}, "vocab_size": {"type": "const", "value": 4}},
+        "inputs": {"probs": {"shape": ["batch_size", "vocab_size"], "dtype": "float32"},
+                   "top_k": {"shape": ["batch_size"], "dtype": "int32"},
+                   "bias": {"shape": ["vocab_size"], "dtype": "float32"},
+                   "temperature": {"shape": None, "dtype": "float32"}},
+        "outputs": {"samples": {"shape": ["batch_size"], "dtype": "int64"}},
+        "reference": "def run(probs, top_k, bias, temperature):\n    return None\n",
+    })
+
+
+def test_repeat_rows_repeats_only_batch_axis_tensors():
+    d = repeat_definition()
+    probs = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    top_k = torch.tensor([1, 2, 3], dtype=torch.int32)
+    bias = torch.arange(3, dtype=torch.float32)  # deliberately 3 long, like the batch: only the axis name counts
+    x = Inputs("repeat_v4", "small", 0, None, {"probs": probs, "top_k": top_k, "bias": bias, "temperature": 0.7})
+    p, k, b, t = repeat_rows(d, x, 2)
+    assert torch.equal(p, probs[[0, 0, 1, 1, 2, 2]])
+    assert k.tolist() == [1, 1, 2, 2, 3, 3]
+    assert b is bias and t == 0.7
+    p, k, b, t = repeat_rows(d, x, 3, slice(1, 2))
+    assert torch.equal(p, probs[[1, 1, 1]]) and k.tolist() == [2, 2, 2]
+    assert b is bias and t == 0.7
+
+
+# -- a whole sampler check --------------------------------------------------------------------------
+TOP_K_REFERENCE = """import torch
+
+
+@torch.no_grad()
+def run(probs, top_k):
+    vocab_size = probs.shape[1]
+    sorted_probs, sorted_ids = torch.sort(probs.to(torch.float32), dim=-1, descending=True)
+    rank = torch.arange(vocab_size, device=probs.device)[None, :]
+    k = top_k.to(torch.int64)
+    k = torch.where((k <= 0) | (k >= vocab_size), vocab_size, k)
+    kept = sorted_probs * (rank < k[:, None])
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    choice = torch.multinomial(kept, 1)
+    return sorted_ids.gather(1, choice).squeeze(1).to(torch.int64)
+"""
+
+IGNORES_TOP_K = """import torch
+
+
+@torch.no_grad()
+def run(probs, top_k):
+    return torch.multinomial(probs.to(torch.float32), 1).squeeze(1).to(torch.int64)
+"""
+
+UNIFORM_OVER_TOP_K = """import torch
+
+
+@torch.no_grad()
+def run(probs, top_k):
+    vocab_size = probs.shape[1]
+    sorted_probs, sorted_ids = torch.sort(probs.to(torch.float32), dim=-1, descending=True)
+    rank = torch.arange(vocab_size, device=probs.device)[None, :]
+    k = top_k.to(torch.int64)
+    k = torch.where((k <= 0) | (k >= vocab_size), vocab_size, k)
+    kept = (rank < k[:, None]).to(torch.float32)  # right support, wrong weights
+    choice = torch.multinomial(kept, 1)
+    return sorted_ids.gather(1, choice).squeeze(1).to(torch.int64)
+"""
+
+
+def sampler(reference: str) -> Definition:
+    return Definition.model_validate({
+        "name": f"top_k_sampling_from_probs_v{VOCAB}", "op_type": "sampling",
+        "axes": {"batch_size": {"type": "var"}, "vocab_size": {"type": "const", "value": VOCAB}},
+        "constraints": ["abs(probs.sum(1) - 1).max().item() < 1e-3"],
+        "inputs": {"probs": {"shape": ["batch_size", "vocab_size"], "dtype": "float32"},
+                   "top_k": {"shape": ["batch_size"], "dtype": "int32"}},
+        "outputs": {"samples": {"shape": ["batch_size"], "dtype": "int64"}},
+        "reference": reference,
+    })
+
+
+SETTINGS = SamplingSettings(draws=300)
+
+
+def test_correct_sampler_matches_torch_ground_truth():
+    d = sampler(TOP_K_REFERENCE)
+    gt = get_ground_truth("torch", d, device="cpu")
+    assert gt.kind == "sampler"
+    for seed in (0, 1):
+        x = generate_inputs(d, "small", seed=seed)
+        assert x.values["probs"].shape == (2, VOCAB)
+        report = assert_samples_match(d, x, gt, settings=SETTINGS, seed=seed)
+        assert report.passed and len(report.rows) == 2
+        assert report.settings["draws"] == 300
+
+
+def test_correct_sampler_with_a_tight_top_k():
+    d = sampler(TOP_K_REFERENCE)
+    x = generate_inputs(d, "small", seed=0)
+    x.values["top_k"] = torch.tensor([3, 1], dtype=torch.int32)
+    report = assert_samples_match(d, x, get_ground_truth("torch", d, device="cpu"), settings=SETTINGS)
+    assert report.passed
+
+
+def test_sampler_that_ignores_top_k_draws_outside_the_allowed_set():
+    d = sampler(IGNORES_TOP_K)
+    x = generate_inputs(d, "small", seed=0)
+    x.values["top_k"] = torch.tensor([3, 3], dtype=torch.int32)
+    with pytest.raises(SamplingMismatch) as exc:
+        assert_samples_match(d, x, get_ground_truth("torch", d, device="cpu"), settings=SETTINGS)
+    report = exc.value.report
+    assert report.verdict == "bug"
+    assert all(r.outside_reference > 0 and r.outside_ground_truth == 0 for r in report.rows)
+    assert "[bug]" in str(exc.value)
+
+
+def test_sampler_with_wrong_weights_is_a_distribution_failure():
+    d = sampler(UNIFORM_OVER_TOP_K)
+    x = generate_inputs(d, "small", seed=0)
+    x.values["top_k"] = torch.tensor([VOCAB, 20], dtype=torch.int32)
+    with pytest.raises(SamplingMismatch) as exc:
+        assert_samples_match(d, x, get_ground_truth("torch", d, device="cpu"), settings=SETTINGS)
+    report = exc.value.report
+    assert report.verdict == "distribution"
+    assert all(r.outside_reference == 0 for r in report.rows)
+    assert min(r.p_value for r in report.rows) < SETTINGS.alpha / 2
+
+
+def test_sampler_check_replays_with_the_same_seed():
+    d = sampler(TOP_K_REFERENCE)
+    x = generate_inputs(d, "small", seed=4)
+    gt = get_ground_truth("torch", d, device="cpu")
+    first = assert_samples_match(d, x, gt, settings=SETTINGS, seed=7)
+    second = assert_samples_match(d, x, gt, settings=SETTINGS, seed=7)
+    assert first.as_dict() == second.as_dict()

@@ -1,0 +1,531 @@
+"""Ground truths: why one cannot run here (in REASON_KINDS order), the FlashInfer and SGLang adapters'
+plumbing against fake packages on the CPU, the torch ground truth's independence from the
+references, and the semantics every adapter reads off a definition."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from packaging.version import Version
+from samples import VALID
+
+from flashinfer_trace.compare import Mismatch, assert_close, tolerance_for
+from flashinfer_trace.dataset import load_definition, load_path
+from flashinfer_trace.definition import Definition
+from flashinfer_trace.groundtruth import (
+    GroundTruth,
+    GroundTruthUnavailable,
+    adapters_for,
+    base,
+    get_ground_truth,
+    ground_truths,
+)
+from flashinfer_trace.groundtruth import flashinfer as fi_adapters
+from flashinfer_trace.groundtruth import semantics as sem
+from flashinfer_trace.inputs import generate_inputs
+from flashinfer_trace.testing import run_reference
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "definitions"
+
+
+# -- small definitions ------------------------------------------------------------------------------
+def rmsnorm(eps: float = 1e-5, dtype: str = "bfloat16") -> Definition:
+    data = {**VALID, "reference": VALID["reference"].replace("EPS = 1e-5", f"EPS = {eps!r}")}
+    data["inputs"] = {k: {**v, "dtype": dtype} for k, v in VALID["inputs"].items()}
+    data["outputs"] = {k: {**v, "dtype": dtype} for k, v in VALID["outputs"].items()}
+    return Definition.model_validate(data)
+
+
+FUSED_REFERENCE = """import torch
+
+EPS = {eps!r}
+
+
+@torch.no_grad()
+def run(hidden_states, residual, weight):
+    s = hidden_states.to(torch.float32) + residual.to(torch.float32)
+    residual_out = s.to(residual.dtype)
+    inv_rms = torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + EPS)
+    return (s * inv_rms * weight.to(torch.float32)).to(hidden_states.dtype), residual_out
+"""
+
+
+def fused_rmsnorm(eps: float = 1e-5) -> Definition:
+    row = {"shape": ["batch_size", "hidden_size"], "dtype": "bfloat16"}
+    return Definition.model_validate({
+        "name": "fused_add_rmsnorm_h8", "op_type": "rmsnorm",
+        "axes": {"batch_size": {"type": "var"}, "hidden_size": {"type": "const", "value": 8}},
+        "inputs": {"hidden_states": row, "residual": row, "weight": {"shape": ["hidden_size"], "dtype": "bfloat16"}},
+        "outputs": {"output": row, "residual_out": row},
+        "reference": FUSED_REFERENCE.format(eps=eps),
+    })
+
+
+def gemm(dtype: str) -> Definition:
+    return Definition.model_validate({
+        "name": f"gemm_{dtype}_n8_k8", "op_type": "gemm",
+        "axes": {"M": {"type": "var"}, "N": {"type": "const", "value": 8}, "K": {"type": "const", "value": 8}},
+        "inputs": {"A": {"shape": ["M", "K"], "dtype": dtype}, "B": {"shape": ["N", "K"], "dtype": dtype}},
+        "outputs": {"C": {"shape": ["M", "N"], "dtype": dtype}},
+        "reference": "import torch\n\n\ndef run(A, B):\n    return torch.matmul(A, B.T)\n",
+    })
+
+
+def named(name: str, inputs: tuple[str, ...] = (), tags: tuple[str, ...] = (), reference: str | None = None,
+          const: dict[str, int] | None = None) -> Definition:
+    axes = {"n": {"type": "var"}, **{k: {"type": "const", "value": v} for k, v in (const or {}).items()}}
+    return Definition.model_validate({
+        "name": name, "op_type": "x", "tags": list(tags), "axes": axes,
+        "inputs": {i: {"shape": ["n"], "dtype": "int32"} for i in inputs} or {"x": {"shape": ["n"], "dtype": "int32"}},
+        "outputs": {"y": {"shape": ["n"], "dtype": "int32"}},
+        "reference": reference or "def run(*args):\n    return None\n",
+    })
+
+
+def moe_definition() -> Definition:
+    (path,) = sorted((SHIPPED / "moe").glob("*.json"))
+    return load_definition(path)
+
+
+# -- (a) nothing installed --------------------------------------------------------------------------
+def test_flashinfer_not_installed():
+    with pytest.raises(GroundTruthUnavailable) as exc:
+        get_ground_truth("flashinfer", rmsnorm(), device="cpu")
+    assert str(exc.value).startswith("not-installed: flashinfer")
+    assert exc.value.kind == "not-installed"
+
+
+def test_sglang_not_installed_and_unsupported_op_type():
+    with pytest.raises(GroundTruthUnavailable) as exc:
+        get_ground_truth("sglang", rmsnorm(), device="cpu")
+    assert str(exc.value).startswith("not-installed: sgl_kernel")
+    with pytest.raises(GroundTruthUnavailable) as exc:
+        get_ground_truth("sglang", gemm("bfloat16"), device="cpu")
+    assert str(exc.value) == "unsupported: no sglang ground truth for op_type 'gemm'"
+    assert exc.value.kind == "unsupported"
+
+
+def test_unknown_source_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown ground-truth source 'triton'"):
+        get_ground_truth("triton", rmsnorm(), device="cpu")
+
+
+def test_ground_truths_lists_every_source():
+    out = ground_truths(rmsnorm(), device="cpu")
+    assert list(out) == ["flashinfer", "sglang", "torch"]
+    assert isinstance(out["flashinfer"], GroundTruthUnavailable)
+    assert isinstance(out["sglang"], GroundTruthUnavailable)
+    assert isinstance(out["torch"], GroundTruth) and out["torch"].source == "torch"
+    assert out["torch"].describe() == {"source": "torch", "api": out["torch"].api, "version": None, "device": "cpu"}
+
+
+def test_ground_truth_by_name_loads_the_definition():
+    gt = get_ground_truth("torch", "rmsnorm_h4096", device="cpu")
+    assert gt.definition.name == "rmsnorm_h4096"
+
+
+def test_unavailable_reason_kinds_and_pickling():
+    e = GroundTruthUnavailable("arch-unsupported", "needs sm100")
+    copy = pickle.loads(pickle.dumps(e))
+    assert (copy.kind, copy.detail, str(copy)) == ("arch-unsupported", "needs sm100", "arch-unsupported: needs sm100")
+    assert GroundTruthUnavailable("api-missing", "x").progress < e.progress
+    with pytest.raises(ValueError, match="unknown reason kind"):
+        GroundTruthUnavailable("broken", "x")
+
+
+def test_adapters_are_in_source_preference_order():
+    sources = [a.source for a in adapters_for("rmsnorm")]
+    assert sources == sorted(sources, key=["flashinfer", "sglang", "torch"].index)
+    assert {a.source for a in adapters_for("rmsnorm", "torch")} == {"torch"}
+
+
+# -- (b) version, dtype, device and arch gating with a fake flashinfer -----------------------------
+def ns(**attrs):
+    return types.SimpleNamespace(**attrs)
+
+
+def fake_package(monkeypatch, name: str, version: str, **attrs) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__version__ = version
+    for k, v in attrs.items():
+        setattr(module, k, v)
+    monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
+    monkeypatch.setattr(base, "_imported", {})
+    return module
+
+
+def unavailable(source: str, d: Definition, device: str) -> GroundTruthUnavailable:
+    with pytest.raises(GroundTruthUnavailable) as exc:
+        get_ground_truth(source, d, device=device)
+    return exc.value
+
+
+def test_old_flashinfer_without_gemm_apis_is_api_missing(monkeypatch):
+    fake_package(monkeypatch, "flashinfer", "0.5.3", gemm=ns())
+    e = unavailable("flashinfer", gemm("bfloat16"), "cuda")
+    assert e.kind == "api-missing" and "0.5.3" in str(e)
+
+
+def test_fp16_gemm_where_only_mm_bf16_exists_is_dtype_unsupported(monkeypatch):
+    fake_package(monkeypatch, "flashinfer", "0.6.18", mm_bf16=lambda *a, **k: None, gemm=ns())
+    e = unavailable("flashinfer", gemm("float16"), "cuda")
+    assert e.kind == "dtype-unsupported"
+    assert "float16" in e.detail and "mm_bf16" in e.detail
+
+
+def test_everything_present_on_cpu_is_no_gpu(monkeypatch):
+    fake_package(monkeypatch, "flashinfer", "0.6.0", norm=ns(rmsnorm=lambda *a, **k: None))
+    e = unavailable("flashinfer", rmsnorm(), "cpu")
+    assert e.kind == "no-gpu" and str(e).startswith("no-gpu: flashinfer.norm.rmsnorm needs a CUDA device")
+
+
+def test_moe_on_sm90_without_cutlass_is_arch_unsupported(monkeypatch):
+    fake_package(monkeypatch, "flashinfer", "0.6.0", fused_moe=ns(trtllm_fp8_block_scale_moe=lambda **k: None))
+    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0))
+    e = unavailable("flashinfer", moe_definition(), "cuda")
+    assert e.kind == "arch-unsupported"
+    assert str(e) == ("arch-unsupported: flashinfer.fused_moe.trtllm_fp8_block_scale_moe needs sm100..sm103, "
+                      "have sm90")
+
+
+def test_moe_on_sm90_with_cutlass_is_available(monkeypatch):
+    fake_package(monkeypatch, "flashinfer", "0.6.0",
+                 fused_moe=ns(trtllm_fp8_block_scale_moe=lambda **k: None, cutlass_fused_moe=lambda *a, **k: None))
+    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0))
+    gt = get_ground_truth("flashinfer", moe_definition(), device="cuda")
+    assert gt.api.startswith("flashinfer.fused_moe.cutlass_fused_moe") and gt.version == Version("0.6.0")
+
+
+def test_import_failure_is_the_reason(monkeypatch):
+    fake_package(monkeypatch, "flashinfer", "0.6.0")
+
+    def broken(name, *args, **kwargs):
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    monkeypatch.setattr(base.importlib, "import_module", broken)
+    e = unavailable("flashinfer", rmsnorm(), "cuda")
+    assert str(e) == "import-failed: AssertionError: Torch not compiled with CUDA enabled"
+    # remembered: a second lookup does not import again
+    monkeypatch.setattr(base.importlib, "import_module", lambda *a, **k: pytest.fail("imported twice"))
+    assert str(unavailable("flashinfer", rmsnorm(), "cuda")) == str(e)
+
+
+def test_module_without_version_falls_back_to_the_distribution(monkeypatch):
+    module = fake_package(monkeypatch, "flashinfer", "0.5.3", gemm=ns())
+    del module.__version__
+    e = unavailable("flashinfer", gemm("bfloat16"), "cuda")
+    assert e.kind == "api-missing" and "0.5.3" in str(e)
+
+
+# -- (c) adapters against fakes, on the CPU --------------------------------------------------------
+def torch_rmsnorm(x, w, eps):
+    x32 = x.to(torch.float32)
+    return (F.rms_norm(x32, (x.shape[-1],), eps=eps) * w.to(torch.float32)).to(x.dtype)
+
+
+class Recorder:
+    """Fake norm kernels that record the eps they were given."""
+
+    def __init__(self):
+        self.eps: list[float] = []
+
+    def rmsnorm(self, x, w, eps=1e-6):
+        self.eps.append(eps)
+        return torch_rmsnorm(x, w, eps)
+
+    def fused_add_rmsnorm(self, x, r, w, eps=1e-6):
+        """In place like the kernels: r <- x + r, x <- norm(x + r) * w."""
+        self.eps.append(eps)
+        s = x.to(torch.float32) + r.to(torch.float32)
+        r.copy_(s)
+        x.copy_(F.rms_norm(s, (s.shape[-1],), eps=eps) * w.to(torch.float32))
+
+
+def on_cpu(gt: GroundTruth) -> GroundTruth:
+    """The adapter found for "cuda" (capability faked), run on CPU tensors."""
+    return dataclasses.replace(gt, device="cpu")
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0) if str(device).startswith("cuda") else None)
+
+
+def fake_flashinfer(monkeypatch, rec: Recorder):
+    return fake_package(monkeypatch, "flashinfer", "0.6.0",
+                        norm=ns(rmsnorm=rec.rmsnorm, fused_add_rmsnorm=rec.fused_add_rmsnorm))
+
+
+def fake_sgl_kernel(monkeypatch, rec: Recorder):
+    return fake_package(monkeypatch, "sgl_kernel", "0.3.21", rmsnorm=rec.rmsnorm,
+                        fused_add_rmsnorm=rec.fused_add_rmsnorm)
+
+
+@pytest.mark.parametrize("source, fake, api", [
+    ("flashinfer", fake_flashinfer, "flashinfer.norm.rmsnorm"),
+    ("sglang", fake_sgl_kernel, "sgl_kernel.rmsnorm"),
+])
+def test_rmsnorm_adapter_passes_the_reference_eps(monkeypatch, sm90, source, fake, api):
+    rec = Recorder()
+    fake(monkeypatch, rec)
+    d = rmsnorm(eps=1e-3)
+    gt = get_ground_truth(source, d, device="cuda")
+    assert gt.api == api and gt.version is not None
+    x = generate_inputs(d, "small", seed=0)
+    before = {k: v.clone() for k, v in x.values.items()}
+    (out,) = on_cpu(gt)(x)
+    assert rec.eps == [1e-3]
+    assert_close(run_reference(d, x), (out,), tolerance=tolerance_for(d))
+    assert all(torch.equal(before[k], x.values[k]) for k in before)
+
+
+@pytest.mark.parametrize("source, fake, api", [
+    ("flashinfer", fake_flashinfer, "flashinfer.norm.fused_add_rmsnorm"),
+    ("sglang", fake_sgl_kernel, "sgl_kernel.fused_add_rmsnorm"),
+])
+def test_fused_adapter_returns_both_outputs_and_leaves_inputs_alone(monkeypatch, sm90, source, fake, api):
+    rec = Recorder()
+    fake(monkeypatch, rec)
+    d = fused_rmsnorm(eps=1e-2)
+    gt = get_ground_truth(source, d, device="cuda")
+    assert gt.api == api
+    x = generate_inputs(d, "small", seed=1)
+    before = {k: v.clone() for k, v in x.values.items()}
+    out, residual = on_cpu(gt)(x)
+    assert rec.eps == [1e-2]
+    for k in before:
+        assert torch.equal(before[k], x.values[k]), f"the adapter wrote into the caller's {k}"
+    expected_residual = (before["hidden_states"].float() + before["residual"].float()).to(torch.bfloat16)
+    assert torch.equal(residual, expected_residual)
+    assert_close(run_reference(d, x), (out, residual), tolerance=tolerance_for(d), names=list(d.outputs))
+
+
+def test_fused_adapter_with_a_single_output_definition(monkeypatch, sm90):
+    rec = Recorder()
+    fake_flashinfer(monkeypatch, rec)
+    data = fused_rmsnorm().as_dict
+    data = {**data, "outputs": {"output": data["outputs"]["output"]},
+            "reference": data["reference"].replace(", residual_out\n", "\n")}
+    d = Definition.model_validate(data)
+    out = on_cpu(get_ground_truth("flashinfer", d, device="cuda"))(generate_inputs(d, "small", seed=0))
+    assert len(out) == 1 and out[0].shape == (4, 8)
+
+
+def test_fp32_rmsnorm_is_not_given_to_the_half_precision_kernels(monkeypatch, sm90):
+    fake_flashinfer(monkeypatch, Recorder())
+    e = unavailable("flashinfer", rmsnorm(dtype="float32"), "cuda")
+    assert e.kind == "dtype-unsupported" and "float32" in e.detail
+
+
+class WithBackend:
+    def __init__(self, workspace, layout="NHD", backend="auto"):
+        pass
+
+
+class WithoutBackend:
+    def __init__(self, workspace, layout="NHD"):
+        pass
+
+
+class OnlyKwargs:
+    def __init__(self, workspace, **kwargs):
+        pass
+
+
+def test_keywords_pass_only_declared_parameters():
+    assert fi_adapters._fa2(WithBackend) == {"backend": "fa2"}
+    assert fi_adapters._fa2(WithoutBackend) == {}
+    assert fi_adapters._fa2(OnlyKwargs) == {}  # **kwargs may swallow it silently: not passed
+
+    def run(q, kv, *, return_lse=False, lse_base="e"):
+        return None
+
+    assert fi_adapters.keywords(run, lse_base="log2", return_lse_base_on_e=False, q=1) == \
+        {"lse_base": "log2", "q": 1}
+    assert fi_adapters.accepts(run, "return_lse") and not fi_adapters.accepts(run, "backend")
+
+
+def test_keywords_on_an_uninspectable_callable_pass_nothing():
+    class Opaque:
+        __signature__ = "not a signature"
+
+        def __call__(self):
+            pass
+
+    assert fi_adapters.keywords(Opaque(), backend="fa2") == {}
+
+
+def decode_definition() -> Definition:
+    row = ["batch_size", "num_qo_heads", "head_dim"]
+    cache = ["num_pages", "page_size", "num_kv_heads", "head_dim"]
+    return Definition.model_validate({
+        "name": "gqa_paged_decode_h4_kv2_d16_ps1", "op_type": "gqa_paged", "tags": ["stage:decode"],
+        "axes": {"batch_size": {"type": "var"}, "num_pages": {"type": "var"}, "len_indptr": {"type": "var"},
+                 "num_kv_indices": {"type": "var"}, "num_qo_heads": {"type": "const", "value": 4},
+                 "num_kv_heads": {"type": "const", "value": 2}, "head_dim": {"type": "const", "value": 16},
+                 "page_size": {"type": "const", "value": 1}},
+        "constraints": ["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"],
+        "inputs": {"q": {"shape": row, "dtype": "bfloat16"}, "k_cache": {"shape": cache, "dtype": "bfloat16"},
+                   "v_cache": {"shape": cache, "dtype": "bfloat16"},
+                   "kv_indptr": {"shape": ["len_indptr"], "dtype": "int32"},
+                   "kv_indices": {"shape": ["num_kv_indices"], "dtype": "int32"},
+                   "sm_scale": {"shape": None, "dtype": "float32"}},
+        "outputs": {"output": {"shape": row, "dtype": "bfloat16"},
+                    "lse": {"shape": ["batch_size", "num_qo_heads"], "dtype": "float32"}},
+        "reference": "def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):\n    return None\n",
+    })
+
+
+@pytest.mark.parametrize("with_backend", [True, False])
+def test_decode_adapter_pins_fa2_only_where_declared_and_names_dtypes(monkeypatch, sm90, with_backend):
+    seen: dict = {}
+
+    class Wrapper:
+        def __init__(self, workspace, layout, **kw):
+            seen["init"] = (layout, kw)
+
+        def plan(self, indptr, indices, last, hq, hk, d, page, q_data_type=None, kv_data_type=None, sm_scale=None):
+            seen["plan"] = dict(indptr=indptr, last=last, heads=(hq, hk, d, page), q=q_data_type,
+                                kv=kv_data_type, sm_scale=sm_scale)
+
+        def run(self, q, kv, return_lse=False):
+            seen["run"] = return_lse
+            return torch.zeros_like(q), torch.zeros(q.shape[:2])
+
+    if with_backend:
+        def init(self, workspace, layout, backend="auto"):
+            seen["init"] = (layout, {"backend": backend})
+
+        Wrapper.__init__ = init
+    fake_package(monkeypatch, "flashinfer", "0.6.0", decode=ns(BatchDecodeWithPagedKVCacheWrapper=Wrapper))
+    d = decode_definition()
+    gt = get_ground_truth("flashinfer", d, device="cuda")
+    x = generate_inputs(d, "small", seed=0)
+    out, lse = on_cpu(gt)(x)
+    assert out.shape == x.values["q"].shape and lse.shape == x.values["q"].shape[:2]
+    assert seen["init"] == ("NHD", {"backend": "fa2"} if with_backend else {})
+    plan = seen["plan"]
+    assert plan["q"] == torch.bfloat16 and plan["kv"] == torch.bfloat16
+    assert plan["sm_scale"] == pytest.approx(float(x.values["sm_scale"]))
+    assert plan["heads"] == (4, 2, 16, 1) and seen["run"] is True
+    pages = x.values["kv_indptr"][1:] - x.values["kv_indptr"][:-1]
+    assert plan["last"].tolist() == torch.where(pages > 0, 1, 0).tolist()
+
+
+# -- (d) the torch ground truth is independent of the references -----------------------------------
+SHIPPED_EXACT = sorted(p for p in SHIPPED.rglob("*.json") if p.parent.name not in ("moe", "sampling"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_EXACT, ids=lambda p: p.stem)
+def test_torch_ground_truth_agrees_with_shipped_reference(path):
+    d = load_path(path)
+    x = generate_inputs(d, "small", seed=3)
+    expected = get_ground_truth("torch", d, device="cpu")(x)
+    reports = assert_close(run_reference(d, x), expected, tolerance=tolerance_for(d), names=list(d.outputs))
+    assert len(reports) == len(d.outputs)
+
+
+def test_shipped_exact_definitions_cover_the_families():
+    assert {p.parent.name for p in SHIPPED_EXACT} >= {"rmsnorm", "gemm", "gqa_paged", "gqa_ragged", "mla_paged",
+                                                      "rope", "activation"}
+
+
+def mutated(d: Definition, old: str, new: str) -> Definition:
+    assert old in d.reference, f"{old!r} not in the reference of {d.name}"
+    return Definition.model_validate({**d.as_dict, "reference": d.reference.replace(old, new)})
+
+
+def test_changed_eps_constant_is_detected_by_the_original_ground_truth():
+    d = load_definition(SHIPPED / "rmsnorm" / "rmsnorm_h4096.json")
+    bad = mutated(d, "EPS = 1e-5", "EPS = 1e-1")
+    x = generate_inputs(d, "small", seed=3)
+    expected = get_ground_truth("torch", d, device="cpu")(x)
+    with pytest.raises(Mismatch):
+        assert_close(run_reference(bad, x), expected, tolerance=tolerance_for(d))
+
+
+@pytest.mark.parametrize("path, old, new", [
+    ("rmsnorm/rmsnorm_h4096.json", "+ EPS)", "+ 1e-1)"),
+    ("rmsnorm/rmsnorm_h4096.json", "* weight.to(torch.float32)", ""),
+    ("gqa_paged/gqa_paged_decode_h32_kv8_d128_ps1.json", "* sm_scale", "* sm_scale * 2"),
+    ("rmsnorm/fused_add_rmsnorm_h4096.json", "inv_rms = torch.rsqrt(s.pow(2)",
+     "inv_rms = torch.rsqrt(hidden_states.to(torch.float32).pow(2)"),
+])
+def test_mutated_reference_is_detected_by_its_own_ground_truth(path, old, new):
+    # the ground truth reads EPS and sm_scale off the definition but never runs its reference
+    bad = mutated(load_definition(SHIPPED / path), old, new)
+    x = generate_inputs(bad, "small", seed=3)
+    expected = get_ground_truth("torch", bad, device="cpu")(x)
+    with pytest.raises(Mismatch):
+        assert_close(run_reference(bad, x), expected, tolerance=tolerance_for(bad), names=list(bad.outputs))
+
+
+# -- (e) semantics ----------------------------------------------------------------------------------
+def test_last_page_lens():
+    indptr = torch.tensor([0, 0, 2, 5], dtype=torch.int32)
+    assert sem.last_page_lens(indptr, 4, None).tolist() == [0, 4, 4]
+    assert sem.last_page_lens(indptr, 4, None).dtype == torch.int32
+    given = torch.tensor([0, 3, 1], dtype=torch.int64)
+    out = sem.last_page_lens(indptr, 4, given)
+    assert out.tolist() == [0, 3, 1] and out.dtype == torch.int32
+
+
+def test_request_token_slots():
+    indptr = torch.tensor([0, 2, 2, 3])
+    indices = torch.tensor([5, 1, 7], dtype=torch.int32)
+    last = torch.tensor([2, 0, 3])
+    slots = sem.request_token_slots(indptr, indices, 4, last)
+    assert [s.tolist() for s in slots] == [[20, 21, 22, 23, 4, 5], [], [28, 29, 30]]
+
+
+def test_request_token_slots_full_pages_with_page_size_one():
+    indptr = torch.tensor([0, 3])
+    indices = torch.tensor([9, 2, 4])
+    slots = sem.request_token_slots(indptr, indices, 1, sem.last_page_lens(indptr, 1, None))
+    assert [s.tolist() for s in slots] == [[9, 2, 4]]
+
+
+def test_rope_is_neox():
+    assert sem.rope_is_neox(named("rope_with_cos_sin_cache_neox_style_d8")) is True
+    assert sem.rope_is_neox(named("rope_interleave_d8")) is False
+    assert sem.rope_is_neox(named("rope_gptj_d8")) is False
+    assert sem.rope_is_neox(named("rope_d8", reference="IS_NEOX = False\n\ndef run(x):\n    return x\n")) is False
+    assert sem.rope_is_neox(named("rope_d8", reference="NEOX = True\n\ndef run(x):\n    return x\n")) is True
+    with pytest.raises(GroundTruthUnavailable) as exc:
+        sem.rope_is_neox(named("rope_d8"))
+    assert exc.value.kind == "unsupported" and "rope_d8" in str(exc.value)
+
+
+def test_stage_and_is_causal():
+    assert sem.stage(named("attn", ("q", "qo_indptr"))) == "prefill"
+    assert sem.stage(named("attn", ("q",))) == "decode"
+    assert sem.stage(named("attn", ("q", "qo_indptr"), tags=("stage:decode",))) == "decode"
+    assert sem.is_causal(named("gqa_ragged_prefill_causal_h4", ("q", "qo_indptr"))) is True
+    assert sem.is_causal(named("gqa_ragged_prefill_h4", ("q", "qo_indptr"))) is False
+    assert sem.is_causal(named("gqa_paged_decode_causal_h4", ("q",))) is False  # decode sees every key
+    assert sem.is_causal(named("gqa_ragged_prefill_noncausal_h4", ("q", "qo_indptr"))) is False
+
+
+def test_eps_and_page_size():
+    assert sem.eps(rmsnorm(eps=3e-4)) == 3e-4
+    with pytest.raises(GroundTruthUnavailable, match="no epsilon constant"):
+        sem.eps(named("norm"))
+    assert sem.eps(named("norm", reference="VARIANCE_EPSILON = 1e-6\n\ndef run(x):\n    return x\n")) == 1e-6
+    assert sem.page_size(named("p", const={"page_size": 16})) == 16
+    assert sem.page_size(named("p")) == 1
+
+
+def test_eps_constant_controls_the_torch_ground_truth():
+    x = generate_inputs(rmsnorm(), "small", seed=0)
+    a = get_ground_truth("torch", rmsnorm(eps=1e-5), device="cpu")(x)[0]
+    b = get_ground_truth("torch", rmsnorm(eps=1.0), device="cpu")(x)[0]
+    assert not torch.allclose(a, b, atol=1e-3)
