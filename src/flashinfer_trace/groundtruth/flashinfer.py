@@ -108,6 +108,23 @@ def _kv_layout(call: Call):
     return page, indptr, x["kv_indices"].to(torch.int32), last
 
 
+# FlashInfer's softmax state starts from a finite "-inf" (about -5e4), so a decode request with no
+# keys comes back with output 0 and that sentinel as its lse (seen on 0.5.3 and 0.6.6 on sm90:
+# -49998.4 and -49999). The definitions say -inf; the sentinel is translated for exactly those rows.
+EMPTY_LSE_SENTINEL = -1e4
+
+
+def _empty_requests_lse(lse: torch.Tensor, kv_indptr: torch.Tensor, rows_per_request: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+    empty = (kv_indptr[1:] - kv_indptr[:-1]) == 0
+    if rows_per_request is not None:
+        empty = empty.repeat_interleave(rows_per_request)
+    if not bool(empty.any()):
+        return lse
+    sentinel = empty[:, None] & (lse < EMPTY_LSE_SENTINEL)
+    return lse.masked_fill(sentinel, float("-inf"))
+
+
 def _lse_base2(run_fn) -> dict[str, Any]:
     return keywords(run_fn, lse_base="log2", return_lse_base_on_e=False)
 
@@ -121,7 +138,7 @@ def gqa_decode(call: Call) -> tuple:
     w.plan(indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
            q_data_type=q.dtype, kv_data_type=kc.dtype, sm_scale=float(x["sm_scale"]))
     out, lse = w.run(q, (kc, vc), return_lse=True, **_lse_base2(w.run))
-    return out, lse
+    return out, _empty_requests_lse(lse, indptr)
 
 
 def gqa_prefill_paged(call: Call) -> tuple:
@@ -167,7 +184,7 @@ def mla(call: Call) -> tuple:
     w.plan(qo_indptr, indptr, indices, kv_len, q_nope.shape[1], ckv.shape[-1], kpe.shape[-1], page,
            sem.is_causal(call.definition), float(x["sm_scale"]), q_nope.dtype, ckv.dtype)
     out, lse = w.run(q_nope, q_pe, ckv, kpe, return_lse=True, **_lse_base2(w.run))
-    return out, lse
+    return out, _empty_requests_lse(lse, indptr, qo_indptr[1:] - qo_indptr[:-1])
 
 
 # -- sampling ---------------------------------------------------------------------------------------
