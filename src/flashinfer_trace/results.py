@@ -1,0 +1,137 @@
+"""What a session leaves behind, `results/<session>/`, written atomically:
+
+    session.json    the session: combination, status (ok / tests-failed / install-failed /
+                    arch-mismatch / no-gpu / uninstallable), reason, install mode, constraints hash
+    env.json        the environment manifest (manifest.py)
+    tests.json      one record per test: status, skip reason, tolerance, error summary, seed, ...
+    junit.xml       the same records as JUnit XML
+    benchmark.json  pytest-benchmark's JSON (bench sessions)
+
+A session that could not install writes session.json with status install-failed and the log tail,
+and no tests; the matrix shows the whole combination as install-failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+TEST_STATUSES = ("passed", "failed", "error", "timeout", "skipped", "xfailed", "xpassed")
+SESSION_STATUSES = ("ok", "tests-failed", "install-failed", "arch-mismatch", "no-gpu", "uninstallable")
+FILES = ("session.json", "env.json", "tests.json", "junit.xml", "benchmark.json")
+
+
+@dataclass
+class TestRecord:
+    nodeid: str
+    status: str
+    duration: float = 0.0
+    message: str | None = None  # skip reason, failure summary, crash signal
+    properties: dict[str, Any] = field(default_factory=dict)  # definition, source, size, seed, tolerance, ...
+
+    def __post_init__(self):
+        if self.status not in TEST_STATUSES:
+            raise ValueError(f"unknown test status {self.status!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SessionInfo:
+    session: str
+    combination: str
+    status: str = "ok"
+    reason: str | None = None
+    install_mode: str | None = None
+    constraints_file: str | None = None
+    constraints_sha256: str | None = None
+    arch: str | None = None
+    started: str | None = None
+    finished: str | None = None
+    wall_seconds: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    log_tail: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self):
+        if self.status not in SESSION_STATUSES:
+            raise ValueError(f"unknown session status {self.status!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def junit_xml(records: list[TestRecord], suite: str) -> bytes:
+    counts = {s: sum(r.status == s for r in records) for s in TEST_STATUSES}
+    root = ET.Element("testsuites")
+    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(records)),
+                       failures=str(counts["failed"] + counts["xpassed"]),
+                       errors=str(counts["error"] + counts["timeout"]),
+                       skipped=str(counts["skipped"] + counts["xfailed"]),
+                       time=f"{sum(r.duration for r in records):.3f}")
+    for r in records:
+        path, _, name = r.nodeid.partition("::")
+        tc = ET.SubElement(ts, "testcase", classname=path.removesuffix(".py").replace("/", "."), name=name or path,
+                           time=f"{r.duration:.3f}")
+        if r.properties:
+            props = ET.SubElement(tc, "properties")
+            for k, v in r.properties.items():
+                ET.SubElement(props, "property", name=k, value=v if isinstance(v, str) else json.dumps(v, default=str))
+        msg = (r.message or "")[:2000]
+        if r.status in ("failed", "xpassed"):
+            ET.SubElement(tc, "failure", message=msg.splitlines()[0] if msg else r.status).text = msg
+        elif r.status in ("error", "timeout"):
+            ET.SubElement(tc, "error", message=f"{r.status}: {msg.splitlines()[0] if msg else ''}").text = msg
+        elif r.status in ("skipped", "xfailed"):
+            ET.SubElement(tc, "skipped", message=msg)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def counts(records: list[TestRecord]) -> dict[str, int]:
+    return {s: n for s in TEST_STATUSES if (n := sum(r.status == s for r in records))}
+
+
+def write_session(directory: str | Path, session: SessionInfo, *, records: list[TestRecord] | None = None,
+                  manifest: dict[str, Any] | None = None) -> Path:
+    """Write everything the session has; tests.json / junit.xml only when tests ran."""
+    directory = Path(directory)
+    if records is not None:
+        session.counts = counts(records)
+        write_json(directory / "tests.json", {"schema_version": SCHEMA_VERSION, "session": session.session,
+                                              "tests": [r.as_dict() for r in records]})
+        write_atomic(directory / "junit.xml", junit_xml(records, session.session))
+    if manifest is not None:
+        write_json(directory / "env.json", manifest)
+    write_json(directory / "session.json", session.as_dict())
+    return directory
+
+
+def read_records(path: str | Path) -> list[TestRecord]:
+    data = json.loads(Path(path).read_text())
+    return [TestRecord(**t) for t in data["tests"]]

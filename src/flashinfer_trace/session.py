@@ -1,0 +1,120 @@
+"""One matrix session, run inside its environment after the install:
+
+    python -m flashinfer_trace.session references|bench --combination constraints/X.toml --session NAME
+        --results results/NAME [--arch sm90|auto] [--install-json FILE] [--jobs N] [--test-timeout S]
+        [-- PYTEST-ARGS]
+
+A pipeline of plain steps: check the GPU against the combination (a mismatch is recorded and the
+session skips), collect the manifest, run the tests with every file in its own process
+(isolation.py: a crash or a hang fails one test, the rest still run), sample the clocks again,
+write results/<session>/ (results.py). Exit status: 0 when everything ran and passed, 1 on test
+failures, 3 when the session was skipped (arch mismatch, no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .combos import Combination, arch_of, load_combination
+from .results import SessionInfo, TestRecord, write_session
+
+EXIT_SKIPPED = 3
+REFERENCE_TESTS = "tests/references"
+BENCH_TESTS = "tests/bench"
+
+
+def detect_arch() -> str | None:
+    """The first GPU's arch (sm90), from torch in this environment; None without a usable GPU."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return arch_of(torch.cuda.get_device_capability(0))
+    except Exception:  # noqa: BLE001 - a torch that cannot see the GPU is "no GPU" here
+        return None
+    return None
+
+
+def check_gpu(combo: Combination, arch: str | None) -> tuple[str, str | None, str | None]:
+    """(status, reason, arch): "ok", or "no-gpu" / "arch-mismatch" with why."""
+    if not combo.gpu:
+        return "ok", None, None
+    found = detect_arch()
+    if found is None:
+        return "no-gpu", f"{combo.id} needs a CUDA GPU; torch sees none", None
+    if arch not in (None, "auto") and found != arch:
+        return "arch-mismatch", f"session is for {arch}, the GPU is {found}", found
+    if found not in combo.archs:
+        return "arch-mismatch", f"{combo.id} supports {', '.join(combo.archs)}, the GPU is {found}", found
+    return "ok", None, found
+
+
+def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str]) -> list[str]:
+    device = "cuda" if combo.gpu else "cpu"
+    if kind == "bench":
+        return [f"--bench-device={device}", f"--benchmark-json={results / 'benchmark.json'}", "-p", "no:xdist", *extra]
+    return [f"--device={device}", f"--save-failures={results / 'failures'}", *extra]
+
+
+def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
+                install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
+                extra: list[str] | None = None, cwd: Path | None = None) -> int:
+    from . import manifest as mf
+    from .isolation import collect_files, run_isolated
+
+    started, t0 = mf.now(), time.monotonic()
+    info = SessionInfo(session, combo.id, install_mode=(install or {}).get("mode"), constraints_file=str(combo.path),
+                       constraints_sha256=combo.sha256, started=started)
+    manifest = mf.collect(combination=combo.metadata(), install=install, repo=cwd or ".")
+    status, reason, found = check_gpu(combo, arch)
+    info.arch = found or (arch if combo.gpu else None)
+    if status != "ok":
+        info.status, info.reason = status, reason
+        info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
+        write_session(results, info, manifest=mf.finish(manifest))
+        print(f"{session}: {status}: {reason}", file=sys.stderr)
+        return EXIT_SKIPPED
+    if install and install.get("differences"):
+        info.reason = "; ".join(install["differences"])
+    folder = BENCH_TESTS if kind == "bench" else REFERENCE_TESTS
+    targets = collect_files([str((cwd or Path(".")) / folder)])
+    records: list[TestRecord] = run_isolated(
+        targets, pytest_args(kind, combo, results, extra or []), python=sys.executable, env=dict(os.environ),
+        cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
+        log_dir=results / "logs")
+    bad = [r for r in records if r.status in ("failed", "error", "timeout", "xpassed")]
+    info.status = "tests-failed" if bad else "ok"
+    info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
+    write_session(results, info, records=records, manifest=mf.finish(manifest))
+    print(f"{session}: {info.status}: " + ", ".join(f"{k} {v}" for k, v in info.counts.items())
+          + f" in {info.wall_seconds} s", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flashinfer_trace.session", description=__doc__.split("\n\n")[0])
+    p.add_argument("kind", choices=("references", "bench"))
+    p.add_argument("--combination", required=True)
+    p.add_argument("--session", required=True)
+    p.add_argument("--results", required=True)
+    p.add_argument("--arch", default="auto")
+    p.add_argument("--install-json", help="the install step's result (mode, differences)")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--test-timeout", type=float, default=900.0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:cut])
+    args.pytest_args = argv[cut + 1:]
+    install = json.loads(Path(args.install_json).read_text()) if args.install_json else None
+    return run_session(args.kind, load_combination(args.combination), args.session, Path(args.results),
+                       arch=args.arch, install=install, jobs=args.jobs, test_timeout=args.test_timeout,
+                       extra=args.pytest_args, cwd=Path.cwd())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
