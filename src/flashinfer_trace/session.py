@@ -55,9 +55,9 @@ def check_gpu(combo: Combination, arch: str | None) -> tuple[str, str | None, st
 
 
 def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str]) -> list[str]:
-    device = "cuda" if combo.gpu else "cpu"
     if kind == "bench":
-        return [f"--bench-device={device}", f"--benchmark-json={results / 'benchmark.json'}", "-p", "no:xdist", *extra]
+        return [f"--benchmark-json={results / 'benchmark.json'}", "-p", "no:xdist", *extra]
+    device = "cuda" if combo.gpu else "cpu"
     return [f"--device={device}", f"--save-failures={results / 'failures'}", *extra]
 
 

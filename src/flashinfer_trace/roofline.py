@@ -1,0 +1,434 @@
+"""Bytes moved and FLOPs done by one call of a definition, and where a measured time sits against
+the GPU's roofline. Pure Python over the definition and the generated inputs (their shapes, and
+the index tensors' values); no GPU needed.
+
+    w = work(definition, inputs)                       # Work(bytes, flops, detail)
+    r = rates(w, seconds, peak_for(torch.cuda.get_device_name()))
+    r["gb_per_s"], r["pct_of_peak_bandwidth"], r["bound"]
+
+The byte count is the least traffic a kernel needs (MIN bytes, the usual roofline convention):
+
+* every tensor input is read once and every output written once, numel * element size, the
+  dtypes being the definition's (`flashinfer_trace.dtypes.torch_dtype`; fp8 = 1 byte, the packed
+  float4 = half a byte per element). Python scalars (shape null) are kernel arguments: 0 bytes;
+* except paged KV caches (inputs named k_cache, v_cache, ckv_cache, kpe_cache): only the tokens
+  the requests reference are read, tokens = sum over requests of their kv length (from kv_indptr,
+  the page size and the last page's fill) and bytes = tokens * bytes per token of that cache
+  (numel * element size / (pages * page_size)). A page shared by two requests counts twice;
+  the spare pages the generator allocates count not at all;
+* and MoE expert weights (gemm1_weights, gemm2_weights and their `_scale`s): only the local
+  experts that receive at least one token under the definition's DeepSeek-V3 routing
+  (`groundtruth.torch_ref.deepseek_routing` with `groundtruth.semantics.moe_routing`) are read.
+
+FLOPs (multiply and add count as two), per op_type:
+
+* gemm: 2 * M * N * K (C[M, N] = A[M, K] @ B[N, K]^T);
+* gqa_paged, gqa_ragged: sum over requests of 2 * heads * pairs * (head_dim_qk + head_dim_vo),
+  which is 4 * heads * head_dim * pairs for the shipped definitions; pairs = the (query, key) pairs
+  the mask lets through: all qo_len * kv_len of them for decode and non-causal prefill, and for
+  causal prefill (a definition of stage prefill with "causal" in its name) the bottom-right
+  aligned triangle: query i of q (at position kv_len - q + i) sees keys 0..kv_len - q + i, so
+  pairs = q * (kv_len - q) + q * (q + 1) / 2 when q <= kv_len;
+* mla_paged: 2 * heads * pairs * (ckv_dim + kpe_dim) for the scores plus 2 * heads * pairs * ckv_dim
+  for the values (the absorbed form: keys [ckv | kpe], values ckv);
+* moe: for each routed (token, local expert) pair, 2 * H * G1 + 2 * I * H with G1 = gemm1's output
+  width (2 * I: [up; gate]); the activation, routing and weighted sum are left out (O(T * H));
+* rmsnorm: 4 per element of hidden_states (square, sum, scale by 1/rms, multiply by the weight),
+  5 for a fused add + norm (the add); memory bound either way;
+* rope: 3 per rotated element (x * cos, y * sin, their sum) over query and key, rotary_dim / head_dim
+  of each head being rotated;
+* activation (silu_and_mul): 5 per output element (exp counted as 1: -x, exp, 1 + e, x / (..) and
+  the multiply by the up half);
+* sampling: a rough 1 + 2 * filters per probability (one pass to draw, a compare and an
+  accumulate per top-k / top-p filter); sorting and rejection rounds are not modelled.
+
+Every formula used, with its numbers, is in `Work.detail`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .definition import Definition, TensorSpec
+    from .inputs import Inputs
+
+__all__ = ["PEAKS", "Peak", "Work", "element_bytes", "peak_for", "rates", "visible_pairs", "work"]
+
+PAGED_CACHES = ("k_cache", "v_cache", "ckv_cache", "kpe_cache")
+MOE_WEIGHTS = ("gemm1_weights", "gemm2_weights", "gemm1_weights_scale", "gemm2_weights_scale")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one call must do: bytes through device memory (reads + writes) and FLOPs."""
+
+    bytes: int
+    flops: int
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOP per byte."""
+        return self.flops / self.bytes if self.bytes else math.inf
+
+    def as_dict(self) -> dict:
+        return {"bytes": self.bytes, "flops": self.flops, "arithmetic_intensity": self.intensity,
+                "detail": self.detail}
+
+
+# -- sizes ----------------------------------------------------------------------------------------
+def element_bytes(dtype: Any) -> float:
+    """Bytes per element of a format dtype (a DType or its name): torch's itemsize, except the
+    packed float4, which holds two elements per byte."""
+    from .dtypes import DType, torch_dtype
+
+    name = DType(dtype).value
+    if name == "float4_e2m1":
+        return 0.5
+    return torch_dtype(name).itemsize
+
+
+def _numel(spec: TensorSpec, axes: Mapping[str, int]) -> int:
+    return math.prod(int(axes[a]) for a in spec.shape) if spec.shape else 1
+
+
+def _tensor_bytes(spec: TensorSpec, axes: Mapping[str, int]) -> int:
+    return math.ceil(_numel(spec, axes) * element_bytes(spec.dtype))
+
+
+def _ints(value: Any) -> list[int]:
+    """A 1-d index tensor (any device) or sequence as Python ints."""
+    if hasattr(value, "tolist"):
+        out = value.tolist()
+        return [int(v) for v in (out if isinstance(out, list) else [out])]
+    return [int(v) for v in value]
+
+
+def _diffs(indptr: list[int]) -> list[int]:
+    return [b - a for a, b in zip(indptr[:-1], indptr[1:], strict=True)]
+
+
+# -- attention structure -----------------------------------------------------------------------------
+def visible_pairs(qo_len: int, kv_len: int, causal: bool) -> int:
+    """(query, key) pairs one request computes. Causal masks are bottom-right aligned: query i of
+    qo_len sits at kv position kv_len - qo_len + i and sees keys 0..that position."""
+    if qo_len <= 0 or kv_len <= 0:
+        return 0
+    if not causal:
+        return qo_len * kv_len
+    if qo_len <= kv_len:
+        return qo_len * (kv_len - qo_len) + qo_len * (qo_len + 1) // 2
+    return kv_len * (kv_len + 1) // 2  # the first qo_len - kv_len queries see nothing
+
+
+def _page_size(definition: Definition) -> int:
+    return int(definition.const_axes.get("page_size", 1))
+
+
+def _kv_lengths(definition: Definition, values: Mapping[str, Any]) -> list[int]:
+    """Per request, the kv tokens it attends to: page counts from kv_indptr turned into tokens for
+    paged caches (full pages unless a kv_last_page_len input says how full the last one is),
+    token counts from kv_indptr for ragged kv."""
+    counts = _diffs(_ints(values["kv_indptr"]))
+    if not any(n in definition.inputs for n in PAGED_CACHES):
+        return counts
+    page = _page_size(definition)
+    last = _ints(values["kv_last_page_len"]) if "kv_last_page_len" in values else None
+    out = []
+    for b, pages in enumerate(counts):
+        fill = page if last is None else last[b]
+        out.append((pages - 1) * page + fill if pages > 0 else 0)
+    return out
+
+
+def _qo_lengths(values: Mapping[str, Any], batch: int) -> list[int]:
+    if "qo_indptr" in values:
+        return _diffs(_ints(values["qo_indptr"]))
+    return [1] * batch  # decode: one query token per request
+
+
+def _is_causal(definition: Definition) -> bool:
+    from .groundtruth import semantics as sem
+
+    return sem.is_causal(definition)
+
+
+# -- moe routing -------------------------------------------------------------------------------------
+def _moe_active_experts(definition: Definition, values: Mapping[str, Any], num_local: int
+                        ) -> tuple[int, int, str]:
+    """(local experts with >= 1 token, routed (token, local expert) pairs, how it was decided)."""
+    from .groundtruth import semantics as sem
+    from .groundtruth.base import GroundTruthUnavailable
+    from .groundtruth.torch_ref import deepseek_routing
+
+    try:
+        top_k, n_group, topk_group = sem.moe_routing(definition)
+    except GroundTruthUnavailable as e:
+        return num_local, 0, f"routing unknown ({e}): every local expert counted, no routed pairs"
+    scaling = float(values.get("routed_scaling_factor", 1.0))
+    ids, _ = deepseek_routing(values["routing_logits"], values["routing_bias"], top_k, n_group, topk_group,
+                              scaling)
+    offset = int(values.get("local_expert_offset", 0))
+    flat = [e - offset for e in _ints(ids.flatten()) if offset <= e < offset + num_local]
+    return len(set(flat)), len(flat), (f"DeepSeek-V3 routing top_k={top_k} n_group={n_group} "
+                                       f"topk_group={topk_group}, local experts [{offset}, {offset + num_local})")
+
+
+# -- bytes --------------------------------------------------------------------------------------------
+def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
+    axes, values = inputs.axes, inputs.values
+    reads: dict[str, int] = {}
+    notes: list[str] = []
+    kv_tokens = None
+    moe = None
+    for name, spec in definition.inputs.items():
+        if spec.shape is None:
+            continue  # a Python scalar: a kernel argument
+        full = _tensor_bytes(spec, axes)
+        if name in PAGED_CACHES and "kv_indptr" in values:
+            if kv_tokens is None:
+                kv_tokens = sum(_kv_lengths(definition, values))
+            paged = len(spec.shape) > 1 and spec.shape[1] == "page_size"
+            slots = int(axes[spec.shape[0]]) * (int(axes[spec.shape[1]]) if paged else 1)
+            per_token = full / slots if slots else 0.0
+            reads[name] = math.ceil(kv_tokens * per_token)
+            notes.append(f"{name}: {kv_tokens} referenced tokens * {per_token:g} B/token "
+                         f"(of {slots} token slots, {full} B allocated)")
+        elif name in MOE_WEIGHTS and "routing_logits" in values:
+            num_local = int(axes[spec.shape[0]])
+            if moe is None:
+                moe = _moe_active_experts(definition, values, num_local)
+                detail["moe_active_local_experts"], detail["moe_routed_pairs"] = moe[0], moe[1]
+                detail["moe_routing"] = moe[2]
+            active = moe[0]
+            reads[name] = full * active // num_local if num_local else 0
+            notes.append(f"{name}: {active} of {num_local} local experts receive tokens")
+        else:
+            reads[name] = full
+    writes = {name: _tensor_bytes(spec, axes) for name, spec in definition.outputs.items() if spec.shape is not None}
+    detail["bytes_read"] = reads
+    detail["bytes_written"] = writes
+    if kv_tokens is not None:
+        detail["kv_tokens_read"] = kv_tokens
+    detail["bytes_formula"] = ("sum(numel * element size) over tensor inputs read once and outputs written "
+                               "once" + ("; " + "; ".join(notes) if notes else ""))
+    return sum(reads.values()) + sum(writes.values())
+
+
+# -- flops --------------------------------------------------------------------------------------------
+def _shape(definition: Definition, inputs: Inputs, name: str) -> list[int]:
+    return [int(inputs.axes[a]) for a in definition.inputs[name].shape]
+
+
+def _flops_gemm(d: Definition, inputs: Inputs, detail: dict) -> int:
+    ax = inputs.axes
+    if all(k in ax for k in ("M", "N", "K")):
+        m, n, k = int(ax["M"]), int(ax["N"]), int(ax["K"])
+    else:  # A [M, K], B [N, K]
+        (m, k), n = _shape(d, inputs, "A")[-2:], _shape(d, inputs, "B")[-2]
+    detail["flops_formula"] = f"2 * M * N * K = 2 * {m} * {n} * {k}"
+    return 2 * m * n * k
+
+
+def _attention_pairs(d: Definition, inputs: Inputs, detail: dict) -> int:
+    values = inputs.values
+    kv = _kv_lengths(d, values)
+    qo = _qo_lengths(values, len(kv))
+    causal = _is_causal(d)
+    pairs = sum(visible_pairs(q, k, causal) for q, k in zip(qo, kv, strict=True))
+    detail.update(requests=len(kv), causal=causal, visible_pairs=pairs, qo_lens=qo, kv_lens=kv)
+    return pairs
+
+
+def _flops_gqa(d: Definition, inputs: Inputs, detail: dict) -> int:
+    pairs = _attention_pairs(d, inputs, detail)
+    heads, dqk = _shape(d, inputs, "q")[-2:]
+    vname = "v_cache" if "v_cache" in d.inputs else "v"
+    dvo = _shape(d, inputs, vname)[-1] if vname in d.inputs else dqk
+    mask = "bottom-right causal" if detail["causal"] else "all keys"
+    detail["flops_formula"] = (f"sum over requests of 2 * heads * pairs * (head_dim_qk + head_dim_vo) = "
+                               f"2 * {heads} * {pairs} * ({dqk} + {dvo}) (pairs: {mask})")
+    return 2 * heads * pairs * (dqk + dvo)
+
+
+def _flops_mla(d: Definition, inputs: Inputs, detail: dict) -> int:
+    pairs = _attention_pairs(d, inputs, detail)
+    heads, ckv = _shape(d, inputs, "q_nope")[-2:]
+    kpe = _shape(d, inputs, "q_pe")[-1]
+    detail["flops_formula"] = (f"2 * heads * pairs * (ckv + kpe) + 2 * heads * pairs * ckv = "
+                               f"2 * {heads} * {pairs} * ({ckv} + {kpe}) + 2 * {heads} * {pairs} * {ckv}")
+    return 2 * heads * pairs * (ckv + kpe) + 2 * heads * pairs * ckv
+
+
+def _flops_moe(d: Definition, inputs: Inputs, detail: dict) -> int:
+    _, g1, hidden = _shape(d, inputs, "gemm1_weights")
+    inter = _shape(d, inputs, "gemm2_weights")[-1]
+    if "moe_routed_pairs" not in detail:
+        num_local = _shape(d, inputs, "gemm1_weights")[0]
+        active, pairs, how = _moe_active_experts(d, inputs.values, num_local)
+        detail.update(moe_active_local_experts=active, moe_routed_pairs=pairs, moe_routing=how)
+    pairs = detail["moe_routed_pairs"]
+    detail["flops_formula"] = (f"routed (token, local expert) pairs * (2 * H * G1 + 2 * I * H) = "
+                               f"{pairs} * (2 * {hidden} * {g1} + 2 * {inter} * {hidden})")
+    return pairs * (2 * hidden * g1 + 2 * inter * hidden)
+
+
+def _flops_rmsnorm(d: Definition, inputs: Inputs, detail: dict) -> int:
+    n = math.prod(_shape(d, inputs, "hidden_states"))
+    per = 5 if "residual" in d.inputs else 4
+    detail["flops_formula"] = f"{per} * elements = {per} * {n}" + (" (4 for the norm + 1 for the add)"
+                                                                    if per == 5 else "")
+    return per * n
+
+
+def _flops_rope(d: Definition, inputs: Inputs, detail: dict) -> int:
+    ax = inputs.axes
+    frac = (int(ax["rotary_dim"]) / int(ax["head_dim"])) if "rotary_dim" in ax and "head_dim" in ax else 1.0
+    rotated = [n for n in d.inputs if n not in ("positions", "cos_sin_cache") and d.inputs[n].shape]
+    n = sum(math.prod(_shape(d, inputs, name)) for name in rotated)
+    detail["flops_formula"] = f"3 * rotated elements = 3 * {n} * {frac:g} (rotary_dim / head_dim)"
+    return round(3 * n * frac)
+
+
+def _flops_activation(d: Definition, inputs: Inputs, detail: dict) -> int:
+    n = sum(_tensor_numel(d, inputs, s) for s in d.outputs.values())
+    detail["flops_formula"] = f"5 * output elements = 5 * {n} (silu: -x, exp, +1, divide; times the up half)"
+    return 5 * n
+
+
+def _flops_sampling(d: Definition, inputs: Inputs, detail: dict) -> int:
+    n = math.prod(_shape(d, inputs, "probs")) if "probs" in d.inputs else 0
+    filters = sum(1 for f in ("top_k", "top_p") if f in d.inputs)
+    detail["flops_formula"] = (f"(1 + 2 * filters) * probabilities = {1 + 2 * filters} * {n} "
+                               f"(rough: one draw pass, a compare + accumulate per filter)")
+    return (1 + 2 * filters) * n
+
+
+def _tensor_numel(d: Definition, inputs: Inputs, spec: TensorSpec) -> int:
+    return _numel(spec, inputs.axes) if spec.shape is not None else 0
+
+
+_FLOPS = {
+    "gemm": _flops_gemm,
+    "gqa_paged": _flops_gqa,
+    "gqa_ragged": _flops_gqa,
+    "mla_paged": _flops_mla,
+    "moe": _flops_moe,
+    "rmsnorm": _flops_rmsnorm,
+    "rope": _flops_rope,
+    "activation": _flops_activation,
+    "sampling": _flops_sampling,
+}
+
+
+def work(definition: Definition, inputs: Inputs) -> Work:
+    """Bytes and FLOPs of one call of `definition` on `inputs` (see the module docstring)."""
+    detail: dict[str, Any] = {"op_type": definition.op_type}
+    nbytes = _bytes(definition, inputs, detail)
+    fn = _FLOPS.get(definition.op_type)
+    if fn is None:
+        detail["flops_formula"] = f"no FLOP model for op_type {definition.op_type!r}: 0"
+        flops = 0
+    else:
+        flops = int(fn(definition, inputs, detail))
+    return Work(bytes=int(nbytes), flops=flops, detail=detail)
+
+
+# -- peaks ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Peak:
+    """A GPU's datasheet ceilings: HBM bandwidth and dense (no sparsity) bf16 tensor throughput."""
+
+    name: str
+    hbm_bytes_per_s: float
+    bf16_flops_per_s: float
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOP per byte at which a kernel stops being memory bound."""
+        return self.bf16_flops_per_s / self.hbm_bytes_per_s
+
+
+# Matched as substrings of torch.cuda.get_device_name() (case-insensitive, '-'/'_' read as spaces),
+# first match wins, so the specific names come before the general ones. Sources:
+#  - H100 SXM 3.35 TB/s and 989.4 TFLOP/s dense bf16 (1979 with sparsity), H200 4.8 TB/s with the same
+#    tensor cores: /work/shared/research/B_matrix_timing.md (section D, after glennklockwood.com's
+#    H100 page) and NVIDIA's H100 / H200 Tensor Core GPU datasheets;
+#  - H100 PCIe 2.0 TB/s / 756 TFLOP/s, H100 NVL 3.9 TB/s / 835 TFLOP/s, H200 NVL 4.8 TB/s / 835 TFLOP/s:
+#    NVIDIA H100 / H200 datasheets (dense = half the sparsity figure);
+#  - A100 80GB SXM 2.039 TB/s, A100 80GB PCIe 1.935 TB/s, 312 TFLOP/s: NVIDIA A100 datasheet;
+#  - B200 8.0 TB/s / 2250 TFLOP/s dense bf16: NVIDIA DGX B200 / HGX B200 datasheet (per GPU);
+#  - L40S 0.864 TB/s / 362 TFLOP/s: NVIDIA L40S datasheet.
+# Datasheet rates are upper bounds: a device-to-device copy reaches ~90% of the HBM figure and
+# cuBLAS ~70-80% of the tensor figure on an H100 (the research note's measurements).
+PEAKS: dict[str, Peak] = {p.name: p for p in (
+    Peak("H100 PCIe", 2.0e12, 756e12),
+    Peak("H100 NVL", 3.9e12, 835e12),
+    Peak("H100 80GB HBM3", 3.35e12, 989.4e12),  # H100 SXM5
+    Peak("H100 SXM", 3.35e12, 989.4e12),
+    Peak("H200 NVL", 4.8e12, 835e12),
+    Peak("H200", 4.8e12, 989.4e12),
+    Peak("A100 80GB PCIe", 1.935e12, 312e12),
+    Peak("A100 SXM4 80GB", 2.039e12, 312e12),
+    Peak("A100 80GB", 2.039e12, 312e12),
+    Peak("B200", 8.0e12, 2250e12),
+    Peak("L40S", 0.864e12, 362e12),
+)}
+
+
+def _norm(name: str) -> str:
+    return " ".join(name.lower().replace("-", " ").replace("_", " ").split())
+
+
+def peak_for(name: str | None) -> Peak | None:
+    """The datasheet peaks of a GPU by its name (torch.cuda.get_device_name()), None if unknown."""
+    if not name:
+        return None
+    have = _norm(name)
+    for key, peak in PEAKS.items():
+        if _norm(key) in have:
+            return peak
+    return None
+
+
+# -- rates ---------------------------------------------------------------------------------------------
+def rates(work: Work, seconds: float, peak: Peak | None = None) -> dict:
+    """Achieved bandwidth and throughput of `work` done in `seconds`, and, given the GPU's peaks,
+    how close that is to them: percentages of each peak, which one bounds the kernel (its
+    arithmetic intensity against the ridge point) and the roofline floor time."""
+    if not seconds or seconds <= 0:
+        raise ValueError(f"seconds must be positive, got {seconds!r}")
+    intensity = work.intensity
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "us": seconds * 1e6,
+        "bytes": work.bytes,
+        "flops": work.flops,
+        "gb_per_s": work.bytes / seconds / 1e9,
+        "tflop_per_s": work.flops / seconds / 1e12,
+        "arithmetic_intensity": intensity if math.isfinite(intensity) else None,
+        "peak": None,
+        "pct_of_peak_bandwidth": None,
+        "pct_of_peak_flops": None,
+        "ridge_point": None,
+        "bound": None,
+        "roofline_us": None,
+        "pct_of_roofline": None,
+    }
+    if peak is None:
+        return out
+    floor = max(work.bytes / peak.hbm_bytes_per_s, work.flops / peak.bf16_flops_per_s)
+    out.update(
+        peak={"name": peak.name, "hbm_bytes_per_s": peak.hbm_bytes_per_s, "bf16_flops_per_s": peak.bf16_flops_per_s},
+        pct_of_peak_bandwidth=100.0 * work.bytes / seconds / peak.hbm_bytes_per_s,
+        pct_of_peak_flops=100.0 * work.flops / seconds / peak.bf16_flops_per_s,
+        ridge_point=peak.ridge_point,
+        bound="compute" if intensity >= peak.ridge_point else "memory",
+        roofline_us=floor * 1e6,
+        pct_of_roofline=100.0 * floor / seconds,
+    )
+    return out
