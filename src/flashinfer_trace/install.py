@@ -197,19 +197,21 @@ def install(combo: Combination, python: str, options: InstallOptions, *, project
     result = InstallResult(False, options.mode, str(log))
     project = Path(project).resolve()
     try:
-        pip = _installer(python, run)
         site = site_packages(python)
-        wh = ["--no-index", "--find-links", str(options.wheelhouse)] if options.wheelhouse else []
-        constraints = Path(log).with_suffix(".constraints.txt")
-        constraints.write_text(combo.constraints_text())
-        if options.preinstalled_torch:
+        if options.preinstalled_torch:  # first: pip must see the layered packages as installed
             found = probe_torch(options.preinstalled_torch)
             (site / "zz_flashinfer_trace_base.pth").write_text(found["site"] + "\n")
             run.steps.append(f"layered {found['site']} (torch {found['version']}) via zz_flashinfer_trace_base.pth")
             result.torch, result.differences = found, torch_differences(combo, found)
-        elif options.wheelhouse:
+        # pip, the environment's or the layered base's; uv only without one (uv's resolver does not
+        # see packages that .pth files add, seen on a node whose nox made uv environments)
+        pip = _installer(python, run)
+        wh = ["--no-index", "--find-links", str(options.wheelhouse)] if options.wheelhouse else []
+        constraints = Path(log).with_suffix(".constraints.txt")
+        constraints.write_text(combo.constraints_text())
+        if options.wheelhouse and not options.preinstalled_torch:
             run([*pip, *wh, f"torch=={combo.torch}"])
-        else:
+        elif not options.preinstalled_torch:
             index = options.torch_index or (DEFAULT_TORCH_INDEX.format(variant=combo.torch_variant)
                                             if combo.torch_variant != "cpu" else None)
             run([*pip, *(["--index-url", index] if index else []), f"torch=={combo.torch}"])
