@@ -93,6 +93,9 @@ def torch_info() -> dict[str, Any]:
 
 
 def git_sha(repo: str | Path = ".") -> str | None:
+    """HEAD (with -dirty), or $FLASHINFER_TRACE_GIT_SHA where the tree was copied without .git."""
+    if os.environ.get("FLASHINFER_TRACE_GIT_SHA"):
+        return os.environ["FLASHINFER_TRACE_GIT_SHA"]
     try:
         out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10)

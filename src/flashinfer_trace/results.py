@@ -29,6 +29,8 @@ FILES = ("session.json", "env.json", "tests.json", "junit.xml", "benchmark.json"
 
 @dataclass
 class TestRecord:
+    __test__ = False  # a record, not a pytest test class
+
     nodeid: str
     status: str
     duration: float = 0.0

@@ -1,0 +1,136 @@
+"""Matrix sessions: result files, the in-environment session runner, install failures, the manifest,
+and the sessions nox lists."""
+
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from flashinfer_trace import manifest
+from flashinfer_trace.combos import load_combination
+from flashinfer_trace.install import InstallOptions, install
+from flashinfer_trace.results import SessionInfo, TestRecord, junit_xml, read_records, write_session
+from flashinfer_trace.session import EXIT_SKIPPED, run_session
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_results_round_trip_and_junit(tmp_path):
+    records = [TestRecord("tests/a.py::test_ok", "passed", 0.5, properties={"seed": 1}),
+               TestRecord("tests/a.py::test_skip", "skipped", message="not-installed: flashinfer"),
+               TestRecord("tests/a.py::test_bad", "failed", message="Mismatch: 3 of 8 differ"),
+               TestRecord("tests/a.py::test_crash", "error", message="process died with SIGSEGV"),
+               TestRecord("tests/a.py::test_hang", "timeout", message="no result after 5 s")]
+    info = SessionInfo("references-x", "cpu-torch2.13", status="tests-failed")
+    write_session(tmp_path, info, records=records, manifest={"python": {}})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.json", "junit.xml", "session.json", "tests.json"]
+    assert not list(tmp_path.glob(".*.tmp")), "atomic writes leave no temporary files"
+    assert read_records(tmp_path / "tests.json") == records
+    session = json.loads((tmp_path / "session.json").read_text())
+    assert session["counts"] == {"passed": 1, "failed": 1, "error": 1, "timeout": 1, "skipped": 1}
+    suite = ET.fromstring(junit_xml(records, "s")).find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("5", "1", "2", "1")
+    props = {p.get("name"): p.get("value") for p in suite.find("testcase").iter("property")}
+    assert props == {"seed": "1"}
+    with pytest.raises(ValueError, match="unknown test status"):
+        TestRecord("x", "exploded")
+    with pytest.raises(ValueError, match="unknown session status"):
+        SessionInfo("s", "c", status="meh")
+
+
+PLANTED = '''
+import os, signal, pytest
+
+def test_passes(record_property):
+    record_property("seed", 7)
+    assert 1 + 1 == 2
+
+def test_skips():
+    pytest.skip("not-installed: flashinfer")
+
+def test_crashes():
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+def test_after_the_crash():
+    assert True
+'''
+
+
+def _planted_tree(tmp_path: Path) -> Path:
+    tree = tmp_path / "repo"
+    (tree / "tests" / "references").mkdir(parents=True)
+    (tree / "tests" / "references" / "conftest.py").write_text(
+        "from flashinfer_trace.pytest_plugin import *  # noqa: F401,F403\n")
+    (tree / "tests" / "references" / "test_planted.py").write_text(PLANTED)
+    return tree
+
+
+def test_a_session_survives_a_crash_and_writes_every_file(tmp_path):
+    tree = _planted_tree(tmp_path)
+    combo = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
+    out = tmp_path / "results" / "references-cpu"
+    rc = run_session("references", combo, "references-cpu", out, install={"mode": "fresh"}, jobs=1,
+                     test_timeout=60, cwd=tree)
+    assert rc == 1
+    session = json.loads((out / "session.json").read_text())
+    assert session["status"] == "tests-failed" and session["install_mode"] == "fresh"
+    assert session["constraints_sha256"] == combo.sha256 and session["arch"] is None
+    by_name = {r.nodeid.rsplit("::", 1)[1]: r for r in read_records(out / "tests.json")}
+    assert by_name["test_passes"].status == "passed" and by_name["test_passes"].properties["seed"] == 7
+    assert by_name["test_skips"].status == "skipped" and "not-installed: flashinfer" in by_name["test_skips"].message
+    assert by_name["test_crashes"].status == "error" and "SIGSEGV" in by_name["test_crashes"].message
+    assert by_name["test_after_the_crash"].status == "passed"
+    env = json.loads((out / "env.json").read_text())
+    assert env["combination"]["id"] == "cpu-torch2.13" and env["torch"]["version"].startswith("2.")
+    assert "clocks_start" in env and "clocks_end" in env
+    assert ET.parse(out / "junit.xml").getroot().find("testsuite").get("errors") == "1"
+
+
+def test_a_gpu_session_without_a_gpu_is_recorded_and_skipped(tmp_path):
+    combo = load_combination(ROOT / "constraints" / "cu130-torch2.11-fi0.6.6.toml")
+    out = tmp_path / "results" / "references-cuda13"
+    rc = run_session("references", combo, "references-cuda13", out, cwd=_planted_tree(tmp_path))
+    session = json.loads((out / "session.json").read_text())
+    assert rc == EXIT_SKIPPED and session["status"] == "no-gpu" and "needs a CUDA GPU" in session["reason"]
+    assert not (out / "tests.json").exists() and (out / "env.json").exists()
+
+
+def test_a_failed_install_is_a_result_with_the_log_tail(tmp_path):
+    text = (ROOT / "constraints" / "cpu-torch2.13.toml").read_text().replace('torch = "2.13.0"', 'torch = "9.9.9"')
+    path = tmp_path / "cpu-torch9.9.toml"
+    path.write_text(text)
+    empty = tmp_path / "wheelhouse"
+    empty.mkdir()
+    result = install(load_combination(path), sys.executable, InstallOptions(wheelhouse=empty), project=ROOT,
+                     log=tmp_path / "install.log")
+    assert not result.ok and result.mode == "offline" and "CalledProcessError" in result.error
+    assert "torch==9.9.9" in result.tail() and result.steps[-1].endswith("torch==9.9.9")
+
+
+def test_manifest_on_this_machine():
+    m = manifest.finish(manifest.collect(combination={"id": "x"}, install={"mode": "fresh"}, repo=ROOT))
+    assert m["python"]["version"].count(".") == 2 and m["packages"]["torch"]
+    assert m["torch"]["cuda_available"] in (True, False) and m["combination"] == {"id": "x"}
+    assert {"clocks_start", "clocks_end", "git_sha", "environment", "gpu"} <= set(m)
+
+
+@pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
+                    reason="nox is not installed")
+def test_nox_lists_the_sessions_a_ci_job_needs():
+    nox = str(Path(sys.executable).parent / "nox") if (Path(sys.executable).parent / "nox").exists() else "nox"
+    listed = subprocess.run([nox, "-l", "--json", "-t", "nightly"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout
+    sessions = {s["name"]: s["tags"] for s in json.loads(listed)}
+    assert "references-cpu-torch2.13" in sessions
+    tags = sessions["references-cu130-torch2.11-fi0.6.6-sm90"]
+    assert {"references", "cuda13", "sm90", "nightly", "combo:cu130-torch2.11-fi0.6.6"} <= set(tags)
+    assert "uninstallable" in sessions["references-cu128-torch2.8-fi0.4.1"]
+    assert any(n.startswith("bench-") for n in sessions)
+    plain = subprocess.run([nox, "-l"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in ("references-cpu", "references-cuda12", "references-cuda13", "bench-cuda12", "bench-cuda13", "tests",
+                 "lint", "matrix", "references-cu130-torch2.11-fi0.6.6"):
+        assert f" {name} " in plain, name
