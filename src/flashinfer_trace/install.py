@@ -40,6 +40,7 @@ WHEELHOUSE_ENV = "FLASHINFER_TRACE_WHEELHOUSE"
 PREINSTALLED_ENV = "FLASHINFER_TRACE_PREINSTALLED_TORCH"
 SITE_ENV = "FLASHINFER_TRACE_SITE"
 STAMP = ".flashinfer-trace-combination"
+LAYERS = ("zz_flashinfer_trace_base.pth", "flashinfer_trace_src.pth", "flashinfer_trace_combo.pth")
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version < '3.11'", "pytest", "pytest-timeout",
                         "pytest-benchmark")
@@ -198,6 +199,8 @@ def install(combo: Combination, python: str, options: InstallOptions, *, project
     project = Path(project).resolve()
     try:
         site = site_packages(python)
+        for stale in LAYERS:  # a reused environment keeps only this install's layering
+            (site / stale).unlink(missing_ok=True)
         if options.preinstalled_torch:  # first: pip must see the layered packages as installed
             found = probe_torch(options.preinstalled_torch)
             (site / "zz_flashinfer_trace_base.pth").write_text(found["site"] + "\n")

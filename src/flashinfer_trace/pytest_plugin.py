@@ -42,6 +42,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--draws", type=int, default=None, help="sampler draws per row (default 64 on cpu, 2000 on cuda)")
     g.addoption("--save-failures", default="results/failures", help="where failing cases are saved")
     g.addoption("--save-inputs", action="store_true", help="also save failing inputs as safetensors")
+    g.addoption("--known-issues", default=None,
+                help="known-issues TOML (default: $FLASHINFER_TRACE_KNOWN_ISSUES or constraints/known-issues.toml)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,6 +80,50 @@ def record_case(request: pytest.FixtureRequest, record_property) -> None:
         if key in params:
             record_property("definition" if key == "name" else key, params[key])
     record_property("check", request.node.originalname)
+
+
+def _known_issues_file(config: pytest.Config):
+    import os
+    from pathlib import Path
+
+    given = config.getoption("--known-issues") or os.environ.get("FLASHINFER_TRACE_KNOWN_ISSUES")
+    return Path(given) if given else Path(config.rootpath) / "constraints" / "known-issues.toml"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Known issues become strict xfail markers (run=false ones are not run at all); an expired
+    entry stops the run: it has to be re-checked."""
+    from .matrix.known_issues import installed_versions, load_known_issues
+
+    issues = load_known_issues(_known_issues_file(config))
+    if not issues:
+        return
+    expired = [i for i in issues if i.expired()]
+    if expired:
+        raise pytest.UsageError("expired known issue(s), re-check and update or remove: "
+                                + "; ".join(f"{i.id} (expired {i.expires})" for i in expired))
+    versions = installed_versions({n for i in issues for n in i.packages})
+    arch = _device_arch(config)
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        name = params.get("definition") or params.get("name")
+        if not name:
+            continue
+        for issue in issues:
+            if issue.applies(name, params.get("source"), versions, arch):
+                item.add_marker(pytest.mark.xfail(strict=True, run=issue.run, reason=issue.describe()))
+                item.user_properties.append(("known_issue", issue.id))
+                break
+
+
+def _device_arch(config: pytest.Config) -> str | None:
+    import torch
+
+    want = config.getoption("--device")
+    if want == "cpu" or not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"sm{major}{minor}"
 
 
 @pytest.fixture(scope="session")

@@ -72,7 +72,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
                        constraints_sha256=combo.sha256, started=started)
     manifest = mf.collect(combination=combo.metadata(), install=install, repo=cwd or ".")
     status, reason, found = check_gpu(combo, arch)
-    info.arch = found or (arch if combo.gpu else None)
+    info.arch = found or (arch if combo.gpu else "cpu")
     if status != "ok":
         info.status, info.reason = status, reason
         info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)

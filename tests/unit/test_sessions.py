@@ -33,7 +33,8 @@ def test_results_round_trip_and_junit(tmp_path):
     session = json.loads((tmp_path / "session.json").read_text())
     assert session["counts"] == {"passed": 1, "failed": 1, "error": 1, "timeout": 1, "skipped": 1}
     suite = ET.fromstring(junit_xml(records, "s")).find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("5", "1", "2", "1")
+    counted = (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped"))
+    assert counted == ("5", "1", "2", "1")
     props = {p.get("name"): p.get("value") for p in suite.find("testcase").iter("property")}
     assert props == {"seed": "1"}
     with pytest.raises(ValueError, match="unknown test status"):
@@ -78,7 +79,7 @@ def test_a_session_survives_a_crash_and_writes_every_file(tmp_path):
     assert rc == 1
     session = json.loads((out / "session.json").read_text())
     assert session["status"] == "tests-failed" and session["install_mode"] == "fresh"
-    assert session["constraints_sha256"] == combo.sha256 and session["arch"] is None
+    assert session["constraints_sha256"] == combo.sha256 and session["arch"] == "cpu"
     by_name = {r.nodeid.rsplit("::", 1)[1]: r for r in read_records(out / "tests.json")}
     assert by_name["test_passes"].status == "passed" and by_name["test_passes"].properties["seed"] == 7
     assert by_name["test_skips"].status == "skipped" and "not-installed: flashinfer" in by_name["test_skips"].message

@@ -1,0 +1,65 @@
+"""python -m flashinfer_trace.matrix build RESULTS... -o OUT | diff OLD NEW  (what `nox -s matrix` runs:
+no torch needed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import build, diff_matrices, render_diff_md, write_matrix
+
+
+def add_commands(sub) -> None:
+    b = sub.add_parser("build", help="results folders -> matrix.json, matrix.md, index.html")
+    b.add_argument("results", nargs="+", help="results/ folders or single session folders")
+    b.add_argument("-o", "--output", default="matrix", help="output folder (default: matrix)")
+    b.add_argument("--definitions", default="definitions", help="definitions folder, for op types and models")
+    b.set_defaults(run=run_build)
+    d = sub.add_parser("diff", help="status and performance regressions between two matrix.json; exit 1 on any")
+    d.add_argument("old")
+    d.add_argument("new")
+    d.add_argument("--markdown", help="also write the Markdown report here (e.g. $GITHUB_STEP_SUMMARY)")
+    d.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    d.set_defaults(run=run_diff)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    matrix = build(args.results, definitions_dir=args.definitions)
+    files = write_matrix(matrix, args.output)
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(matrix["summary"].items()))
+    print(f"{len(matrix['environments'])} environment(s) x {len(matrix['definitions'])} definition(s): {counts}")
+    for p in matrix["problems"]:
+        print(f"problem: {p['path']}: {p['problem']}", file=sys.stderr)
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
+def _load(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"error: {path}: {e}") from None
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    d = diff_matrices(_load(args.old), _load(args.new))
+    text = render_diff_md(d)
+    if args.markdown:
+        with open(args.markdown, "a") as f:
+            f.write(text)
+    print(json.dumps(d.as_dict(), indent=1) if args.json else text)
+    return 1 if d.regressed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flashinfer_trace.matrix")
+    add_commands(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

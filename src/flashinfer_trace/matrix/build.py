@@ -1,0 +1,339 @@
+"""`flashinfer-trace matrix build RESULTS... -o OUT`: session results -> one matrix.
+
+A pipeline of plain functions, each taking the previous result:
+
+    discover(paths)            -> session folders, and problems (a folder without a readable session)
+    read_session(folder)       -> SessionData, or a problem: a corrupt or missing file never
+                                  stops the build; it is reported and its environment shown as such
+    environments(sessions)     -> one environment per (combination, arch): references and bench
+                                  sessions of the same environment merge (statuses + timings)
+    cells(environments)        -> one cell per (definition, environment)
+    assemble(...)              -> the matrix.json dict (schema_version 1)
+
+Imports nothing heavy (no torch): `nox -s matrix` runs it with the standard library and packaging.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATES = {
+    "pass": "the reference agrees with the kernel's ground truth",
+    "fail": "outputs differ beyond tolerance (numerical)",
+    "error": "a runtime or compile error (or a crash)",
+    "timeout": "a test ran past its time limit and was killed",
+    "skip:arch": "the kernel does not run on this GPU arch",
+    "skip:api-missing": "this version has no such API",
+    "skip:not-installed": "the ground-truth package is not installed",
+    "skip:other": "skipped for another reason (see the cell)",
+    "install-failed": "the combination could not be installed",
+    "xfail": "a known issue (constraints/known-issues.toml), failing as recorded",
+    "xpass": "a known issue now passing: the entry should go",
+    "not-run": "no result for this cell",
+}
+SYMBOLS = {"pass": "✅", "fail": "❌", "error": "💥", "timeout": "⏱", "skip:arch": "🚫", "skip:api-missing": "➖",
+           "skip:not-installed": "⬜", "skip:other": "⏭", "install-failed": "📦", "xfail": "🟡", "xpass": "⭐",
+           "not-run": "·"}
+BAD = ("error", "timeout", "fail", "xpass")  # worst first
+KERNEL_SOURCES = ("flashinfer", "sglang")
+SKIP_KINDS = {"arch-unsupported": "skip:arch", "api-missing": "skip:api-missing", "not-installed": "skip:not-installed"}
+TIMING_FIELDS = ("median_us", "q1_us", "q3_us", "iqr_us", "timer", "l2_flushed", "gb_per_s", "tflop_per_s",
+                 "pct_of_peak_bandwidth", "pct_of_peak_flops", "includes_setup")
+
+
+@dataclass
+class SessionData:
+    folder: Path
+    session: dict[str, Any]
+    manifest: dict[str, Any] = field(default_factory=dict)
+    tests: list[dict[str, Any]] | None = None
+    benchmarks: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Environment:
+    id: str
+    combination: str
+    arch: str
+    sessions: list[SessionData] = field(default_factory=list)
+
+
+# -- discover / read --------------------------------------------------------------------------------
+def discover(paths: list[str | Path]) -> tuple[list[Path], list[dict[str, str]]]:
+    """Session folders under the given paths (a folder with any result file is one)."""
+    found: list[Path] = []
+    problems: list[dict[str, str]] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            problems.append({"path": str(p), "problem": "missing: no such file or folder"})
+            continue
+        candidates = [p] if _is_session(p) else sorted(d for d in p.iterdir() if d.is_dir() and _is_session(d))
+        if not candidates:
+            problems.append({"path": str(p), "problem": "no session results (session.json / tests.json) found"})
+        found += candidates
+    return found, problems
+
+
+def _is_session(folder: Path) -> bool:
+    return any((folder / f).exists() for f in ("session.json", "tests.json", "env.json"))
+
+
+def _load_json(path: Path, problems: list[dict[str, str]], required: bool) -> Any:
+    if not path.exists():
+        if required:
+            problems.append({"path": str(path), "problem": "missing"})
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        problems.append({"path": str(path), "problem": f"corrupt: {e}"})
+        return None
+
+
+def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | None:
+    session = _load_json(folder / "session.json", problems, required=True)
+    if not isinstance(session, dict) or "combination" not in session:
+        if session is not None:
+            problems.append({"path": str(folder / "session.json"), "problem": "corrupt: no combination field"})
+        return SessionData(folder, {"session": folder.name, "combination": folder.name, "status": "corrupt",
+                                    "reason": "session.json missing or unreadable"})
+    manifest = _load_json(folder / "env.json", problems, required=False) or {}
+    tests_doc = _load_json(folder / "tests.json", problems, required=session.get("status") in ("ok", "tests-failed"))
+    tests = None
+    if isinstance(tests_doc, dict) and isinstance(tests_doc.get("tests"), list):
+        tests = [t for t in tests_doc["tests"] if isinstance(t, dict) and "nodeid" in t and "status" in t]
+    elif tests_doc is not None:
+        problems.append({"path": str(folder / "tests.json"), "problem": "corrupt: no tests list"})
+    if tests is None and session.get("status") in ("ok", "tests-failed"):
+        session = {**session, "status": "corrupt", "reason": "tests.json missing or unreadable"}
+    bench = _load_json(folder / "benchmark.json", problems, required=False)
+    benchmarks = bench.get("benchmarks", []) if isinstance(bench, dict) else []
+    return SessionData(folder, session, manifest if isinstance(manifest, dict) else {}, tests, benchmarks)
+
+
+# -- environments -----------------------------------------------------------------------------------
+def environment_key(s: SessionData) -> tuple[str, str]:
+    arch = s.session.get("arch") or _manifest_arch(s.manifest) or "any"
+    return s.session.get("combination", s.folder.name), arch
+
+
+def _manifest_arch(manifest: dict) -> str | None:
+    devices = (manifest.get("torch") or {}).get("devices") or []
+    if devices and devices[0].get("compute_capability"):
+        major, _, minor = devices[0]["compute_capability"].partition(".")
+        return f"sm{major}{minor}"
+    return None
+
+
+def environments(sessions: list[SessionData]) -> list[Environment]:
+    envs: dict[tuple[str, str], Environment] = {}
+    for s in sessions:
+        combo, arch = environment_key(s)
+        env = envs.setdefault((combo, arch), Environment(f"{combo}@{arch}", combo, arch))
+        env.sessions.append(s)
+    for env in envs.values():  # the latest reference session decides; ties keep discovery order
+        env.sessions.sort(key=lambda s: str(s.session.get("finished") or ""), reverse=True)
+    return sorted(envs.values(), key=lambda e: e.id)
+
+
+def _references(env: Environment) -> SessionData | None:
+    refs = [s for s in env.sessions if not s.session.get("session", "").startswith("bench")]
+    return refs[0] if refs else None
+
+
+def environment_status(env: Environment) -> tuple[str, str | None]:
+    ref = _references(env) or env.sessions[0]
+    return ref.session.get("status", "corrupt"), ref.session.get("reason")
+
+
+def _combination_file(path: str | None) -> dict[str, Any]:
+    """The combination's metadata from its constraints file, for sessions that wrote no manifest
+    (an install that failed, a known-uninstallable combination)."""
+    from ..combos import CombinationError, load_combination
+
+    try:
+        return load_combination(path).metadata() if path else {}
+    except (OSError, CombinationError):
+        return {}
+
+
+def environment_record(env: Environment) -> dict[str, Any]:
+    status, reason = environment_status(env)
+    ref = _references(env) or env.sessions[0]
+    manifest = ref.manifest or next((s.manifest for s in env.sessions if s.manifest), {})
+    combo = manifest.get("combination") or _combination_file(ref.session.get("constraints_file"))
+    pins = combo.get("pins") or {}
+    devices = (manifest.get("torch") or {}).get("devices") or []
+    cuda = combo.get("cuda")
+    label = [f"CUDA {cuda}" if cuda and cuda != "none" else ("CPU" if cuda == "none" else env.combination),
+             f"torch {pins['torch']}" if pins.get("torch") else None,
+             f"flashinfer {pins['flashinfer-python']}" if pins.get("flashinfer-python") else
+             ("no flashinfer" if pins else None),
+             f"sglang {pins['sglang']}" if pins.get("sglang") else None,
+             env.arch if env.arch not in ("cpu", "any") else None]
+    return {"id": env.id, "combination": env.combination, "arch": env.arch,
+            "label": " / ".join(p for p in label if p), "cuda": cuda, "torch": pins.get("torch"),
+            "flashinfer": pins.get("flashinfer-python"), "sglang": pins.get("sglang"),
+            "gpu": devices[0]["name"] if devices else None, "status": status, "reason": reason,
+            "sessions": [s.session.get("session", s.folder.name) for s in env.sessions],
+            "finished": ref.session.get("finished"), "manifest": manifest}
+
+
+# -- cells ------------------------------------------------------------------------------------------
+def test_state(test: dict[str, Any]) -> str:
+    status, message = test["status"], test.get("message") or ""
+    if status == "passed":
+        return "pass"
+    if status == "failed":
+        return "xpass" if "XPASS(strict)" in message else "fail"
+    if status in ("error", "timeout"):
+        return status
+    if status == "xfailed":
+        return "xfail"
+    if status == "xpassed":
+        return "xpass"
+    kind = (test.get("properties") or {}).get("skip_kind") or message.partition(":")[0].strip()
+    return SKIP_KINDS.get(kind, "skip:other")
+
+
+def _definition_of(test: dict[str, Any]) -> str | None:
+    props = test.get("properties") or {}
+    return props.get("definition")
+
+
+def _op_type_of(test: dict[str, Any]) -> str | None:
+    name = Path(test["nodeid"].partition("::")[0]).stem
+    return name.removeprefix("test_") if name.startswith("test_") else None
+
+
+def _summarise(states: list[str], reasons: list[str | None]) -> tuple[str, str | None]:
+    """The state of a group of tests: the worst failure, else pass, else xfail, else the commonest skip."""
+    for bad in BAD:
+        if bad in states:
+            return bad, next((r for s, r in zip(states, reasons, strict=True) if s == bad and r), None)
+    if "pass" in states:
+        return "pass", None
+    if "xfail" in states:
+        return "xfail", next((r for s, r in zip(states, reasons, strict=True) if s == "xfail" and r), None)
+    if not states:
+        return "not-run", None
+    state = Counter(states).most_common(1)[0][0]
+    return state, next((r for s, r in zip(states, reasons, strict=True) if s == state and r), None)
+
+
+def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict[str, Any]:
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    checks: list[dict[str, Any]] = []
+    tolerance = None
+    for t in tests:
+        props = t.get("properties") or {}
+        tolerance = tolerance or props.get("tolerance")
+        if props.get("source"):
+            by_source.setdefault(props["source"], []).append(t)
+        else:
+            checks.append(t)
+    sources = {}
+    for src, group in sorted(by_source.items()):
+        states = [test_state(t) for t in group]
+        state, reason = _summarise(states, [t.get("message") for t in group])
+        sources[src] = {"state": state, "counts": dict(Counter(t["status"] for t in group)), "reason": reason}
+    all_states = [test_state(t) for t in tests]
+    worst = next((b for b in BAD if b in all_states), None)
+    if worst:
+        state = worst
+        reason = next((t.get("message") for t in tests if test_state(t) == worst and t.get("message")), None)
+    else:  # the kernels decide: a pass of FlashInfer or SGLang, else why none ran (FlashInfer first)
+        kernel = [sources[s] for s in KERNEL_SOURCES if s in sources]
+        if any(k["state"] == "pass" for k in kernel):
+            state, reason = "pass", None
+        elif any(k["state"] == "xfail" for k in kernel):
+            state, reason = "xfail", next(k["reason"] for k in kernel if k["state"] == "xfail")
+        elif kernel:
+            state, reason = kernel[0]["state"], kernel[0]["reason"]
+        else:
+            state, reason = _summarise(all_states, [t.get("message") for t in tests])
+    return {"definition": definition, "environment": env.id, "state": state, "reason": reason, "sources": sources,
+            "checks": dict(Counter(t["status"] for t in checks)), "tolerance": tolerance,
+            "timing": timing(definition, env), "tests": len(tests)}
+
+
+def timing(definition: str, env: Environment) -> dict[str, Any] | None:
+    """The bench session's device time for this definition: FlashInfer's, else SGLang's, else torch's."""
+    found: dict[str, dict[str, Any]] = {}
+    for s in env.sessions:
+        for b in s.benchmarks:
+            info = b.get("extra_info") or {}
+            if info.get("definition") == definition and info.get("median_us") is not None:
+                found.setdefault(info.get("source", "?"), {**{k: info.get(k) for k in TIMING_FIELDS},
+                                                           "source": info.get("source"), "size": info.get("size"),
+                                                           "session": s.session.get("session")})
+    for src in (*KERNEL_SOURCES, "torch"):
+        if src in found:
+            return found[src]
+    return next(iter(found.values()), None)
+
+
+def environment_cells(env: Environment, definitions: list[str]) -> list[dict[str, Any]]:
+    status, reason = environment_status(env)
+    if status in ("install-failed", "uninstallable", "arch-mismatch", "no-gpu", "corrupt"):
+        state = {"install-failed": "install-failed", "uninstallable": "install-failed",
+                 "arch-mismatch": "skip:arch", "no-gpu": "skip:other", "corrupt": "error"}[status]
+        return [{"definition": d, "environment": env.id, "state": state, "reason": reason or status, "sources": {},
+                 "checks": {}, "tolerance": None, "timing": None, "tests": 0} for d in definitions]
+    ref = _references(env)
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for t in (ref.tests or []) if ref else []:
+        d = _definition_of(t)
+        if d:
+            grouped.setdefault(d, []).append(t)
+    out = [cell(d, env, grouped[d]) for d in definitions if d in grouped]
+    for d in definitions:  # benchmarks without reference results still show their timing
+        if d not in grouped and timing(d, env):
+            out.append({"definition": d, "environment": env.id, "state": "not-run", "reason": None, "sources": {},
+                        "checks": {}, "tolerance": None, "timing": timing(d, env), "tests": 0})
+    return out
+
+
+# -- assemble ---------------------------------------------------------------------------------------
+def definition_records(sessions: list[SessionData], definitions_dir: Path | None) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for s in sessions:
+        for t in s.tests or []:
+            d = _definition_of(t)
+            if d and d not in seen:
+                seen[d] = {"name": d, "op_type": _op_type_of(t), "models": []}
+        for b in s.benchmarks:
+            info = b.get("extra_info") or {}
+            d = info.get("definition")
+            if d and d not in seen:
+                seen[d] = {"name": d, "op_type": info.get("op_type"), "models": []}
+    if definitions_dir and definitions_dir.is_dir():
+        for path in definitions_dir.rglob("*.json"):
+            if path.stem in seen:
+                try:
+                    data = json.loads(path.read_text())
+                except (OSError, json.JSONDecodeError):
+                    continue
+                tags = [t for t in data.get("tags", []) if isinstance(t, str)]
+                seen[path.stem].update(op_type=data.get("op_type") or seen[path.stem]["op_type"],
+                                       models=[t.removeprefix("model:") for t in tags if t.startswith("model:")])
+    return sorted(seen.values(), key=lambda d: (d["op_type"] or "", d["name"]))
+
+
+def build(paths: list[str | Path], *, definitions_dir: str | Path | None = None) -> dict[str, Any]:
+    folders, problems = discover(paths)
+    sessions = [s for s in (read_session(f, problems) for f in folders) if s is not None]
+    envs = environments(sessions)
+    defs = definition_records(sessions, Path(definitions_dir) if definitions_dir else None)
+    names = [d["name"] for d in defs]
+    cells = [c for env in envs for c in environment_cells(env, names)]
+    return {"schema_version": SCHEMA_VERSION, "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "inputs": [str(p) for p in paths], "problems": problems, "states": STATES, "symbols": SYMBOLS,
+            "environments": [environment_record(e) for e in envs], "definitions": defs, "cells": cells,
+            "summary": dict(Counter(c["state"] for c in cells))}

@@ -1,0 +1,127 @@
+"""`flashinfer-trace matrix diff OLD NEW`: what changed between two matrix.json files.
+
+Status: a cell that was fine (pass, xfail, a skip) and is now broken (fail, error, timeout,
+install-failed) is a regression, and so is a new cell that is broken; cells that appeared or
+vanished, and known issues now passing (xpass), are listed. Performance: the same definition,
+environment, source, timer and size in both, and the new quartile range wholly above the old one
+by more than three times the larger recorded spread. The spread is the IQR each run recorded,
+floored at 1% of the old median: a graph timer's IQR can be 0.01 us, far below the clock-to-clock
+drift between two nightly runs, and a floor keeps that drift from reading as a regression.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BROKEN = ("fail", "error", "timeout", "install-failed")
+SPREAD_FACTOR = 3.0
+SPREAD_FLOOR = 0.01
+
+
+@dataclass
+class MatrixDiff:
+    regressions: list[dict[str, Any]] = field(default_factory=list)
+    fixed: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[dict[str, Any]] = field(default_factory=list)
+    new: list[dict[str, Any]] = field(default_factory=list)
+    vanished: list[dict[str, Any]] = field(default_factory=list)
+    slower: list[dict[str, Any]] = field(default_factory=list)
+    faster: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions or self.slower)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "regressed": self.regressed}
+
+
+def _cells(matrix: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(c["definition"], c["environment"]): c for c in matrix.get("cells", [])}
+
+
+def perf_change(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not old or not new:
+        return None
+    if any(old.get(k) != new.get(k) for k in ("timer", "source", "size")):
+        return None  # not like for like
+    try:
+        o_med, n_med = float(old["median_us"]), float(new["median_us"])
+        o_q1, o_q3, n_q1, n_q3 = (float(old["q1_us"]), float(old["q3_us"]), float(new["q1_us"]), float(new["q3_us"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    spread = max(o_q3 - o_q1, n_q3 - n_q1, SPREAD_FLOOR * o_med)
+    delta = n_med - o_med
+    if n_q1 > o_q3 and delta > SPREAD_FACTOR * spread:
+        kind = "slower"
+    elif o_q1 > n_q3 and -delta > SPREAD_FACTOR * spread:
+        kind = "faster"
+    else:
+        return None
+    return {"kind": kind, "old_median_us": o_med, "new_median_us": n_med, "ratio": n_med / o_med if o_med else None,
+            "spread_us": spread, "timer": new.get("timer"), "source": new.get("source")}
+
+
+def diff_matrices(old: dict[str, Any], new: dict[str, Any]) -> MatrixDiff:
+    out = MatrixDiff()
+    for m, name in ((old, "old"), (new, "new")):
+        if m.get("schema_version") != 1:
+            out.problems.append(f"{name} matrix has schema_version {m.get('schema_version')!r}, expected 1")
+    a, b = _cells(old), _cells(new)
+    for key in sorted(a.keys() | b.keys()):
+        o, n = a.get(key), b.get(key)
+        base = {"definition": key[0], "environment": key[1]}
+        if o is None:
+            out.new.append({**base, "state": n["state"]})
+            if n["state"] in BROKEN:
+                out.regressions.append({**base, "old": None, "new": n["state"], "reason": n.get("reason")})
+            continue
+        if n is None:
+            out.vanished.append({**base, "state": o["state"]})
+            continue
+        if o["state"] != n["state"]:
+            entry = {**base, "old": o["state"], "new": n["state"], "reason": n.get("reason")}
+            if n["state"] in BROKEN and o["state"] not in BROKEN:
+                out.regressions.append(entry)
+            elif o["state"] in BROKEN and n["state"] not in BROKEN or n["state"] == "xpass":
+                out.fixed.append(entry)
+            else:
+                out.changed.append(entry)
+        change = perf_change(o.get("timing"), n.get("timing"))
+        if change:
+            (out.slower if change["kind"] == "slower" else out.faster).append({**base, **change})
+    return out
+
+
+def render_diff_md(d: MatrixDiff) -> str:
+    head = "❌ regressions" if d.regressed else "✅ no regressions"
+    lines = [f"## Matrix diff: {head}", "",
+             f"{len(d.regressions)} status regression(s), {len(d.slower)} slower, {len(d.faster)} faster, "
+             f"{len(d.fixed)} fixed, {len(d.changed)} other change(s), {len(d.new)} new cell(s), "
+             f"{len(d.vanished)} vanished", ""]
+
+    def table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> None:
+        if not rows:
+            return
+        lines.extend([f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)])
+        for r in rows:
+            vals = []
+            for c in cols:
+                v = r.get(c)
+                vals.append(f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v).replace("|", "\\|")))
+            lines.append("| " + " | ".join(vals) + " |")
+        lines.append("")
+
+    table("Status regressions", d.regressions, ["definition", "environment", "old", "new", "reason"])
+    table("Slower", d.slower, ["definition", "environment", "old_median_us", "new_median_us", "ratio", "spread_us",
+                               "timer"])
+    table("Fixed", d.fixed, ["definition", "environment", "old", "new"])
+    table("Faster", d.faster, ["definition", "environment", "old_median_us", "new_median_us", "ratio"])
+    table("Other changes", d.changed, ["definition", "environment", "old", "new", "reason"])
+    table("New cells", d.new, ["definition", "environment", "state"])
+    table("Vanished cells", d.vanished, ["definition", "environment", "state"])
+    if d.problems:
+        lines += ["### Problems", ""] + [f"- {p}" for p in d.problems]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,126 @@
+"""Known issues as data: `constraints/known-issues.toml`, applied to the reference tests as strict
+xfail, so a combination that starts passing shows as xpass (and fails the run until the entry goes).
+
+    [[issue]]
+    id = "fi-cutlass-moe-jit-sm90"
+    definitions = ["moe_fp8_block_scale_*"]        # globs over definition names
+    sources = ["flashinfer"]                       # optional: ground-truth sources; none = every test
+    packages = { flashinfer-python = ">=0.4" }     # packaging specifiers on installed versions
+    archs = ["sm90"]                               # optional: the GPU's arch
+    reason = "..."
+    link = "https://github.com/..."
+    expires = 2027-06-30                           # past this date the entry fails loudly
+    run = false                                    # optional: do not even run (a hang, a crash)
+
+An entry applies when every condition holds; a package it names that is not installed does not
+satisfy it. An expired entry is an error at collection: it must be re-checked, not left to rot.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.metadata
+import sys
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FIELDS = ("id", "definitions", "sources", "packages", "archs", "reason", "link", "expires", "run")
+
+
+class KnownIssueError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    id: str
+    definitions: tuple[str, ...]
+    packages: dict[str, SpecifierSet]
+    reason: str
+    link: str
+    expires: date
+    sources: tuple[str, ...] = ()
+    archs: tuple[str, ...] = ()
+    run: bool = True
+
+    def expired(self, today: date | None = None) -> bool:
+        return (today or date.today()) > self.expires
+
+    def applies(self, definition: str, source: str | None, versions: dict[str, Version | None],
+                arch: str | None) -> bool:
+        if not any(fnmatch.fnmatchcase(definition, g) for g in self.definitions):
+            return False
+        if self.sources and source not in self.sources:
+            return False
+        if self.archs and arch not in self.archs:
+            return False
+        for name, spec in self.packages.items():
+            v = versions.get(name)
+            if v is None or v not in spec:
+                return False
+        return True
+
+    def describe(self) -> str:
+        return f"known issue {self.id}: {self.reason} ({self.link})"
+
+
+def load_known_issues(path: str | Path) -> list[KnownIssue]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise KnownIssueError(f"{path}: {e}") from None
+    out, ids = [], set()
+    for i, raw in enumerate(data.get("issue", [])):
+        where = f"{path}: issue[{i}]"
+        if not isinstance(raw, dict):
+            raise KnownIssueError(f"{where}: must be a table")
+        unknown = sorted(set(raw) - set(FIELDS))
+        if unknown:
+            raise KnownIssueError(f"{where}: unknown field(s) {unknown}")
+        for key in ("id", "definitions", "packages", "reason", "link", "expires"):
+            if key not in raw:
+                raise KnownIssueError(f"{where}.{key}: missing")
+        if not isinstance(raw["expires"], date):
+            raise KnownIssueError(f"{where}.expires: {raw['expires']!r} is not a TOML date (2027-06-30)")
+        if raw["id"] in ids:
+            raise KnownIssueError(f"{where}.id: {raw['id']!r} is used twice")
+        ids.add(raw["id"])
+        packages = {}
+        for name, spec in (raw["packages"] or {}).items():
+            try:
+                packages[name] = SpecifierSet(spec)
+            except (InvalidSpecifier, TypeError):
+                raise KnownIssueError(f"{where}.packages.{name}: {spec!r} is not a version specifier") from None
+        lists = {}
+        for key in ("definitions", "sources", "archs"):
+            value = raw.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise KnownIssueError(f"{where}.{key}: must be a list of strings")
+            lists[key] = tuple(value)
+        if not lists["definitions"]:
+            raise KnownIssueError(f"{where}.definitions: empty")
+        out.append(KnownIssue(raw["id"], lists["definitions"], packages, str(raw["reason"]), str(raw["link"]),
+                              raw["expires"], lists["sources"], lists["archs"], bool(raw.get("run", True))))
+    return out
+
+
+def installed_versions(names: set[str]) -> dict[str, Version | None]:
+    out: dict[str, Version | None] = {}
+    for n in names:
+        try:
+            out[n] = Version(importlib.metadata.version(n))
+        except (importlib.metadata.PackageNotFoundError, InvalidVersion):
+            out[n] = None
+    return out

@@ -1,0 +1,60 @@
+"""matrix.md: definitions grouped by op type down, environments across, a symbol and the median
+device time per cell, then the legend, the environments and any problems with the inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _esc(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def header(env: dict[str, Any]) -> str:
+    parts = [p for p in env["label"].split(" / ")]
+    if env.get("status") not in (None, "ok", "tests-failed"):
+        parts.append(f"**{env['status']}**")
+    return "<br>".join(_esc(p) for p in parts)
+
+
+def cell_text(cell: dict[str, Any] | None, symbols: dict[str, str]) -> str:
+    if cell is None:
+        return symbols["not-run"]
+    text = symbols.get(cell["state"], cell["state"])
+    timing = cell.get("timing")
+    if timing and timing.get("median_us") is not None:
+        text += f" {timing['median_us']:.1f} µs"
+    torch = (cell.get("sources") or {}).get("torch")
+    if cell["state"].startswith("skip") and torch and torch["state"] in ("pass", "fail"):
+        text += f" (torch {symbols[torch['state']]})"
+    return text
+
+
+def render_md(matrix: dict[str, Any]) -> str:
+    symbols, envs = matrix["symbols"], matrix["environments"]
+    cells = {(c["definition"], c["environment"]): c for c in matrix["cells"]}
+    lines = ["# Compatibility matrix", "",
+             f"Generated {matrix['generated']} from {', '.join(matrix['inputs'])}: {len(envs)} environment(s), "
+             f"{len(matrix['definitions'])} definition(s). A cell is the reference checked against the kernel's "
+             "ground truth (FlashInfer, else SGLang) in that environment, with its median device time when the "
+             "environment was benchmarked; `(torch ✅)` marks a cell where no kernel ran but the reference agreed "
+             "with the independent torch computation.", ""]
+    ops: dict[str, list[dict[str, Any]]] = {}
+    for d in matrix["definitions"]:
+        ops.setdefault(d["op_type"] or "unknown", []).append(d)
+    for op, defs in ops.items():
+        lines += [f"## {op}", "", "| definition | " + " | ".join(header(e) for e in envs) + " |",
+                  "|---|" + "---|" * len(envs)]
+        for d in defs:
+            row = [cell_text(cells.get((d["name"], e["id"])), symbols) for e in envs]
+            lines.append(f"| `{d['name']}` | " + " | ".join(row) + " |")
+        lines.append("")
+    lines += ["## Legend", "", " · ".join(f"{symbols[s]} {s}: {text}" for s, text in matrix["states"].items()), ""]
+    lines += ["## Environments", "", "| environment | GPU | status | sessions | reason |", "|---|---|---|---|---|"]
+    for e in envs:
+        lines.append(f"| {_esc(e['label'])} | {_esc(e.get('gpu') or '-')} | {e['status']} | "
+                     f"{', '.join(e['sessions'])} | {_esc(e.get('reason') or '')} |")
+    if matrix["problems"]:
+        lines += ["", "## Problems with the inputs", ""]
+        lines += [f"- `{_esc(p['path'])}`: {_esc(p['problem'])}" for p in matrix["problems"]]
+    return "\n".join(lines) + "\n"

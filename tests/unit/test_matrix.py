@@ -1,0 +1,243 @@
+"""The matrix: building it from session results (every cell state, merged bench timings, corrupt
+inputs), Markdown, the diff with planted regressions, known issues, and the CI job plan."""
+
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+from datetime import date, timedelta
+from pathlib import Path
+
+import pytest
+
+from flashinfer_trace.matrix import build, diff_matrices, render_diff_md, render_md
+from flashinfer_trace.matrix.__main__ import main as matrix_main
+from flashinfer_trace.matrix.known_issues import KnownIssueError, installed_versions, load_known_issues
+from flashinfer_trace.results import SessionInfo, TestRecord, write_json, write_session
+
+ROOT = Path(__file__).resolve().parents[2]
+FILE = "tests/references/test_rmsnorm.py::"
+
+
+def rec(name, status, definition="rmsnorm_h4096", source=None, message=None, **props):
+    p = {"definition": definition, **({"source": source} if source else {}), **props}
+    return TestRecord(FILE + name, status, 0.1, message, p)
+
+
+def manifest(combo_id, pins, cuda, cc=None):
+    devices = [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": cc}] if cc else []
+    return {"combination": {"id": combo_id, "cuda": cuda, "pins": pins}, "torch": {"devices": devices}}
+
+
+def bench_json(definition, median, iqr, source="flashinfer", timer="graph"):
+    return {"benchmarks": [{"extra_info": {"definition": definition, "source": source, "median_us": median,
+                                           "q1_us": median - iqr / 2, "q3_us": median + iqr / 2, "iqr_us": iqr,
+                                           "timer": timer, "size": "medium", "op_type": "rmsnorm"}}]}
+
+
+@pytest.fixture
+def results(tmp_path):
+    root = tmp_path / "results"
+    cpu = [rec("test_output_shape[small-rmsnorm_h4096]", "passed"),
+           rec("test_matches_ground_truth[small-0-rmsnorm_h4096-torch]", "passed", source="torch"),
+           rec("test_matches_ground_truth[small-0-rmsnorm_h4096-flashinfer]", "skipped", source="flashinfer",
+               message="not-installed: flashinfer", skip_kind="not-installed"),
+           rec("test_matches_ground_truth[small-0-gemm_n4096_k4096-flashinfer]", "skipped", "gemm_n4096_k4096",
+               "flashinfer", "api-missing: flashinfer 0.5.3 has no mm_bf16", skip_kind="api-missing")]
+    write_session(root / "references-cpu", SessionInfo("references-cpu", "cpu-torch2.13", arch="cpu",
+                                                       finished="2026-11-22T10:00:00"),
+                  records=cpu, manifest=manifest("cpu-torch2.13", {"torch": "2.13.0"}, "none"))
+    gpu = [rec("test_matches_ground_truth[small-0-rmsnorm_h4096-flashinfer]", "passed", source="flashinfer"),
+           rec("test_matches_ground_truth[small-0-gemm_n4096_k4096-flashinfer]", "failed", "gemm_n4096_k4096",
+               "flashinfer", "Mismatch: 1 of 1 output(s) differ [bug]"),
+           rec("test_matches_ground_truth[small-0-moe_x-flashinfer]", "skipped", "moe_x", "flashinfer",
+               "arch-unsupported: needs sm100..sm103, have sm90", skip_kind="arch-unsupported"),
+           rec("test_matches_ground_truth[small-0-mla_x-flashinfer]", "timeout", "mla_x", "flashinfer",
+               "no result after 900 s"),
+           rec("test_matches_ground_truth[small-0-gqa_x-flashinfer]", "error", "gqa_x", "flashinfer",
+               "process died with SIGSEGV"),
+           rec("test_matches_ground_truth[small-0-rope_x-flashinfer]", "xfailed", "rope_x", "flashinfer",
+               "known issue k1"),
+           rec("test_matches_ground_truth[small-0-silu_x-flashinfer]", "failed", "silu_x", "flashinfer",
+               "[XPASS(strict)] known issue k2")]
+    pins = {"torch": "2.11.0", "flashinfer-python": "0.6.6"}
+    write_session(root / "references-cuda13", SessionInfo("references-cuda13", "cu130-fi066", status="tests-failed",
+                                                          arch="sm90", finished="2026-11-22T11:00:00"),
+                  records=gpu, manifest=manifest("cu130-fi066", pins, "13", "9.0"))
+    bench = root / "bench-cuda13"
+    write_session(bench, SessionInfo("bench-cuda13", "cu130-fi066", arch="sm90", finished="2026-11-22T11:30:00"),
+                  records=[], manifest=manifest("cu130-fi066", pins, "13", "9.0"))
+    write_json(bench / "benchmark.json", bench_json("rmsnorm_h4096", 1.72, 0.02))
+    write_session(root / "references-old", SessionInfo("references-old", "cu128-fi041", status="install-failed",
+                                                       reason="apache-tvm-ffi==0.1.0b15 is gone", arch="any"))
+    (root / "references-broken").mkdir()
+    (root / "references-broken" / "session.json").write_text("{not json")
+    return root
+
+
+def cells_of(matrix):
+    return {(c["definition"], c["environment"]): c for c in matrix["cells"]}
+
+
+def test_build_gives_every_state_and_merges_bench_timings(results, tmp_path):
+    m = build([results, tmp_path / "missing"], definitions_dir=ROOT / "definitions")
+    envs = {e["id"]: e for e in m["environments"]}
+    assert set(envs) == {"cpu-torch2.13@cpu", "cu130-fi066@sm90", "cu128-fi041@any", "references-broken@any"}
+    gpu = envs["cu130-fi066@sm90"]
+    assert gpu["sessions"] == ["bench-cuda13", "references-cuda13"] and gpu["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert gpu["label"] == "CUDA 13 / torch 2.11.0 / flashinfer 0.6.6 / sm90" and gpu["status"] == "tests-failed"
+    c = cells_of(m)
+    g = "cu130-fi066@sm90"
+    assert c[("rmsnorm_h4096", g)]["state"] == "pass" and c[("rmsnorm_h4096", g)]["timing"]["median_us"] == 1.72
+    assert c[("gemm_n4096_k4096", g)]["state"] == "fail" and "bug" in c[("gemm_n4096_k4096", g)]["reason"]
+    assert c[("moe_x", g)]["state"] == "skip:arch"
+    assert c[("mla_x", g)]["state"] == "timeout" and c[("gqa_x", g)]["state"] == "error"
+    assert c[("rope_x", g)]["state"] == "xfail" and c[("silu_x", g)]["state"] == "xpass"
+    cpu = c[("rmsnorm_h4096", "cpu-torch2.13@cpu")]
+    assert cpu["state"] == "skip:not-installed" and cpu["sources"]["torch"]["state"] == "pass"
+    assert cpu["checks"] == {"passed": 1}
+    assert c[("gemm_n4096_k4096", "cpu-torch2.13@cpu")]["state"] == "skip:api-missing"
+    assert all(c[(d["name"], "cu128-fi041@any")]["state"] == "install-failed" for d in m["definitions"])
+    assert all(c[(d["name"], "references-broken@any")]["state"] == "error" for d in m["definitions"])
+    problems = {Path(p["path"]).name: p["problem"] for p in m["problems"]}
+    assert problems["session.json"].startswith("corrupt") and problems["missing"].startswith("missing")
+    ops = {d["name"]: (d["op_type"], d["models"]) for d in m["definitions"]}
+    assert ops["rmsnorm_h4096"] == ("rmsnorm", ["llama-3.1-8b"])
+
+
+def test_markdown_has_groups_symbols_legend_and_problems(results):
+    md = render_md(build([results]))
+    assert "## rmsnorm" in md and "| `rmsnorm_h4096` |" in md
+    assert "✅ 1.7 µs" in md and "⬜ (torch ✅)" in md and "📦" in md and "⭐" in md and "🟡" in md
+    assert "CUDA 13<br>torch 2.11.0<br>flashinfer 0.6.6<br>sm90" in md
+    assert "## Legend" in md and "## Problems with the inputs" in md and "**install-failed**" in md
+
+
+def test_cli_build_writes_the_three_files(results, tmp_path, capsys):
+    out = tmp_path / "matrix"
+    assert matrix_main(["build", str(results), "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "matrix.json", "matrix.md"]
+    assert json.loads((out / "matrix.json").read_text())["schema_version"] == 1
+    assert "problem:" in capsys.readouterr().err
+
+
+def test_diff_catches_planted_regressions(results, tmp_path, capsys):
+    old = build([results])
+    new = copy.deepcopy(old)
+    cells = cells_of(new)
+    cells[("rmsnorm_h4096", "cu130-fi066@sm90")]["timing"].update(median_us=2.5, q1_us=2.49, q3_us=2.51)
+    cells[("rmsnorm_h4096", "cpu-torch2.13@cpu")]["state"] = "fail"
+    new["cells"] = [c for c in new["cells"] if c["definition"] != "mla_x"]
+    d = diff_matrices(old, new)
+    assert d.regressed
+    assert [(r["definition"], r["old"], r["new"]) for r in d.regressions] == [("rmsnorm_h4096", "skip:not-installed",
+                                                                              "fail")]
+    assert [s["definition"] for s in d.slower] == ["rmsnorm_h4096"] and d.slower[0]["ratio"] > 1.4
+    assert {v["definition"] for v in d.vanished} == {"mla_x"}
+    md = render_diff_md(d)
+    assert "❌ regressions" in md and "### Status regressions" in md and "### Slower" in md
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    summary = tmp_path / "summary.md"
+    args = ["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--markdown", str(summary)]
+    assert matrix_main(args) == 1
+    assert "Status regressions" in summary.read_text()
+    assert matrix_main(["diff", str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
+    assert "no regressions" in capsys.readouterr().out
+
+
+def test_perf_within_the_recorded_spread_is_not_a_regression(results):
+    old = build([results])
+    new = copy.deepcopy(old)
+    t = cells_of(new)[("rmsnorm_h4096", "cu130-fi066@sm90")]["timing"]
+    t.update(median_us=1.73, q1_us=1.72, q3_us=1.74)  # inside 3x the spread (floored at 1% of the median)
+    assert not diff_matrices(old, new).regressed
+    t.update(timer="events", median_us=9.0, q1_us=8.9, q3_us=9.1)  # another timer: not like for like
+    assert not diff_matrices(old, new).slower
+
+
+ISSUE = """
+[[issue]]
+id = "k1"
+definitions = ["rmsnorm_*"]
+sources = ["torch"]
+packages = {{ torch = ">=2" }}
+reason = "planted"
+link = "https://example.invalid/1"
+expires = {expires}
+"""
+
+
+def test_known_issues_load_and_apply(tmp_path):
+    path = tmp_path / "known-issues.toml"
+    path.write_text(ISSUE.format(expires=date.today() + timedelta(days=30)))
+    (issue,) = load_known_issues(path)
+    versions = installed_versions({"torch"})
+    assert issue.applies("rmsnorm_h4096", "torch", versions, None)
+    assert not issue.applies("rmsnorm_h4096", "flashinfer", versions, None)
+    assert not issue.applies("gemm_n4096_k4096", "torch", versions, None)
+    assert not issue.applies("rmsnorm_h4096", "torch", {"torch": None}, None)  # not installed: no match
+    assert not issue.expired() and issue.expired(date.today() + timedelta(days=31))
+    assert load_known_issues(tmp_path / "none.toml") == []
+    shipped = load_known_issues(ROOT / "constraints" / "known-issues.toml")
+    assert shipped and all(not i.expired() for i in shipped), "a shipped known issue has expired"
+
+
+@pytest.mark.parametrize("text,field", [
+    ('[[issue]]\nid = "a"\n', "definitions"),
+    (ISSUE.format(expires='"soon"'), "expires"),
+    (ISSUE.format(expires="2030-01-01").replace('">=2"', '"two"'), "packages.torch"),
+    (ISSUE.format(expires="2030-01-01").replace('id = "k1"', 'id = "k1"\ncolour = 1'), "unknown field"),
+    (ISSUE.format(expires="2030-01-01") * 2, "used twice"),
+])
+def test_known_issue_errors_name_the_field(tmp_path, text, field):
+    path = tmp_path / "known-issues.toml"
+    path.write_text(text)
+    with pytest.raises(KnownIssueError, match=field):
+        load_known_issues(path)
+
+
+PLANTED = '''
+import pytest
+
+@pytest.mark.parametrize("definition,source", [("rmsnorm_h4096", "torch"), ("rmsnorm_h8", "torch"),
+                                               ("gemm_n4096_k4096", "torch")])
+def test_case(definition, source):
+    assert definition != "rmsnorm_h4096"
+'''
+
+
+def _run_planted(tmp_path, expires):
+    (tmp_path / "conftest.py").write_text("from flashinfer_trace.pytest_plugin import *  # noqa\n")
+    (tmp_path / "test_planted.py").write_text(PLANTED)
+    issues = tmp_path / "known-issues.toml"
+    issues.write_text(ISSUE.format(expires=expires))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--device=cpu",
+                           f"--known-issues={issues}", str(tmp_path / "test_planted.py"), "-rxX"],
+                          cwd=tmp_path, capture_output=True, text=True)
+
+
+def test_known_issues_are_strict_xfail_and_an_expired_one_stops_the_run(tmp_path):
+    out = _run_planted(tmp_path, date.today() + timedelta(days=30))
+    # rmsnorm_h4096 fails as known (xfail); rmsnorm_h8 matches the glob but passes: a strict XPASS fails
+    assert "1 failed" in out.stdout and "1 passed" in out.stdout and "1 xfailed" in out.stdout, out.stdout
+    assert "XPASS(strict)" in out.stdout and "known issue k1" in out.stdout
+    expired = _run_planted(tmp_path, date.today() - timedelta(days=1))
+    assert expired.returncode == 4 and "expired known issue" in (expired.stdout + expired.stderr)
+
+
+def _ci_plan():
+    spec = importlib.util.spec_from_file_location("ci_plan", ROOT / "scripts" / "ci_plan.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ci_plan_splits_gpu_and_cpu_jobs():
+    listed = [{"name": "references-cpu-torch2.13", "tags": ["references", "cpu", "combo:cpu-torch2.13", "nightly"]},
+              {"name": "references-x-sm90", "tags": ["references", "cuda13", "combo:x", "sm90", "nightly"]},
+              {"name": "references-old", "tags": ["references", "cuda12", "combo:old", "uninstallable", "nightly"]}]
+    plan = _ci_plan().plan(listed)
+    assert plan["gpu"] == [{"session": "references-x-sm90", "combination": "x", "cuda": "cuda13", "arch": "sm90"}]
+    assert [e["session"] for e in plan["cpu"]] == ["references-cpu-torch2.13", "references-old"]
