@@ -437,82 +437,17 @@ def _workspace(torch: Any, device: Any) -> Any:
     return torch.empty(fgt.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
-# Each preparer mirrors its adapter in groundtruth/flashinfer.py (same constructor keywords, same
-# plan() call, same run() keywords) but does the plan() once and returns a closure around run().
-# The adapters' post-processing of outputs (the empty-request lse sentinel) is not a kernel and is
-# left out.
-def _prep_fi_gqa_decode(call: Call):
-    import torch
+# The FlashInfer attention adapters expose their plan step (groundtruth/flashinfer.py plan_*): it is
+# called once here, on a workspace of its own, and only the run() it returns is timed. The adapters'
+# post-processing of outputs (the empty-request lse sentinel) is not a kernel and is left out.
+def _planned(plan_step: Callable[..., Callable[[], Any]]):
+    def prep(call: Call):
+        import torch
 
-    from .groundtruth import flashinfer as fgt
+        device = next(v.device for v in call.inputs.values.values() if isinstance(v, torch.Tensor))
+        return plan_step(call, _workspace(torch, device)), None, "wrapper and plan() once, run() timed"
 
-    fi, x = call.module, call.inputs.values
-    q, kc, vc = x["q"], x["k_cache"], x["v_cache"]
-    page, indptr, indices, last = fgt._kv_layout(call)
-    cls = fi.decode.BatchDecodeWithPagedKVCacheWrapper
-    w = cls(_workspace(torch, q.device), "NHD", **fgt._fa2(cls))
-    w.plan(indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
-           q_data_type=q.dtype, kv_data_type=kc.dtype, sm_scale=float(x["sm_scale"]))
-    extra = fgt._lse_base2(w.run)
-    return (lambda: w.run(q, (kc, vc), return_lse=True, **extra)), None, "plan() once, run() timed"
-
-
-def _prep_fi_gqa_prefill_paged(call: Call):
-    import torch
-
-    from .groundtruth import flashinfer as fgt
-    from .groundtruth import semantics as sem
-
-    fi, x = call.module, call.inputs.values
-    q, kc, vc = x["q"], x["k_cache"], x["v_cache"]
-    page, indptr, indices, last = fgt._kv_layout(call)
-    cls = fi.prefill.BatchPrefillWithPagedKVCacheWrapper
-    w = cls(_workspace(torch, q.device), "NHD", **fgt._fa2(cls))
-    w.plan(x["qo_indptr"].to(torch.int32), indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
-           causal=sem.is_causal(call.definition), sm_scale=float(x["sm_scale"]),
-           q_data_type=q.dtype, kv_data_type=kc.dtype)
-    extra = fgt._lse_base2(w.run)
-    return (lambda: w.run(q, (kc, vc), return_lse=True, **extra)), None, "plan() once, run() timed"
-
-
-def _prep_fi_gqa_prefill_ragged(call: Call):
-    import torch
-
-    from .groundtruth import flashinfer as fgt
-    from .groundtruth import semantics as sem
-
-    fi, x = call.module, call.inputs.values
-    q, k, v = x["q"], x["k"], x["v"]
-    cls = fi.prefill.BatchPrefillWithRaggedKVCacheWrapper
-    w = cls(_workspace(torch, q.device), "NHD", **fgt._fa2(cls))
-    w.plan(x["qo_indptr"].to(torch.int32), x["kv_indptr"].to(torch.int32), q.shape[1], k.shape[1], q.shape[2],
-           causal=sem.is_causal(call.definition), sm_scale=float(x["sm_scale"]),
-           q_data_type=q.dtype, kv_data_type=k.dtype)
-    extra = fgt._lse_base2(w.run)
-    return (lambda: w.run(q, k, v, return_lse=True, **extra)), None, "plan() once, run() timed"
-
-
-def _prep_fi_mla(call: Call):
-    import torch
-
-    from .groundtruth import flashinfer as fgt
-    from .groundtruth import semantics as sem
-
-    fi, x = call.module, call.inputs.values
-    q_nope, q_pe, ckv, kpe = x["q_nope"], x["q_pe"], x["ckv_cache"], x["kpe_cache"]
-    page, indptr, indices, last = fgt._kv_layout(call)
-    pages = (indptr[1:] - indptr[:-1]).to(torch.int32)
-    kv_len = torch.where(pages > 0, (pages - 1) * page + last, 0).to(torch.int32)
-    if "qo_indptr" in x:
-        qo_indptr = x["qo_indptr"].to(torch.int32)
-    else:
-        qo_indptr = torch.arange(indptr.numel(), dtype=torch.int32, device=q_nope.device)
-    cls = fi.mla.BatchMLAPagedAttentionWrapper
-    w = cls(_workspace(torch, q_nope.device), **fgt._fa2(cls))
-    w.plan(qo_indptr, indptr, indices, kv_len, q_nope.shape[1], ckv.shape[-1], kpe.shape[-1], page,
-           sem.is_causal(call.definition), float(x["sm_scale"]), q_nope.dtype, ckv.dtype)
-    extra = fgt._lse_base2(w.run)
-    return (lambda: w.run(q_nope, q_pe, ckv, kpe, return_lse=True, **extra)), None, "plan() once, run() timed"
+    return prep
 
 
 def _prep_fused_add_rmsnorm(kernel: Callable[[Any], Callable]):
@@ -596,18 +531,6 @@ def _prep_sgl_rope(call: Call):
             "in place: setup restores query/key (not timed)")
 
 
-def _prep_fi_segment_gemm(call: Call):
-    """SegmentGEMMWrapper with one segment (C = A @ B^T): wrapper and seg_lens made once, run() timed."""
-    import torch
-
-    fi, x = call.module, call.inputs.values
-    a, b = x["A"], x["B"]
-    w = fi.gemm.SegmentGEMMWrapper(_workspace(torch, a.device))
-    seg_lens = torch.tensor([a.shape[0]], dtype=torch.int64, device=a.device)
-    weights = b[None]
-    return (lambda: w.run(a, weights, 1, True, seg_lens=seg_lens)), None, "wrapper and seg_lens made once, run() timed"
-
-
 def _prep_direct(adapter_fn: Callable):
     """Adapters whose whole body is the kernel call (mm_bf16: a transposed view and the call)."""
 
@@ -624,11 +547,11 @@ def _preparers() -> dict[Callable, Preparer]:
     direct = {a.fn: _prep_direct(a.fn) for a in fgt.ADAPTERS if a.api.startswith("flashinfer.mm_bf16")}
     return {
         **direct,
-        fgt.segment_gemm: _prep_fi_segment_gemm,
-        fgt.gqa_decode: _prep_fi_gqa_decode,
-        fgt.gqa_prefill_paged: _prep_fi_gqa_prefill_paged,
-        fgt.gqa_prefill_ragged: _prep_fi_gqa_prefill_ragged,
-        fgt.mla: _prep_fi_mla,
+        fgt.segment_gemm: _planned(fgt.plan_segment_gemm),
+        fgt.gqa_decode: _planned(fgt.plan_gqa_decode),
+        fgt.gqa_prefill_paged: _planned(fgt.plan_gqa_prefill_paged),
+        fgt.gqa_prefill_ragged: _planned(fgt.plan_gqa_prefill_ragged),
+        fgt.mla: _planned(fgt.plan_mla),
         fgt.fused_add_rmsnorm: _prep_fused_add_rmsnorm(lambda m: m.norm.fused_add_rmsnorm),
         fgt.rmsnorm: _prep_rmsnorm(lambda m: m.norm.rmsnorm),
         fgt.silu_and_mul: _prep_fi_silu_and_mul,

@@ -46,6 +46,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="known-issues TOML (default: $FLASHINFER_TRACE_KNOWN_ISSUES or constraints/known-issues.toml)")
 
 
+INPUT_CACHE = 2  # generated cases kept: consecutive tests of one case share one generation
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
@@ -72,14 +75,20 @@ CASE_PARAMS = ("definition", "name", "source", "size", "seed", "case")
 
 
 @pytest.fixture(autouse=True)
-def record_case(request: pytest.FixtureRequest, record_property) -> None:
+def record_case(request: pytest.FixtureRequest, record_property):
     """Every test says which case it is (definition, source, size, seed, edge case), so results
-    and the matrix never have to parse test ids."""
+    and the matrix never have to parse test ids; and shares generated inputs with its neighbours
+    (the input cache is on only while a reference test runs)."""
+    from .inputs import set_cache
+
     params = getattr(getattr(request.node, "callspec", None), "params", {})
     for key in CASE_PARAMS:
         if key in params:
             record_property("definition" if key == "name" else key, params[key])
     record_property("check", request.node.originalname)
+    set_cache(INPUT_CACHE)
+    yield
+    set_cache(0)
 
 
 def _known_issues_file(config: pytest.Config):
@@ -90,11 +99,27 @@ def _known_issues_file(config: pytest.Config):
     return Path(given) if given else Path(config.rootpath) / "constraints" / "known-issues.toml"
 
 
+SIZE_ORDER = {"small": 0, "medium": 1, "large": 2}
+
+
+def _case_key(item: pytest.Item) -> tuple:
+    """(module, definition, size, seed, case): a definition's tests run together, case by case, so
+    the input cache serves them all from one generation."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    name = params.get("definition") or params.get("name")
+    if not isinstance(name, str) or "record_case" not in getattr(item, "fixturenames", ()):
+        return (str(getattr(item, "path", "")), "", 3, 0, "")  # not a reference test: order kept
+    seed = params.get("seed", 0)
+    return (str(getattr(item, "path", "")), name, SIZE_ORDER.get(params.get("size", "small"), 3),
+            seed if isinstance(seed, int) else 0, str(params.get("case") or ""))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Known issues become strict xfail markers (run=false ones are not run at all); an expired
-    entry stops the run: it has to be re-checked."""
+    """Tests ordered case by case (stable otherwise); known issues become strict xfail markers
+    (run=false ones are not run at all); an expired entry stops the run: it has to be re-checked."""
     from .matrix.known_issues import installed_versions, load_known_issues
 
+    items.sort(key=_case_key)
     issues = load_known_issues(_known_issues_file(config))
     if not issues:
         return

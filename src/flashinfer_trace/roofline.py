@@ -18,7 +18,7 @@ The byte count is the least traffic a kernel needs (MIN bytes, the usual rooflin
   the spare pages the generator allocates count not at all;
 * and MoE expert weights (gemm1_weights, gemm2_weights and their `_scale`s): only the local
   experts that receive at least one token under the definition's DeepSeek-V3 routing
-  (`groundtruth.torch_ref.deepseek_routing` with `groundtruth.semantics.moe_routing`) are read.
+  (`groundtruth.torch_ref.route`, by the routing `groundtruth.semantics.moe_routing` names) are read.
 
 FLOPs (multiply and add count as two), per op_type:
 
@@ -163,19 +163,18 @@ def _moe_active_experts(definition: Definition, values: Mapping[str, Any], num_l
     """(local experts with >= 1 token, routed (token, local expert) pairs, how it was decided)."""
     from .groundtruth import semantics as sem
     from .groundtruth.base import GroundTruthUnavailable
-    from .groundtruth.torch_ref import deepseek_routing
+    from .groundtruth.torch_ref import route
 
     try:
-        top_k, n_group, topk_group = sem.moe_routing(definition)
-    except GroundTruthUnavailable as e:
+        r = sem.moe_routing(definition)
+        ids, _ = route(definition, dict(values))
+    except (GroundTruthUnavailable, KeyError) as e:
         return num_local, 0, f"routing unknown ({e}): every local expert counted, no routed pairs"
-    scaling = float(values.get("routed_scaling_factor", 1.0))
-    ids, _ = deepseek_routing(values["routing_logits"], values["routing_bias"], top_k, n_group, topk_group,
-                              scaling)
     offset = int(values.get("local_expert_offset", 0))
     flat = [e - offset for e in _ints(ids.flatten()) if offset <= e < offset + num_local]
-    return len(set(flat)), len(flat), (f"DeepSeek-V3 routing top_k={top_k} n_group={n_group} "
-                                       f"topk_group={topk_group}, local experts [{offset}, {offset + num_local})")
+    how = f"{r.kind} routing top_k={r.top_k}" + (f" n_group={r.n_group} topk_group={r.topk_group}"
+                                                 if r.kind == "deepseek" else "")
+    return len(set(flat)), len(flat), f"{how}, local experts [{offset}, {offset + num_local})"
 
 
 # -- bytes --------------------------------------------------------------------------------------------

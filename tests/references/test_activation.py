@@ -20,6 +20,9 @@ from flashinfer_trace.testing import (
 
 DEFINITIONS = [
     "silu_and_mul_i14336",
+    "silu_and_mul_i2304",
+    "silu_and_mul_i256",
+    "silu_and_mul_i3584",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer]),
@@ -29,6 +32,12 @@ GROUND_TRUTHS = [
 EDGE_CASES = [
     ("silu_and_mul_i14336", "single_token"),
     ("silu_and_mul_i14336", "large_values"),
+    ("silu_and_mul_i2304", "single_token"),
+    ("silu_and_mul_i2304", "large_values"),
+    ("silu_and_mul_i256", "single_token"),
+    ("silu_and_mul_i256", "large_values"),
+    ("silu_and_mul_i3584", "single_token"),
+    ("silu_and_mul_i3584", "large_values"),
 ]
 
 

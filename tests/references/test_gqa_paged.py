@@ -19,8 +19,14 @@ from flashinfer_trace.testing import (
 )
 
 DEFINITIONS = [
+    "gqa_paged_decode_h32_kv4_d128_ps1",
     "gqa_paged_decode_h32_kv8_d128_ps1",
+    "gqa_paged_decode_h4_kv1_d128_ps1",
+    "gqa_paged_decode_h8_kv1_d128_ps1",
+    "gqa_paged_prefill_causal_h32_kv4_d128_ps1",
     "gqa_paged_prefill_causal_h32_kv8_d128_ps1",
+    "gqa_paged_prefill_causal_h4_kv1_d128_ps1",
+    "gqa_paged_prefill_causal_h8_kv1_d128_ps1",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer]),
@@ -28,14 +34,38 @@ GROUND_TRUTHS = [
     "torch",
 ]
 EDGE_CASES = [
+    ("gqa_paged_decode_h32_kv4_d128_ps1", "single_token"),
+    ("gqa_paged_decode_h32_kv4_d128_ps1", "batch1"),
+    ("gqa_paged_decode_h32_kv4_d128_ps1", "uneven"),
+    ("gqa_paged_decode_h32_kv4_d128_ps1", "empty"),
     ("gqa_paged_decode_h32_kv8_d128_ps1", "single_token"),
     ("gqa_paged_decode_h32_kv8_d128_ps1", "batch1"),
     ("gqa_paged_decode_h32_kv8_d128_ps1", "uneven"),
     ("gqa_paged_decode_h32_kv8_d128_ps1", "empty"),
+    ("gqa_paged_decode_h4_kv1_d128_ps1", "single_token"),
+    ("gqa_paged_decode_h4_kv1_d128_ps1", "batch1"),
+    ("gqa_paged_decode_h4_kv1_d128_ps1", "uneven"),
+    ("gqa_paged_decode_h4_kv1_d128_ps1", "empty"),
+    ("gqa_paged_decode_h8_kv1_d128_ps1", "single_token"),
+    ("gqa_paged_decode_h8_kv1_d128_ps1", "batch1"),
+    ("gqa_paged_decode_h8_kv1_d128_ps1", "uneven"),
+    ("gqa_paged_decode_h8_kv1_d128_ps1", "empty"),
+    ("gqa_paged_prefill_causal_h32_kv4_d128_ps1", "single_token"),
+    ("gqa_paged_prefill_causal_h32_kv4_d128_ps1", "batch1"),
+    ("gqa_paged_prefill_causal_h32_kv4_d128_ps1", "uneven"),
+    ("gqa_paged_prefill_causal_h32_kv4_d128_ps1", "empty"),
     ("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "single_token"),
     ("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "batch1"),
     ("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "uneven"),
     ("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "empty"),
+    ("gqa_paged_prefill_causal_h4_kv1_d128_ps1", "single_token"),
+    ("gqa_paged_prefill_causal_h4_kv1_d128_ps1", "batch1"),
+    ("gqa_paged_prefill_causal_h4_kv1_d128_ps1", "uneven"),
+    ("gqa_paged_prefill_causal_h4_kv1_d128_ps1", "empty"),
+    ("gqa_paged_prefill_causal_h8_kv1_d128_ps1", "single_token"),
+    ("gqa_paged_prefill_causal_h8_kv1_d128_ps1", "batch1"),
+    ("gqa_paged_prefill_causal_h8_kv1_d128_ps1", "uneven"),
+    ("gqa_paged_prefill_causal_h8_kv1_d128_ps1", "empty"),
 ]
 
 

@@ -19,7 +19,10 @@ from flashinfer_trace.testing import (
 )
 
 DEFINITIONS = [
+    "gqa_ragged_prefill_causal_h32_kv4_d128",
     "gqa_ragged_prefill_causal_h32_kv8_d128",
+    "gqa_ragged_prefill_causal_h4_kv1_d128",
+    "gqa_ragged_prefill_causal_h8_kv1_d128",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer]),
@@ -27,10 +30,22 @@ GROUND_TRUTHS = [
     "torch",
 ]
 EDGE_CASES = [
+    ("gqa_ragged_prefill_causal_h32_kv4_d128", "single_token"),
+    ("gqa_ragged_prefill_causal_h32_kv4_d128", "batch1"),
+    ("gqa_ragged_prefill_causal_h32_kv4_d128", "uneven"),
+    ("gqa_ragged_prefill_causal_h32_kv4_d128", "empty"),
     ("gqa_ragged_prefill_causal_h32_kv8_d128", "single_token"),
     ("gqa_ragged_prefill_causal_h32_kv8_d128", "batch1"),
     ("gqa_ragged_prefill_causal_h32_kv8_d128", "uneven"),
     ("gqa_ragged_prefill_causal_h32_kv8_d128", "empty"),
+    ("gqa_ragged_prefill_causal_h4_kv1_d128", "single_token"),
+    ("gqa_ragged_prefill_causal_h4_kv1_d128", "batch1"),
+    ("gqa_ragged_prefill_causal_h4_kv1_d128", "uneven"),
+    ("gqa_ragged_prefill_causal_h4_kv1_d128", "empty"),
+    ("gqa_ragged_prefill_causal_h8_kv1_d128", "single_token"),
+    ("gqa_ragged_prefill_causal_h8_kv1_d128", "batch1"),
+    ("gqa_ragged_prefill_causal_h8_kv1_d128", "uneven"),
+    ("gqa_ragged_prefill_causal_h8_kv1_d128", "empty"),
 ]
 
 

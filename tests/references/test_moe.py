@@ -19,7 +19,9 @@ from flashinfer_trace.testing import (
 )
 
 DEFINITIONS = [
+    "moe_bf16_renorm_topk2_e8_h4096_i1792",
     "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048",
+    "moe_fp8_block_scale_renorm_topk8_e128_h2048_i768",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer, pytest.mark.sm100, pytest.mark.sm90]),
@@ -27,8 +29,10 @@ GROUND_TRUTHS = [
     "torch",
 ]
 EDGE_CASES = [
+    ("moe_bf16_renorm_topk2_e8_h4096_i1792", "single_token"),
     ("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "single_token"),
     ("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "no_local_tokens"),
+    ("moe_fp8_block_scale_renorm_topk8_e128_h2048_i768", "single_token"),
 ]
 
 

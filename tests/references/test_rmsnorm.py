@@ -19,8 +19,17 @@ from flashinfer_trace.testing import (
 )
 
 DEFINITIONS = [
+    "fused_add_rmsnorm_h2048",
     "fused_add_rmsnorm_h4096",
+    "fused_add_rmsnorm_h7168",
+    "fused_add_rmsnorm_h8192",
+    "rmsnorm_h128",
+    "rmsnorm_h1536",
+    "rmsnorm_h2048",
     "rmsnorm_h4096",
+    "rmsnorm_h512",
+    "rmsnorm_h7168",
+    "rmsnorm_h8192",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer]),
@@ -28,10 +37,28 @@ GROUND_TRUTHS = [
     "torch",
 ]
 EDGE_CASES = [
+    ("fused_add_rmsnorm_h2048", "single_token"),
+    ("fused_add_rmsnorm_h2048", "large_values"),
     ("fused_add_rmsnorm_h4096", "single_token"),
     ("fused_add_rmsnorm_h4096", "large_values"),
+    ("fused_add_rmsnorm_h7168", "single_token"),
+    ("fused_add_rmsnorm_h7168", "large_values"),
+    ("fused_add_rmsnorm_h8192", "single_token"),
+    ("fused_add_rmsnorm_h8192", "large_values"),
+    ("rmsnorm_h128", "single_token"),
+    ("rmsnorm_h128", "large_values"),
+    ("rmsnorm_h1536", "single_token"),
+    ("rmsnorm_h1536", "large_values"),
+    ("rmsnorm_h2048", "single_token"),
+    ("rmsnorm_h2048", "large_values"),
     ("rmsnorm_h4096", "single_token"),
     ("rmsnorm_h4096", "large_values"),
+    ("rmsnorm_h512", "single_token"),
+    ("rmsnorm_h512", "large_values"),
+    ("rmsnorm_h7168", "single_token"),
+    ("rmsnorm_h7168", "large_values"),
+    ("rmsnorm_h8192", "single_token"),
+    ("rmsnorm_h8192", "large_values"),
 ]
 
 

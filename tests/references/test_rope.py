@@ -19,7 +19,11 @@ from flashinfer_trace.testing import (
 )
 
 DEFINITIONS = [
+    "rope_with_cos_sin_cache_gptj_style_h16_kv1_d64_rd64",
+    "rope_with_cos_sin_cache_neox_style_h32_kv4_d128_rd128",
     "rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128",
+    "rope_with_cos_sin_cache_neox_style_h4_kv1_d128_rd128",
+    "rope_with_cos_sin_cache_neox_style_h8_kv1_d128_rd128",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer]),
@@ -27,8 +31,16 @@ GROUND_TRUTHS = [
     "torch",
 ]
 EDGE_CASES = [
+    ("rope_with_cos_sin_cache_gptj_style_h16_kv1_d64_rd64", "single_token"),
+    ("rope_with_cos_sin_cache_gptj_style_h16_kv1_d64_rd64", "large_values"),
+    ("rope_with_cos_sin_cache_neox_style_h32_kv4_d128_rd128", "single_token"),
+    ("rope_with_cos_sin_cache_neox_style_h32_kv4_d128_rd128", "large_values"),
     ("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "single_token"),
     ("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "large_values"),
+    ("rope_with_cos_sin_cache_neox_style_h4_kv1_d128_rd128", "single_token"),
+    ("rope_with_cos_sin_cache_neox_style_h4_kv1_d128_rd128", "large_values"),
+    ("rope_with_cos_sin_cache_neox_style_h8_kv1_d128_rd128", "single_token"),
+    ("rope_with_cos_sin_cache_neox_style_h8_kv1_d128_rd128", "large_values"),
 ]
 
 

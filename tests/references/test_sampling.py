@@ -20,8 +20,17 @@ from flashinfer_trace.testing import (
 
 DEFINITIONS = [
     "top_k_sampling_from_probs_v128256",
+    "top_k_sampling_from_probs_v129280",
+    "top_k_sampling_from_probs_v151936",
+    "top_k_sampling_from_probs_v32000",
     "top_k_top_p_sampling_from_probs_v128256",
+    "top_k_top_p_sampling_from_probs_v129280",
+    "top_k_top_p_sampling_from_probs_v151936",
+    "top_k_top_p_sampling_from_probs_v32000",
     "top_p_sampling_from_probs_v128256",
+    "top_p_sampling_from_probs_v129280",
+    "top_p_sampling_from_probs_v151936",
+    "top_p_sampling_from_probs_v32000",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer]),
@@ -30,9 +39,21 @@ GROUND_TRUTHS = [
 ]
 EDGE_CASES = [
     ("top_k_sampling_from_probs_v128256", "top_k_1"),
+    ("top_k_sampling_from_probs_v129280", "top_k_1"),
+    ("top_k_sampling_from_probs_v151936", "top_k_1"),
+    ("top_k_sampling_from_probs_v32000", "top_k_1"),
     ("top_k_top_p_sampling_from_probs_v128256", "top_k_1"),
     ("top_k_top_p_sampling_from_probs_v128256", "top_p_small"),
+    ("top_k_top_p_sampling_from_probs_v129280", "top_k_1"),
+    ("top_k_top_p_sampling_from_probs_v129280", "top_p_small"),
+    ("top_k_top_p_sampling_from_probs_v151936", "top_k_1"),
+    ("top_k_top_p_sampling_from_probs_v151936", "top_p_small"),
+    ("top_k_top_p_sampling_from_probs_v32000", "top_k_1"),
+    ("top_k_top_p_sampling_from_probs_v32000", "top_p_small"),
     ("top_p_sampling_from_probs_v128256", "top_p_small"),
+    ("top_p_sampling_from_probs_v129280", "top_p_small"),
+    ("top_p_sampling_from_probs_v151936", "top_p_small"),
+    ("top_p_sampling_from_probs_v32000", "top_p_small"),
 ]
 
 

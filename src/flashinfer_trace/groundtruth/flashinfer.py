@@ -129,45 +129,67 @@ def _lse_base2(run_fn) -> dict[str, Any]:
     return keywords(run_fn, lse_base="log2", return_lse_base_on_e=False)
 
 
-def gqa_decode(call: Call) -> tuple:
+# Each attention adapter is a plan step (the wrapper, its plan(): what a benchmark keeps outside
+# the timed region; `buffer` is the workspace the plan lives in) and a call of its run().
+def plan_gqa_decode(call: Call, buffer: torch.Tensor | None = None):
     fi, x = call.module, call.inputs.values
     q, kc, vc = x["q"], x["k_cache"], x["v_cache"]
     page, indptr, indices, last = _kv_layout(call)
     cls = fi.decode.BatchDecodeWithPagedKVCacheWrapper
-    w = cls(workspace(q.device), "NHD", **_fa2(cls))
+    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
     w.plan(indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
            q_data_type=q.dtype, kv_data_type=kc.dtype, sm_scale=float(x["sm_scale"]))
-    out, lse = w.run(q, (kc, vc), return_lse=True, **_lse_base2(w.run))
-    return out, _empty_requests_lse(lse, indptr)
+    extra = _lse_base2(w.run)
+    return lambda: w.run(q, (kc, vc), return_lse=True, **extra)
 
 
-def gqa_prefill_paged(call: Call) -> tuple:
+def gqa_decode(call: Call) -> tuple:
+    out, lse = plan_gqa_decode(call)()
+    return out, _empty_requests_lse(lse, call.inputs.values["kv_indptr"])
+
+
+def plan_gqa_prefill_paged(call: Call, buffer: torch.Tensor | None = None):
     fi, x = call.module, call.inputs.values
     q, kc, vc = x["q"], x["k_cache"], x["v_cache"]
     page, indptr, indices, last = _kv_layout(call)
     cls = fi.prefill.BatchPrefillWithPagedKVCacheWrapper
-    w = cls(workspace(q.device), "NHD", **_fa2(cls))
+    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
     # head_dim is passed positionally: its keyword was renamed head_dim_qk in 0.2.1
     w.plan(x["qo_indptr"].to(torch.int32), indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
            causal=sem.is_causal(call.definition), sm_scale=float(x["sm_scale"]),
            q_data_type=q.dtype, kv_data_type=kc.dtype)
-    out, lse = w.run(q, (kc, vc), return_lse=True, **_lse_base2(w.run))
-    return out, lse
+    extra = _lse_base2(w.run)
+    return lambda: w.run(q, (kc, vc), return_lse=True, **extra)
 
 
-def gqa_prefill_ragged(call: Call) -> tuple:
+def gqa_prefill_paged(call: Call) -> tuple:
+    return tuple(plan_gqa_prefill_paged(call)())
+
+
+def plan_gqa_prefill_ragged(call: Call, buffer: torch.Tensor | None = None):
     fi, x = call.module, call.inputs.values
     q, k, v = x["q"], x["k"], x["v"]
     cls = fi.prefill.BatchPrefillWithRaggedKVCacheWrapper
-    w = cls(workspace(q.device), "NHD", **_fa2(cls))
+    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
     w.plan(x["qo_indptr"].to(torch.int32), x["kv_indptr"].to(torch.int32), q.shape[1], k.shape[1], q.shape[2],
            causal=sem.is_causal(call.definition), sm_scale=float(x["sm_scale"]),
            q_data_type=q.dtype, kv_data_type=k.dtype)
-    out, lse = w.run(q, k, v, return_lse=True, **_lse_base2(w.run))
-    return out, lse
+    extra = _lse_base2(w.run)
+    return lambda: w.run(q, k, v, return_lse=True, **extra)
 
 
-def mla(call: Call) -> tuple:
+def gqa_prefill_ragged(call: Call) -> tuple:
+    return tuple(plan_gqa_prefill_ragged(call)())
+
+
+def _mla_qo_indptr(call: Call, kv_indptr: torch.Tensor) -> torch.Tensor:
+    x = call.inputs.values
+    if "qo_indptr" in x:
+        return x["qo_indptr"].to(torch.int32)
+    return torch.arange(kv_indptr.numel(), dtype=torch.int32, device=kv_indptr.device)  # decode: one query each
+
+
+def plan_mla(call: Call, buffer: torch.Tensor | None = None):
     """BatchMLAPagedAttentionWrapper's flat plan: every argument is a required positional from 0.2.1
     to 0.6.x, and 0.7.x still takes that form (deprecated, legacy path)."""
     fi, x = call.module, call.inputs.values
@@ -175,15 +197,18 @@ def mla(call: Call) -> tuple:
     page, indptr, indices, last = _kv_layout(call)
     pages = (indptr[1:] - indptr[:-1]).to(torch.int32)
     kv_len = torch.where(pages > 0, (pages - 1) * page + last, 0).to(torch.int32)
-    if "qo_indptr" in x:
-        qo_indptr = x["qo_indptr"].to(torch.int32)
-    else:
-        qo_indptr = torch.arange(indptr.numel(), dtype=torch.int32, device=q_nope.device)
     cls = fi.mla.BatchMLAPagedAttentionWrapper
-    w = cls(workspace(q_nope.device), **_fa2(cls))
-    w.plan(qo_indptr, indptr, indices, kv_len, q_nope.shape[1], ckv.shape[-1], kpe.shape[-1], page,
-           sem.is_causal(call.definition), float(x["sm_scale"]), q_nope.dtype, ckv.dtype)
-    out, lse = w.run(q_nope, q_pe, ckv, kpe, return_lse=True, **_lse_base2(w.run))
+    w = cls(workspace(q_nope.device) if buffer is None else buffer, **_fa2(cls))
+    w.plan(_mla_qo_indptr(call, indptr), indptr, indices, kv_len, q_nope.shape[1], ckv.shape[-1], kpe.shape[-1],
+           page, sem.is_causal(call.definition), float(x["sm_scale"]), q_nope.dtype, ckv.dtype)
+    extra = _lse_base2(w.run)
+    return lambda: w.run(q_nope, q_pe, ckv, kpe, return_lse=True, **extra)
+
+
+def mla(call: Call) -> tuple:
+    out, lse = plan_mla(call)()
+    indptr = call.inputs.values["kv_indptr"].to(torch.int32)
+    qo_indptr = _mla_qo_indptr(call, indptr)
     return out, _empty_requests_lse(lse, indptr, qo_indptr[1:] - qo_indptr[:-1])
 
 
@@ -227,24 +252,29 @@ def sampling(call: Call) -> tuple:
 
 
 # -- moe --------------------------------------------------------------------------------------------
+# trtllm-gen's routing method numbers (flashinfer RoutingMethodType): Renormalize 1, DeepSeekV3 2
+TRTLLM_ROUTING = {"renormalize": 1, "deepseek": 2}
+
+
 def trtllm_moe(call: Call) -> tuple:
     """trtllm-gen fp8 block-scale MoE (sm100/sm103): takes the definition's tensors as they are,
-    routing included (DeepSeek-V3 routing method); GEMM1 rows [up; gate] like the definition."""
+    routing included (its DeepSeekV3 or Renormalize method); GEMM1 rows [up; gate] like the definition."""
     fi, d, x = call.module, call.definition, call.inputs.values
-    top_k, n_group, topk_group = sem.moe_routing(d)
+    r = sem.moe_routing(d)
     fn = fi.fused_moe.trtllm_fp8_block_scale_moe
     w1 = x["gemm1_weights"]
     local, inter = w1.shape[0], x["gemm2_weights"].shape[-1]
+    bias = x.get("routing_bias")
     kwargs = dict(routing_logits=x["routing_logits"].to(torch.float32),
-                  routing_bias=x["routing_bias"].to(torch.bfloat16),
+                  routing_bias=None if bias is None else bias.to(torch.bfloat16),
                   hidden_states=x["hidden_states"], hidden_states_scale=x["hidden_states_scale"],
                   gemm1_weights=w1, gemm1_weights_scale=x["gemm1_weights_scale"],
                   gemm2_weights=x["gemm2_weights"], gemm2_weights_scale=x["gemm2_weights_scale"],
-                  num_experts=x["routing_logits"].shape[1], top_k=top_k, n_group=n_group,
-                  topk_group=topk_group, intermediate_size=inter,
+                  num_experts=x["routing_logits"].shape[1], top_k=r.top_k, n_group=r.n_group,
+                  topk_group=r.topk_group, intermediate_size=inter,
                   local_expert_offset=int(x["local_expert_offset"]), local_num_experts=local,
-                  routed_scaling_factor=float(x["routed_scaling_factor"]),
-                  routing_method_type=2)  # DeepSeekV3
+                  routed_scaling_factor=float(x["routed_scaling_factor"]) if "routed_scaling_factor" in x else None,
+                  routing_method_type=TRTLLM_ROUTING[r.kind])
     kwargs.update(keywords(fn, use_shuffled_weight=False, tile_tokens_dim=None))
     out = fn(**{k: v for k, v in kwargs.items() if accepts(fn, k)})
     return ((out[0] if isinstance(out, (list, tuple)) else out).to(torch.bfloat16),)
@@ -256,18 +286,14 @@ def cutlass_moe(call: Call) -> tuple:
     It takes bf16 activations and quantizes them 1x128 itself, fp8 weights with one float32 scale
     per 128x128 tile ([fc1, fc2], the definition's layouts), fc1 rows [w3 (up); w1 (gate)] (the
     definition's order) and the routing as global expert ids and weights, which this adapter
-    computes with the torch ground truth's DeepSeek-V3 routing (the kernel has none of its own).
+    computes with the torch ground truth's routing code (the kernel has none of its own).
     """
-    from .torch_ref import deepseek_routing
+    from .torch_ref import dequantized_activations, route
 
     fi, d, x = call.module, call.definition, call.inputs.values
-    top_k, n_group, topk_group = sem.moe_routing(d)
-    block = sem.moe_block(d)
     hs = x["hidden_states"]
-    act = (hs.to(torch.float32) * x["hidden_states_scale"].to(torch.float32).T
-           .repeat_interleave(block, dim=1)[:, :hs.shape[1]]).to(torch.bfloat16)
-    ids, weights = deepseek_routing(x["routing_logits"], x["routing_bias"], top_k, n_group, topk_group,
-                                    float(x["routed_scaling_factor"]))
+    act = dequantized_activations(d, x).to(torch.bfloat16)
+    ids, weights = route(d, x)
     w1, w2 = x["gemm1_weights"], x["gemm2_weights"]
     local = w1.shape[0]
     offset = int(x["local_expert_offset"])
@@ -281,13 +307,18 @@ def cutlass_moe(call: Call) -> tuple:
     return ((result[0] if isinstance(result, (list, tuple)) else result),)
 
 
-def segment_gemm(call: Call) -> tuple:
+def plan_segment_gemm(call: Call, buffer: torch.Tensor | None = None):
     """SegmentGEMMWrapper with one segment is a dense C = A @ B^T (fp16 and bf16, every version)."""
     fi, x = call.module, call.inputs.values
     a, b = x["A"], x["B"]
-    w = fi.gemm.SegmentGEMMWrapper(workspace(a.device))
+    w = fi.gemm.SegmentGEMMWrapper(workspace(a.device) if buffer is None else buffer)
     seg_lens = torch.tensor([a.shape[0]], dtype=torch.int64, device=a.device)
-    return (w.run(a, b[None], 1, True, seg_lens=seg_lens),)
+    weights = b[None]
+    return lambda: w.run(a, weights, 1, True, seg_lens=seg_lens)
+
+
+def segment_gemm(call: Call) -> tuple:
+    return (plan_segment_gemm(call)(),)
 
 
 # -- the adapters -----------------------------------------------------------------------------------
@@ -365,11 +396,10 @@ ADAPTERS = [
             versions=SpecifierSet(">=0.2.3"), requires=("sampling.top_k_top_p_sampling_from_probs",),
             applies=_sampler_applies, needs_cuda=True, kind="sampler"),
     Adapter("flashinfer", "moe", "flashinfer.fused_moe.trtllm_fp8_block_scale_moe", trtllm_moe,
-            package=PACKAGE, requires=("fused_moe.trtllm_fp8_block_scale_moe",),
-            applies=lambda d: sem.missing_inputs(d, sem.MOE_INPUTS), params=(sem.moe_routing,),
-            needs_cuda=True, min_cc=(10, 0), max_cc=(10, 3)),
+            package=PACKAGE, requires=("fused_moe.trtllm_fp8_block_scale_moe",), applies=sem.fp8_moe_applies,
+            params=(sem.moe_routing,), needs_cuda=True, min_cc=(10, 0), max_cc=(10, 3)),
     Adapter("flashinfer", "moe", "flashinfer.fused_moe.cutlass_fused_moe(use_deepseek_fp8_block_scale)",
             cutlass_moe, package=PACKAGE, versions=SpecifierSet(">=0.4"),
-            requires=("fused_moe.cutlass_fused_moe",), applies=lambda d: sem.missing_inputs(d, sem.MOE_INPUTS),
+            requires=("fused_moe.cutlass_fused_moe",), applies=sem.fp8_moe_applies,
             params=(sem.moe_routing,), needs_cuda=True, min_cc=(9, 0), max_cc=(9, 0)),
 ]

@@ -9,6 +9,7 @@ the torch, FlashInfer and SGLang adapters.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -115,20 +116,58 @@ def rope_is_neox(definition: Definition) -> bool:
 
 
 # -- moe --------------------------------------------------------------------------------------------
-MOE_INPUTS = ("routing_logits", "routing_bias", "hidden_states", "hidden_states_scale", "gemm1_weights",
-              "gemm1_weights_scale", "gemm2_weights", "gemm2_weights_scale", "local_expert_offset",
-              "routed_scaling_factor")
+MOE_INPUTS = ("routing_logits", "hidden_states", "gemm1_weights", "gemm2_weights", "local_expert_offset")
 
 
-def moe_routing(definition: Definition):
-    """(top_k, n_group, topk_group) of DeepSeek-V3 style routing, from axes or the name."""
+@dataclass(frozen=True)
+class MoeRouting:
+    kind: str  # "deepseek" (sigmoid + bias, grouped) or "renormalize" (softmax, top-k, renormalised)
+    top_k: int
+    n_group: int | None = None
+    topk_group: int | None = None
+
+
+def moe_routing(definition: Definition) -> MoeRouting:
+    """The routing a MoE definition uses: DeepSeek-V3's when it has a routing_bias input (top_k,
+    n_group, topk_group from axes or the name, `topk8_ng8_kg4`), else renormalize (top_k only)."""
     from ..inputs.moe import routing_params
 
     r = routing_params(definition)
-    if r is None or r.n_group is None or r.topk_group is None:
-        raise GroundTruthUnavailable("unsupported", f"{definition.name}: routing parameters not found "
-                                                    f"(topkN_ngN_kgN in the name or top_k/n_group/topk_group axes)")
-    return r.top_k, r.n_group, r.topk_group
+    if r is None:
+        raise GroundTruthUnavailable("unsupported", f"{definition.name}: top_k not found (topkN in the name or a "
+                                                    f"top_k axis)")
+    if "routing_bias" in definition.inputs:
+        if r.n_group is None or r.topk_group is None:
+            raise GroundTruthUnavailable("unsupported", f"{definition.name}: DeepSeek routing needs n_group and "
+                                                        f"topk_group (ngN_kgN in the name or axes)")
+        return MoeRouting("deepseek", r.top_k, r.n_group, r.topk_group)
+    return MoeRouting("renormalize", r.top_k)
+
+
+def moe_is_fp8(definition: Definition) -> bool:
+    return definition.inputs["gemm1_weights"].dtype.is_low_precision
+
+
+MOE_SCALES = ("hidden_states_scale", "gemm1_weights_scale", "gemm2_weights_scale")
+
+
+def moe_applies(definition: Definition) -> str | None:
+    """Why a MoE definition's tensors cannot be mapped (any ground truth), or None."""
+    missing = missing_inputs(definition, MOE_INPUTS)
+    if missing:
+        return missing
+    if moe_is_fp8(definition) and any(n not in definition.inputs for n in MOE_SCALES):
+        return "fp8 weights need " + ", ".join(MOE_SCALES)
+    return None
+
+
+def fp8_moe_applies(definition: Definition) -> str | None:
+    """For the fp8 block-scale kernels: a bf16 MoE has no kernel adapter here yet (cutlass_fused_moe
+    without quantization has not been run on a GPU in this project, so it is not claimed)."""
+    why = moe_applies(definition)
+    if why:
+        return why
+    return None if moe_is_fp8(definition) else "bf16 experts: only the fp8 block-scale kernels are wired up"
 
 
 def moe_block(definition: Definition) -> int:

@@ -81,17 +81,15 @@ def triton_moe(call: Call) -> tuple:
     """
     import importlib
 
-    from .torch_ref import deepseek_routing
+    from .torch_ref import dequantized_activations, route
 
     d, x = call.definition, call.inputs.values
     topk = importlib.import_module("sglang.srt.layers.moe.topk")
     runner = importlib.import_module("sglang.srt.layers.moe.moe_runner")
-    top_k, n_group, topk_group = sem.moe_routing(d)
     block = sem.moe_block(d)
-    hs = x["hidden_states"]
-    act = (hs.to(torch.float32) * x["hidden_states_scale"].to(torch.float32).T
-           .repeat_interleave(block, dim=1)[:, :hs.shape[1]]).to(torch.bfloat16)
-    ids, weights = deepseek_routing(x["routing_logits"], x["routing_bias"], top_k, n_group, topk_group, 1.0)
+    act = dequantized_activations(d, x).to(torch.bfloat16)
+    scaling = float(x.get("routed_scaling_factor", 1.0))
+    ids, weights = route(d, {**x, "routed_scaling_factor": 1.0})
     w1, s1 = x["gemm1_weights"], x["gemm1_weights_scale"]
     local, offset = w1.shape[0], int(x["local_expert_offset"])
     mine = (ids >= offset) & (ids < offset + local)
@@ -100,8 +98,7 @@ def triton_moe(call: Call) -> tuple:
     s13 = torch.cat([s1[:, inter_blocks:], s1[:, :inter_blocks]], dim=1).to(torch.float32)
     routing = topk.StandardTopKOutput(torch.where(mine, weights, 0.0).to(torch.float32),
                                       torch.where(mine, ids - offset, 0).to(torch.int32), x["routing_logits"])
-    config = runner.MoeRunnerConfig(activation="silu", inplace=False,
-                                    routed_scaling_factor=float(x["routed_scaling_factor"]))
+    config = runner.MoeRunnerConfig(activation="silu", inplace=False, routed_scaling_factor=scaling)
     out = call.module.fused_experts(act, w13, x["gemm2_weights"], routing, config, use_fp8_w8a8=True,
                                     w1_scale=s13, w2_scale=x["gemm2_weights_scale"].to(torch.float32),
                                     block_shape=[block, block])
@@ -131,6 +128,6 @@ ADAPTERS = [
             requires=("top_k_top_p_sampling_from_probs",), applies=_has("probs"), needs_cuda=True,
             kind="sampler"),
     Adapter("sglang", "moe", "sglang.srt.layers.moe.fused_moe_triton.fused_experts (fp8 w8a8, block 128)",
-            triton_moe, package=TRITON_MOE, requires=("fused_experts",), applies=_has(*sem.MOE_INPUTS),
+            triton_moe, package=TRITON_MOE, requires=("fused_experts",), applies=sem.fp8_moe_applies,
             params=(sem.moe_routing,), needs_cuda=True),
 ]

@@ -242,27 +242,53 @@ def deepseek_routing(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_gro
     return ids, w / w.sum(dim=-1, keepdim=True) * scaling
 
 
+def renormalize_routing(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over all experts, the top_k most probable, their probabilities renormalised to sum 1
+    (Qwen-MoE with norm_topk_prob, Mixtral): (expert ids [T, k], weights [T, k])."""
+    probs = torch.softmax(logits.to(F64), dim=-1)
+    ids = probs.argsort(dim=-1, descending=True, stable=True)[:, :top_k]
+    w = probs.gather(1, ids)
+    return ids, w / w.sum(dim=-1, keepdim=True)
+
+
+def route(definition, values: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ids and float64 weights for a MoE definition's routing (semantics.moe_routing)."""
+    r = sem.moe_routing(definition)
+    if r.kind == "deepseek":
+        return deepseek_routing(values["routing_logits"], values["routing_bias"], r.top_k, r.n_group, r.topk_group,
+                                float(values.get("routed_scaling_factor", 1.0)))
+    ids, w = renormalize_routing(values["routing_logits"], r.top_k)
+    return ids, w * float(values.get("routed_scaling_factor", 1.0))
+
+
+def dequantized_activations(definition, values: dict) -> torch.Tensor:
+    """hidden_states in float64: times its per-token 128-wide block scales (stored transposed) when fp8."""
+    hs = values["hidden_states"]
+    if "hidden_states_scale" not in values:
+        return hs.to(F64)
+    block = sem.moe_block(definition)
+    return hs.to(F64) * values["hidden_states_scale"].to(F64).T.repeat_interleave(block, dim=1)[:, :hs.shape[1]]
+
+
 def moe(call: Call) -> tuple:
     """Dequantise, route with this module's code, run each local expert that receives tokens:
     GEMM1 rows [up; gate], silu on the gate (second) half, GEMM2, weighted sum."""
     d, x = call.definition, _values(call)
-    top_k, n_group, topk_group = sem.moe_routing(d)
     block = sem.moe_block(d)
-    hs = x["hidden_states"]
-    tokens, hidden = hs.shape
-    act = hs.to(F64) * x["hidden_states_scale"].to(F64).T.repeat_interleave(block, dim=1)[:, :hidden]
-    ids, weights = deepseek_routing(x["routing_logits"], x["routing_bias"], top_k, n_group, topk_group,
-                                    float(x["routed_scaling_factor"]))
+    act = dequantized_activations(d, x)
+    tokens, hidden = act.shape
+    ids, weights = route(d, x)
     offset = int(x["local_expert_offset"])
     w1, w2 = x["gemm1_weights"], x["gemm2_weights"]
+    s1, s2 = x.get("gemm1_weights_scale"), x.get("gemm2_weights_scale")
     inter = w2.shape[-1]
-    out = torch.zeros(tokens, hidden, dtype=F64, device=hs.device)
+    out = torch.zeros(tokens, hidden, dtype=F64, device=act.device)
     for e in range(w1.shape[0]):
         token_idx, slot = (ids == offset + e).nonzero(as_tuple=True)
         if token_idx.numel() == 0:
             continue
-        g1 = w1[e].to(F64) * _expand_blocks(x["gemm1_weights_scale"][e], block, *w1.shape[1:])
-        g2 = w2[e].to(F64) * _expand_blocks(x["gemm2_weights_scale"][e], block, *w2.shape[1:])
+        g1 = w1[e].to(F64) * (_expand_blocks(s1[e], block, *w1.shape[1:]) if s1 is not None else 1.0)
+        g2 = w2[e].to(F64) * (_expand_blocks(s2[e], block, *w2.shape[1:]) if s2 is not None else 1.0)
         h = act[token_idx] @ g1.T
         y = (F.silu(h[:, inter:]) * h[:, :inter]) @ g2.T
         out.index_add_(0, token_idx, y * weights[token_idx, slot][:, None])
@@ -294,6 +320,6 @@ ADAPTERS = [
             applies=lambda d: None if "silu" in d.name else "only silu_and_mul"),
     Adapter("torch", "sampling", "filtered distribution (float64) + torch.multinomial", sampling,
             applies=_needs("probs"), kind="sampler"),
-    Adapter("torch", "moe", "dequantise + DeepSeek-V3 routing + float64 experts", moe,
-            applies=_needs(*sem.MOE_INPUTS), params=(sem.moe_routing,)),
+    Adapter("torch", "moe", "dequantise + routing (DeepSeek-V3 / renormalize) + float64 experts", moe,
+            applies=sem.moe_applies, params=(sem.moe_routing,)),
 ]

@@ -11,6 +11,8 @@ A case that fails any of them raises InputGenerationError instead of reaching a 
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,7 @@ __all__ = [
     "UnsupportedOpType",
     "edge_cases",
     "generate_inputs",
+    "set_cache",
     "supported_op_types",
 ]
 
@@ -39,6 +42,21 @@ def _definition(definition: Definition | str | Path) -> Definition:
 
         return load_definition(definition)
     return definition
+
+
+_cache: OrderedDict[tuple, Inputs] = OrderedDict()
+_cache_size = 0
+
+
+def set_cache(maxsize: int) -> None:
+    """Serve repeated cases from the last `maxsize` generated ones (0, the default: off; the kept
+    cases stay until it is turned on again). The reference suite turns it on around each of its
+    tests, whose order puts a case's tests together (shape, dtype, each ground truth); every call
+    still gets its own copy of the tensors, so a caller that writes into them changes nothing."""
+    global _cache_size
+    _cache_size = max(0, int(maxsize))
+    while _cache_size and len(_cache) > _cache_size:
+        _cache.popitem(last=False)
 
 
 def edge_cases(definition: Definition | str | Path) -> list[str]:
@@ -64,6 +82,13 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
             raise InputGenerationError(
                 f"unknown edge case {case!r} for op_type {d.op_type!r}; valid: {', '.join(cases) or 'none'}",
                 definition=d.name)
+    key = None
+    if _cache_size:
+        key = (hashlib.sha256(d.to_json(indent=None).encode()).hexdigest(), size, seed, case)
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit.clone() if str(device) == "cpu" else hit.to(device)
     builder = Builder(d, size, seed, case)
     try:
         family.generate(builder)
@@ -74,6 +99,10 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
         raise InputGenerationError(f"generating {family.name} inputs failed: {type(e).__name__}: {e}",
                                    definition=d.name) from e
     inputs = builder.finish()
+    if key is not None:
+        _cache[key] = inputs
+        set_cache(_cache_size)
+        inputs = inputs.clone()
     if str(device) != "cpu":
         inputs = inputs.to(device)
     return inputs
