@@ -98,9 +98,12 @@ def test_ground_truth(benchmark, bench_options, bench_record, name, source):
     except torch.cuda.OutOfMemoryError as e:
         pytest.skip(reason=f"oom: {' '.join(str(e).split())[:200]}")
 
+    # a timer that produced no samples, or quartiles out of order, measured nothing worth storing
+    assert timing.rounds > 0 and 0 < timing.q1_us <= timing.median_us <= timing.q3_us, timing.as_dict()
     gpu = torch.cuda.get_device_name()
     l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or None
     w = work(d, inputs)
+    assert w.bytes > 0 and w.flops >= 0, w.detail
     r = rates(w, timing.median_us * 1e-6, peak_for(gpu))
 
     def sync_setup():
