@@ -5,11 +5,11 @@ as safetensors (when that package is installed) for use outside this project."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from .results import write_atomic
 
 DEFAULT_DIR = Path("results") / "failures"
 
@@ -20,18 +20,6 @@ def replay_command(definition: str, size: str, seed: int, case: str | None, sour
     if case:
         parts += ["--case", case]
     return " ".join(parts)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_failure(record: dict[str, Any], directory: str | Path = DEFAULT_DIR, *, inputs: bool = False) -> Path:
