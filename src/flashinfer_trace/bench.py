@@ -37,7 +37,6 @@ This module imports on a CPU-only machine; `time_device` and `prepare` raise Run
 from __future__ import annotations
 
 import statistics
-import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -139,14 +138,15 @@ def _float_or_none(text: str) -> float | None:
 
 
 def _smi_clocks(index: int) -> dict:
-    res = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=15, check=True)
-    line = next((ln for ln in res.stdout.splitlines() if ln.strip()), "")
-    parts = [p.strip() for p in line.split(",")]
-    if len(parts) < 4:
+    from .manifest import nvidia_smi
+
+    rows = nvidia_smi()
+    if index >= len(rows):
         return {}
-    sm, mem, power, temp = (_float_or_none(p) for p in parts[:4])
-    return {"source": "nvidia-smi", "sm_clock_mhz": sm, "mem_clock_mhz": mem, "power_w": power, "temperature_c": temp}
+    row = rows[index]
+    return {"source": "nvidia-smi", **{key: _float_or_none(row.get(field) or "") for key, field in (
+        ("sm_clock_mhz", "clocks.sm"), ("mem_clock_mhz", "clocks.mem"), ("power_w", "power.draw"),
+        ("temperature_c", "temperature.gpu"))}}
 
 
 def gpu_clocks(device: Any = None) -> dict:
@@ -444,8 +444,7 @@ def _planned(plan_step: Callable[..., Callable[[], Any]]):
     def prep(call: Call):
         import torch
 
-        device = next(v.device for v in call.inputs.values.values() if isinstance(v, torch.Tensor))
-        return plan_step(call, _workspace(torch, device)), None, "wrapper and plan() once, run() timed"
+        return plan_step(call, _workspace(torch, call.inputs.device)), None, "wrapper and plan() once, run() timed"
 
     return prep
 
@@ -568,16 +567,6 @@ def _preparers() -> dict[Callable, Preparer]:
 PREPARERS: dict[Callable, Preparer] = _preparers()
 
 
-def _on_device(inputs: Inputs, device: str) -> Inputs:
-    import torch
-
-    for v in inputs.values.values():
-        if isinstance(v, torch.Tensor):
-            here = "cuda" if v.device.type == "cuda" and v.device.index in (None, 0) else str(v.device)
-            return inputs if here == device else inputs.to(device)
-    return inputs
-
-
 def prepare(ground_truth: GroundTruth, inputs: Inputs) -> Prepared:
     """A closure to time for this ground truth on these inputs.
 
@@ -594,7 +583,7 @@ def prepare(ground_truth: GroundTruth, inputs: Inputs) -> Prepared:
     gt = ground_truth
     if not str(gt.device).startswith("cuda"):
         raise RuntimeError(f"prepare times CUDA kernels; this ground truth runs on {gt.device!r}")
-    inputs = _on_device(inputs, gt.device)
+    inputs = inputs.on(gt.device)
     call = Call(gt.definition, inputs, gt.module, gt.version, 1)
     gt.adapter.fn(call)  # JIT compile, allocate, and fail here rather than in the timer
     torch.cuda.synchronize()

@@ -142,13 +142,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _device_arch(config: pytest.Config) -> str | None:
-    import torch
+    from .session import detect_arch
 
-    want = config.getoption("--device")
-    if want == "cpu" or not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability(0)
-    return f"sm{major}{minor}"
+    return None if config.getoption("--device") == "cpu" else detect_arch()
 
 
 @pytest.fixture(scope="session")

@@ -302,18 +302,21 @@ def test_gpu_clocks_never_raises_and_parses_nvidia_smi(monkeypatch):
     def no_nvml(index, bus_id):
         raise ImportError("no pynvml")
 
-    class Done:
-        stdout = "1980, 2619, 372.15, [N/A]\n"
+    class Done:  # nvidia-smi's CSV, in manifest.SMI_FIELDS order (the query bench reads through)
+        stdout = "NVIDIA H100 80GB HBM3, 9.0, 580.159.04, 1980, 2619, 1980, 372.15, 700.00, [N/A], P0, 0x0\n"
+
+    from flashinfer_trace import manifest
 
     monkeypatch.setattr(bench, "_nvml_clocks", no_nvml)
-    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: Done())
+    monkeypatch.setattr(manifest.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(manifest.subprocess, "run", lambda *a, **k: Done())
     assert bench.gpu_clocks() == {"source": "nvidia-smi", "sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0,
                                   "power_w": 372.15, "temperature_c": None}
 
     def missing(*a, **k):
         raise FileNotFoundError("nvidia-smi")
 
-    monkeypatch.setattr(bench.subprocess, "run", missing)
+    monkeypatch.setattr(manifest.subprocess, "run", missing)
     assert bench.gpu_clocks() == {}
 
 

@@ -72,20 +72,8 @@ class GroundTruth:
 
     def __call__(self, inputs: Inputs, *, draws: int = 1) -> tuple:
         """Outputs in the definition's order (for a sampler: samples [batch, draws] per output)."""
-        if _device_of(inputs) != self.device:
-            inputs = inputs.to(self.device)
-        out = self.adapter.fn(Call(self.definition, inputs, self.module, self.version, draws))
+        out = self.adapter.fn(Call(self.definition, inputs.on(self.device), self.module, self.version, draws))
         return out if isinstance(out, tuple) else (out,)
-
-
-def _device_of(inputs: Inputs) -> str:
-    import torch
-
-    for v in inputs.values.values():
-        if isinstance(v, torch.Tensor):
-            dev = v.device
-            return "cuda" if dev.type == "cuda" and dev.index in (None, 0) else str(dev)
-    return "cpu"
 
 
 def get_ground_truth(source: str, definition: Definition | str, *, device: str | None = None) -> GroundTruth:

@@ -70,6 +70,18 @@ class Inputs:
     def to(self, device: str | torch.device) -> Inputs:
         return self._map(lambda t: t.to(device))
 
+    @property
+    def device(self) -> str:
+        """Where the tensors are: "cpu", "cuda" (the default CUDA device) or "cuda:N"."""
+        for v in self.values.values():
+            if isinstance(v, torch.Tensor):
+                return "cuda" if v.device.type == "cuda" and v.device.index in (None, 0) else str(v.device)
+        return "cpu"
+
+    def on(self, device: str) -> Inputs:
+        """These inputs on `device`: themselves when already there, else moved copies."""
+        return self if self.device == device else self.to(device)
+
     def _map(self, fn) -> Inputs:
         values = {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
         return Inputs(self.definition, self.size, self.seed, self.case, values, dict(self.axes))
