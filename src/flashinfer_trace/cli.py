@@ -154,7 +154,7 @@ def _run_one(args: argparse.Namespace, name: str) -> dict[str, Any]:
         outputs = run_reference(d, inputs)
     except Exception as e:  # a broken reference is a result to report, not a crash of the whole run
         return {"definition": d.name, "status": "error", "outputs": {},
-                "problems": [f"reference raised {type(e).__name__}: {e}"]}
+                "problems": [f"reference failed: {type(e).__name__}: {e}"]}
     seconds = time.perf_counter() - start
     problems = output_problems(d, inputs, outputs)
     stats = {}
@@ -171,8 +171,40 @@ def _run_one(args: argparse.Namespace, name: str) -> dict[str, Any]:
             "outputs": stats, "problems": problems}
 
 
+def _configure_sandbox(args: argparse.Namespace) -> None:
+    from .sandbox import configure
+
+    configure(timeout=args.reference_timeout, memory_gb=args.reference_memory,
+              allow_unconfined=True if args.allow_unconfined_references else None)
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    """Start a worker and say how it is confined here; exit 1 when a mechanism is missing."""
+    from .sandbox import status
+    from .sandbox.pool import describe_settings
+
+    _configure_sandbox(args)
+    info = status(probe=True) or {}
+    if args.json:
+        _print_json({"confinement": info, "settings": describe_settings()})
+    else:
+        for mechanism, what in (info.get("active") or {}).items():
+            _out.print(f"[green]✓[/] {mechanism}: {escape(what)}", highlight=False)
+        for mechanism, why in (info.get("missing") or {}).items():
+            _out.print(f"[red]✗[/] {mechanism}: {escape(why)}", highlight=False)
+        if info.get("error"):
+            _out.print(f"[red]✗ the worker did not start: {escape(info['error'])}[/]", highlight=False)
+        verdict = ("references run confined" if info.get("complete") else
+                   "references run WITHOUT full confinement (allowed)" if info.get("allow_unconfined") else
+                   "references are refused here unless --allow-unconfined-references")
+        _out.print(("[green]" if info.get("complete") else "[red]") + verdict + "[/]", highlight=False)
+    return 0 if info.get("complete") else 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .dataset import Dataset
+
+    _configure_sandbox(args)
 
     names = Dataset(args.definitions).names() if args.all else args.names
     if not names:
@@ -180,8 +212,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     results = [_run_one(args, n) for n in names]
     if args.json:
+        from .sandbox import status
+
         _print_json({"size": args.size, "seed": args.seed, "case": args.case, "device": args.device,
-                     "results": results})
+                     "sandbox": status(), "results": results})
     else:
         t = Table(title=f"reference runs on {args.device} (size={args.size}, seed={args.seed})")
         for col in ("definition", "status", "ms", "outputs (shape dtype absmax)"):
@@ -213,6 +247,9 @@ def _tolerance_args(args: argparse.Namespace) -> dict[str, float]:
 def cmd_check(args: argparse.Namespace) -> int:
     from .check import CheckConfig, discover, plan, run, summarise
     from .groundtruth import SOURCES
+    from .sandbox import status
+
+    _configure_sandbox(args)
 
     sources = SOURCES if args.ground_truth == "all" else (args.ground_truth,)
     sizes = tuple(args.size) if args.size else ("small", "medium")
@@ -232,7 +269,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                        f"{r.size or ''} seed={r.seed} {r.case or ''}: {escape(r.reason or '')}", highlight=False)
     summary = summarise(results)
     if args.json:
-        _print_json({"device": config.resolved_device, "summary": asdict(summary),
+        _print_json({"device": config.resolved_device, "summary": asdict(summary), "sandbox": status(),
                      "results": [r.as_dict() for r in results]})
         return 0 if summary.ok else 1
     t = Table(title=f"check on {config.resolved_device}: {summary.total} case(s)")
@@ -397,6 +434,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reference", action="store_true", help="print the reference source too")
     s.set_defaults(func=cmd_show)
 
+    box = argparse.ArgumentParser(add_help=False)
+    box.add_argument("--allow-unconfined-references", action="store_true",
+                     help="run references even where the worker cannot be fully confined (recorded; docs/sandbox.md)")
+    box.add_argument("--reference-timeout", type=float, metavar="S", help="seconds per reference call (default 900)")
+    box.add_argument("--reference-memory", type=float, metavar="GB",
+                     help="memory a reference worker may use (default: 80%% of RAM)")
+
+    s = sub.add_parser("sandbox", parents=[common, box], help="how references are confined here; exit 1 if not fully")
+    s.set_defaults(func=cmd_sandbox)
+
     gen = argparse.ArgumentParser(add_help=False)
     gen.add_argument("--size", default="small", choices=("small", "medium", "large"))
     gen.add_argument("--seed", type=int, default=0)
@@ -407,12 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name", help="definition name or path to its JSON file")
     s.set_defaults(func=cmd_inputs)
 
-    s = sub.add_parser("run", parents=[common, gen], help="run references on generated inputs")
+    s = sub.add_parser("run", parents=[common, gen, box], help="run references on generated inputs")
     s.add_argument("names", nargs="*", help="definition names or paths to JSON files")
     s.add_argument("--all", action="store_true", help="every definition in the definitions folder")
     s.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("check", parents=[common],
+    s = sub.add_parser("check", parents=[common, box],
                        help="check references against ground truth outside pytest; exit 1 on any failure")
     s.add_argument("targets", nargs="*", help="definition files, folders or names (default: the definitions folder)")
     s.add_argument("--ground-truth", default="all", choices=("all", "torch", "flashinfer", "sglang"))

@@ -3,6 +3,8 @@
 Constraints come from untrusted definition files and refer to tensor *values*
 (`num_kv_indices == kv_indptr[-1].item()`), so they are interpreted over a tiny AST subset:
 arithmetic, comparisons, boolean logic, subscripts, a few pure functions and tensor methods.
+Everything is bounded: the text's length, the tree's size and depth before anything walks it
+recursively, and integer powers and products while evaluating (`2 ** 10 ** 10` is an error, not a hang).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ METHODS = frozenset({"item", "max", "min", "sum", "numel", "size", "dim", "all",
 ATTRIBUTES = frozenset({"shape", "ndim"})
 
 _BINOPS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: lambda a, b: _mul(a, b), ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: lambda a, b: _pow(a, b),
 }
 _CMPOPS = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
@@ -27,8 +29,26 @@ _CMPOPS = {
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
 
 
+MAX_CHARS = 4096  # published constraints are one short line
+MAX_NODES = 512
+MAX_DEPTH = 32
+MAX_INT_BITS = 1 << 16
+
+
 class ConstraintError(ValueError):
     pass
+
+
+def _pow(a: Any, b: Any) -> Any:
+    if type(a) is int and type(b) is int and (abs(b) > MAX_INT_BITS or max(abs(a).bit_length(), 1) * b > MAX_INT_BITS):
+        raise ConstraintError(f"{a} ** {b} is too large to evaluate")
+    return operator.pow(a, b)
+
+
+def _mul(a: Any, b: Any) -> Any:
+    if type(a) is int and type(b) is int and a.bit_length() + b.bit_length() > MAX_INT_BITS:
+        raise ConstraintError("a product too large to evaluate")
+    return operator.mul(a, b)
 
 
 @dataclass(frozen=True)
@@ -52,13 +72,31 @@ def parse(text: str) -> Constraint:
     """Parse one constraint; ConstraintError says what is not allowed and where."""
     if not isinstance(text, str):
         raise ConstraintError(f"a constraint must be a string, got {type(text).__name__}")
+    if len(text) > MAX_CHARS:
+        raise ConstraintError(f"is {len(text)} characters long; a constraint may have at most {MAX_CHARS}")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ConstraintError(f"does not parse: {e.msg} (column {e.offset})") from None
+    except (ValueError, RecursionError, MemoryError) as e:  # NUL bytes, lone surrogates, absurd nesting
+        raise ConstraintError(f"cannot be parsed ({type(e).__name__})") from None
+    _check_size(tree)
     for node in ast.walk(tree):
         _check_node(node)
     return Constraint(text, tree)
+
+
+def _check_size(tree: ast.AST) -> None:
+    """Bound the tree before anything recursive (evaluation) walks it; iterative itself."""
+    stack, count = [(tree, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if depth > MAX_DEPTH:
+            raise ConstraintError(f"is nested more than {MAX_DEPTH} levels deep")
+        if count > MAX_NODES:
+            raise ConstraintError(f"has more than {MAX_NODES} syntax nodes")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 
 def _check_node(node: ast.AST) -> None:

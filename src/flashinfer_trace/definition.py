@@ -23,7 +23,7 @@ _KEEP_EXTRA = ConfigDict(extra="allow", frozen=True)
 class ConstAxis(BaseModel):
     model_config = _KEEP_EXTRA
     type: Literal["const"]
-    value: Annotated[StrictInt, Field(ge=0)]
+    value: Annotated[StrictInt, Field(ge=0, lt=2**63)]  # a tensor dimension is an int64
     description: StrictStr | None = None
 
 

@@ -43,7 +43,8 @@ STAMP = ".flashinfer-trace-combination"
 LAYERS = ("zz_flashinfer_trace_base.pth", "flashinfer_trace_src.pth", "flashinfer_trace_combo.pth")
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version < '3.11'", "pytest", "pytest-timeout",
-                        "pytest-benchmark")
+                        "pytest-benchmark", "landlock>=1.0.0.dev5; sys_platform == 'linux'",
+                        "pyseccomp>=0.1.2; sys_platform == 'linux'")
 SESSION_FLAGS = ("--wheelhouse", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout")
 
 

@@ -92,6 +92,32 @@ def torch_info() -> dict[str, Any]:
     return info
 
 
+def sandbox_info() -> dict[str, Any]:
+    """How references are confined here (a worker is started to find out): the mechanisms active and
+    missing, and whether the user allowed running without the missing ones."""
+    try:
+        from .sandbox import status
+        from .sandbox.pool import describe_settings
+
+        return {"confinement": status(probe=True), "settings": describe_settings()}
+    except Exception as e:  # noqa: BLE001 - a manifest records what it could not find out
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def sandbox_label(manifest: dict) -> str | None:
+    """"confined", "unconfined (allowed): landlock, seccomp missing", "refused: ..." or None (not recorded)."""
+    info = (manifest or {}).get("sandbox")
+    if not isinstance(info, dict):
+        return None
+    c = info.get("confinement") or {}
+    if not isinstance(c, dict) or "complete" not in c:
+        return "unknown: " + str(info.get("error") or c.get("error") or "no worker ran")
+    if c["complete"]:
+        return "confined"
+    missing = ", ".join(sorted(c.get("missing") or {}))
+    return f"unconfined (allowed): {missing} missing" if c.get("allow_unconfined") else f"refused: {missing} missing"
+
+
 def git_sha(repo: str | Path = ".") -> str | None:
     """HEAD (with -dirty), or $FLASHINFER_TRACE_GIT_SHA where the tree was copied without .git."""
     if os.environ.get("FLASHINFER_TRACE_GIT_SHA"):
@@ -126,6 +152,7 @@ def collect(*, combination: dict | None = None, install: dict | None = None, rep
         "combination": combination,
         "install": install,
         "environment": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
+        "sandbox": sandbox_info(),
     }
 
 

@@ -44,6 +44,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--save-inputs", action="store_true", help="also save failing inputs as safetensors")
     g.addoption("--known-issues", default=None,
                 help="known-issues TOML (default: $FLASHINFER_TRACE_KNOWN_ISSUES or constraints/known-issues.toml)")
+    g.addoption("--allow-unconfined-references", action="store_true",
+                help="run references where the worker cannot be fully confined (recorded; docs/sandbox.md)")
+    g.addoption("--reference-timeout", type=float, default=None, help="seconds per reference call (default 900)")
 
 
 INPUT_CACHE = 2  # generated cases kept: consecutive tests of one case share one generation
@@ -52,6 +55,11 @@ INPUT_CACHE = 2  # generated cases kept: consecutive tests of one case share one
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    allow, timeout = config.getoption("--allow-unconfined-references"), config.getoption("--reference-timeout")
+    if allow or timeout:
+        from .sandbox import configure
+
+        configure(timeout=timeout, allow_unconfined=True if allow else None)
 
 
 def _sizes(config: pytest.Config) -> list[str]:

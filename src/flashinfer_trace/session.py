@@ -68,6 +68,10 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     from .isolation import collect_files, run_isolated
 
     started, t0 = mf.now(), time.monotonic()
+    if "--allow-unconfined-references" in (extra or []):  # the manifest records it; the children inherit it
+        from .sandbox import configure
+
+        configure(allow_unconfined=True)
     info = SessionInfo(session, combo.id, install_mode=(install or {}).get("mode"), constraints_file=str(combo.path),
                        constraints_sha256=combo.sha256, started=started)
     manifest = mf.collect(combination=combo.metadata(), install=install, repo=cwd or ".")

@@ -9,9 +9,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-
-import torch
 
 from .compare import DiffReport, Mismatch, Tolerance, assert_close, compare_outputs, diff, tolerance_for
 from .compare_samples import SampleReport, SamplingMismatch, SamplingSettings, assert_samples_match
@@ -19,7 +16,7 @@ from .dataset import iter_definitions, load_definition
 from .definition import Definition
 from .groundtruth import SOURCES, GroundTruth, GroundTruthUnavailable, get_ground_truth, ground_truths
 from .inputs import SIZES, Inputs, edge_cases, generate_inputs
-from .sandbox import SandboxError, compile_reference
+from .sandbox import ConfinedReference, ReferenceFailure, SandboxError, compile_reference
 
 __all__ = [
     "SIZES",
@@ -30,6 +27,7 @@ __all__ = [
     "GroundTruthUnavailable",
     "Inputs",
     "Mismatch",
+    "ReferenceFailure",
     "SampleReport",
     "SamplingMismatch",
     "SamplingSettings",
@@ -55,34 +53,29 @@ __all__ = [
     "tolerance_for",
 ]
 
-_compiled: dict[tuple[str, str], Callable] = {}
+_compiled: dict[tuple[str, str], ConfinedReference] = {}
 
 
-def reference_function(definition: Definition) -> Callable:
-    """The definition's sandboxed `run`, compiled once per (name, source)."""
+def reference_function(definition: Definition, device: str | None = None) -> ConfinedReference:
+    """The definition's `run`, compiled once per (name, source) in a confined worker (docs/sandbox.md)."""
     key = (definition.name, hashlib.sha256(definition.reference.encode()).hexdigest())
     fn = _compiled.get(key)
     if fn is None:
-        fn = _compiled[key] = compile_reference(definition.reference, definition=definition.name)
+        fn = _compiled[key] = compile_reference(definition.reference, definition=definition.name, device=device)
     return fn
 
 
 def run_reference(definition: Definition, inputs: Inputs, *, seed: int | None = None) -> tuple:
-    """Run a definition's reference on generated inputs; always a tuple, in output order.
+    """Run a definition's reference on generated inputs in its confined worker; always a tuple, in
+    output order.
 
-    Inputs are not cloned (MoE weights are gigabytes); a reference that writes into its inputs
-    shows up in the determinism test. With `seed`, the global torch RNG is seeded inside a forked
-    RNG state, so sampling references replay exactly.
+    The worker's torch RNG is seeded with `seed` (0 when None) before the call, and its other global
+    state reset, so sampling references replay exactly. Inputs reach it by shared memory, not copies
+    through a pipe; a reference that writes into its inputs writes into the caller's tensors too, so
+    it shows up in the determinism test. Raises SandboxError or ReferenceFailure (timeout, crash, ...).
     """
-    run = reference_function(definition)
-    args = inputs.args()
-    if seed is None:
-        out = run(*args)
-    else:
-        cuda = [a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda][:1]
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(seed)
-            out = run(*args)
+    run = reference_function(definition, device=inputs.device)
+    out = run.call(inputs.args(), seed=seed)
     return out if isinstance(out, tuple) else (out,)
 
 

@@ -2,13 +2,15 @@
 
 A pipeline of plain functions, each usable alone:
     discover(paths) -> files;  check_file(file) -> FileReport;  summarise(reports) -> Summary.
-`check_data` never raises on any JSON value: malformed input is data to report, not a crash.
+`check_data` never raises on any JSON value: malformed input is data to report, not a crash. Hostile
+text is bounded everywhere it is parsed (constraints, references) and echoed only shortened.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +68,14 @@ class DefinitionError(ValueError):
 
 # -- JSON paths ---------------------------------------------------------------------------------
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAMES = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _snippet(text: Any, limit: int = 80) -> str:
+    """repr() of a value from the file, shortened: hostile text never floods a report (and repr
+    escapes lone surrogates and control characters)."""
+    r = repr(text)
+    return r if len(r) <= limit else r[:limit - 5] + "...'" + f" ({len(str(text))} chars)"
 
 
 def json_path(*parts: Any) -> str:
@@ -73,10 +83,11 @@ def json_path(*parts: Any) -> str:
     for p in parts:
         if isinstance(p, int):
             out += f"[{p}]"
-        elif isinstance(p, str) and _IDENT.match(p):
+        elif isinstance(p, str) and _IDENT.fullmatch(p):
             out += f".{p}"
         else:
-            out += f"[{json.dumps(str(p))}]"
+            key = str(p) if len(str(p)) <= 80 else str(p)[:77] + "..."
+            out += f"[{json.dumps(key)}]"
     return out
 
 
@@ -84,17 +95,24 @@ def json_path(*parts: Any) -> str:
 UNPARSED = object()  # parse_json's value for text that is not JSON (`null` is JSON, and a problem later)
 
 
+class _Object(dict):
+    """A parsed JSON object that remembers the keys it saw more than once."""
+
+    duplicates: list[str]
+
+
 def parse_json(text: str, file: str) -> tuple[Any, list[Problem]]:
-    """Parse JSON, refusing duplicate keys and NaN/Infinity (both lose or corrupt data silently)."""
-    problems: list[Problem] = []
+    """Parse JSON, refusing duplicate keys (reported at the object that has them) and NaN/Infinity
+    (both lose or corrupt data silently)."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: dict[str, Any] = {}
+        obj = _Object()
+        obj.duplicates = []
         for k, v in items:
-            if k in seen:
-                problems.append(Problem(file, "$", "json-duplicate-key", f"key {k!r} appears more than once"))
-            seen[k] = v
-        return seen
+            if k in obj and k not in obj.duplicates:
+                obj.duplicates.append(k)
+            obj[k] = v
+        return obj
 
     def bad_constant(name: str) -> Any:
         raise ValueError(f"{name} is not valid JSON")
@@ -103,9 +121,24 @@ def parse_json(text: str, file: str) -> tuple[Any, list[Problem]]:
         data = json.loads(text, object_pairs_hook=pairs, parse_constant=bad_constant)
     except json.JSONDecodeError as e:
         return UNPARSED, [Problem(file, "$", "json-syntax", f"line {e.lineno}, column {e.colno}: {e.msg}")]
-    except (ValueError, RecursionError) as e:
-        return UNPARSED, [Problem(file, "$", "json-syntax", str(e) or type(e).__name__)]
-    return data, problems
+    except (ValueError, RecursionError, MemoryError) as e:
+        return UNPARSED, [Problem(file, "$", "json-syntax", f"{type(e).__name__}: {_snippet(str(e))}")]
+    return data, _duplicate_problems(data, file)
+
+
+def _duplicate_problems(data: Any, file: str) -> list[Problem]:
+    out: list[Problem] = []
+    stack: list[tuple[Any, tuple]] = [(data, ())]
+    while stack:  # iterative: the parser accepted the nesting, a recursive walk might not
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            out += [Problem(file, json_path(*path, k), "json-duplicate-key",
+                            f"key {_snippet(k)} appears more than once (the last value is kept)")
+                    for k in getattr(value, "duplicates", ())]
+            stack.extend((v, (*path, k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*path, i)) for i, v in enumerate(value))
+    return sorted(out, key=lambda p: p.path)
 
 
 # -- stage 2: structure (pydantic) ----------------------------------------------------------------
@@ -132,16 +165,25 @@ def _from_pydantic(err: dict[str, Any], file: str) -> Problem:
     if kind == "enum" and loc[-1:] == ["dtype"]:
         return Problem(file, json_path(*loc), "dtype", f"unknown dtype {err.get('input')!r}; {msg}")
     if loc[-1:] == ["value"] and len(loc) >= 2 and loc[0] == "axes":
-        return Problem(file, json_path(*loc), "const-value", f"const axis value must be an int >= 0 ({msg})")
+        return Problem(file, json_path(*loc), "const-value",
+                       f"const axis value must be an int in [0, 2**63), a possible tensor dimension ({msg})")
     return Problem(file, json_path(*loc), "type", msg)
 
 
 # -- stage 3: cross-field rules -------------------------------------------------------------------
-def _semantic_problems(data: dict[str, Any], file: str, stem: str | None) -> list[Problem]:
+def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder: str | None) -> list[Problem]:
     out: list[Problem] = []
     name = data.get("name")
     if stem is not None and isinstance(name, str) and name != stem:
-        out.append(Problem(file, "$.name", "name-mismatch", f"name {name!r} must equal the file stem {stem!r}"))
+        out.append(Problem(file, "$.name", "name-mismatch",
+                           f"name {_snippet(name)} must equal the file stem {_snippet(stem)}"))
+    op_type = data.get("op_type")
+    if isinstance(op_type, str) and op_type and not _IDENT.fullmatch(op_type):
+        out.append(Problem(file, "$.op_type", "op-type", f"op_type {_snippet(op_type)} is not an identifier "
+                           "(letters, digits, '_'; it names a folder and a test module)"))
+    elif isinstance(op_type, str) and folder is not None and op_type != folder:
+        out.append(Problem(file, "$.op_type", "op-type-folder",
+                           f"op_type {_snippet(op_type)} disagrees with the folder {_snippet(folder)} the file is in"))
 
     axes = data.get("axes") if isinstance(data.get("axes"), dict) else {}
     inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
@@ -163,12 +205,15 @@ def _semantic_problems(data: dict[str, Any], file: str, stem: str | None) -> lis
                     bound.add(axis)
 
     # A var axis takes its value from an input dimension, or is derived through a constraint
-    # (`len_indptr == batch_size + 1`); one that is neither can never get a value.
+    # (`len_indptr == batch_size + 1`); one that is neither can never get a value. One pass over the
+    # constraints' identifiers, whatever the number of axes.
     cons = data.get("constraints")
-    cons_text = " ".join(c for c in cons if isinstance(c, str)) if isinstance(cons, list) else ""
+    mentioned: set[str] = set()
+    for c in cons if isinstance(cons, list) else []:
+        if isinstance(c, str):
+            mentioned.update(_NAMES.findall(c))
     for axis, spec in axes.items():
-        if isinstance(spec, dict) and spec.get("type") == "var" and axis not in bound and \
-                not re.search(rf"\b{re.escape(axis)}\b", cons_text):
+        if isinstance(spec, dict) and spec.get("type") == "var" and axis not in bound and axis not in mentioned:
             out.append(Problem(file, json_path("axes", axis), "unbound-axis",
                                f"var axis {axis!r} appears in no input shape and no constraint, "
                                "so it can never get a value"))
@@ -189,23 +234,23 @@ def _semantic_problems(data: dict[str, Any], file: str, stem: str | None) -> lis
             try:
                 unknown = sorted(_constraints.parse(text).names - known)
             except _constraints.ConstraintError as e:
-                out.append(Problem(file, json_path("constraints", i), "constraint-syntax", f"{text!r}: {e}"))
+                out.append(Problem(file, json_path("constraints", i), "constraint-syntax", f"{_snippet(text)}: {e}"))
                 continue
             if unknown:
-                out.append(Problem(file, json_path("constraints", i), "constraint-name",
-                                   f"{text!r} mentions {', '.join(unknown)}, which are neither axes nor inputs"))
+                out.append(Problem(file, json_path("constraints", i), "constraint-name", f"{_snippet(text)} "
+                                   f"mentions {', '.join(unknown)}, which are neither axes nor inputs"))
     return out
 
 
 def _reference_problems(code: str, input_names: list[str], file: str) -> list[Problem]:
-    from .sandbox import check_reference
+    from .sandbox.static import check_reference, parse
 
     try:
-        tree = ast.parse(code)
+        tree = parse(code)
     except SyntaxError as e:
         return [Problem(file, "$.reference", "reference-syntax", f"line {e.lineno}: {e.msg}")]
-    except (ValueError, RecursionError, MemoryError) as e:  # NUL bytes, absurd nesting
-        return [Problem(file, "$.reference", "reference-syntax", f"{type(e).__name__}: {e}")]
+    except (ValueError, RecursionError, MemoryError) as e:  # NUL bytes, surrogates, absurd nesting or size
+        return [Problem(file, "$.reference", "reference-syntax", f"{type(e).__name__}: {_snippet(str(e), 200)}")]
     out = [Problem(file, "$.reference", "reference-sandbox", f"line {v.line}: {v.message}")
            for v in check_reference(code)]
     runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
@@ -224,26 +269,48 @@ def _reference_problems(code: str, input_names: list[str], file: str) -> list[Pr
     return out
 
 
-def check_data(data: Any, file: str = "<definition>", stem: str | None = None) -> list[Problem]:
-    """Every problem in one parsed definition object."""
+def check_data(data: Any, file: str = "<definition>", stem: str | None = None,
+               folder: str | None = None) -> list[Problem]:
+    """Every problem in one parsed definition object. `stem`/`folder`: the file's name and, where the
+    layout says so, the op_type folder it sits in."""
     if not isinstance(data, dict):
         return [Problem(file, "$", "type", f"a definition must be a JSON object, got {type(data).__name__}")]
-    return _structure_problems(data, file) + _semantic_problems(data, file, stem)
+    return _structure_problems(data, file) + _semantic_problems(data, file, stem, folder)
 
 
-def check_file(path: str | Path) -> FileReport:
+def op_type_folder(path: Path, root: Path | None = None) -> str | None:
+    """The op_type a file's place implies: `<root>/<op_type>/<name>.json` under a folder given to
+    validate, or `definitions/<op_type>/<name>.json`; None where the layout says nothing."""
+    if root is not None:
+        try:
+            parts = path.relative_to(root).parts
+        except ValueError:
+            parts = ()
+        if len(parts) == 2:
+            return parts[0]
+    if path.parent.parent.name == "definitions":
+        return path.parent.name
+    return None
+
+
+def display_path(path: Path | str) -> str:
+    """A file name that prints anywhere: bytes that are not UTF-8 shown as escapes."""
+    return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_file(path: str | Path, root: Path | None = None) -> FileReport:
     path = Path(path)
-    file = str(path)
+    file = display_path(path)
     report = FileReport(file)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        report.problems.append(Problem(file, "$", "unreadable", f"{type(e).__name__}: {e}"))
+        report.problems.append(Problem(file, "$", "unreadable", f"{type(e).__name__}: {_snippet(str(e), 200)}"))
         return report
     data, report.problems = parse_json(text, file)
     if data is UNPARSED:
         return report
-    report.problems += check_data(data, file, stem=path.stem)
+    report.problems += check_data(data, file, stem=path.stem, folder=op_type_folder(path, root))
     if report.ok:
         report.definition = Definition.model_validate(data)
         report.definition._source = path
@@ -251,22 +318,49 @@ def check_file(path: str | Path) -> FileReport:
 
 
 # -- the pipeline -----------------------------------------------------------------------------
-def discover(paths: Iterable[str | Path]) -> tuple[list[Path], list[Problem]]:
-    """JSON files under the given files/folders, sorted; a missing path is a problem, not a crash."""
-    files: list[Path] = []
-    missing: list[Problem] = []
+def _dangling(p: Path) -> Problem:
+    try:
+        target = os.readlink(p)
+    except OSError:
+        target = "?"
+    return Problem(display_path(p), "$", "dangling-link",
+                   f"symbolic link to {_snippet(target)}, which does not resolve to a file (missing target or a loop)")
+
+
+def discover(paths: Iterable[str | Path]) -> tuple[list[tuple[Path, Path | None]], list[Problem]]:
+    """(file, the folder it was found under) for JSON files under the given files/folders, sorted; a
+    missing path or a dangling `*.json` link is a problem, not a crash or a silent skip."""
+    files: list[tuple[Path, Path | None]] = []
+    problems: list[Problem] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files.extend(sorted(q for q in p.rglob("*.json") if q.is_file()))
+            for q in sorted(p.rglob("*.json")):
+                if q.is_file():
+                    files.append((q, p))
+                elif q.is_symlink():
+                    problems.append(_dangling(q))
         elif p.is_file():
-            files.append(p)
+            files.append((p, None))
+        elif p.is_symlink():
+            problems.append(_dangling(p))
         else:
-            missing.append(Problem(str(p), "$", "not-found", "no such file or directory"))
-    return files, missing
+            problems.append(Problem(display_path(p), "$", "not-found", "no such file or directory"))
+    return files, problems
 
 
-def check_files(files: Iterable[Path]) -> list[FileReport]:
-    return [check_file(f) for f in files]
+def check_files(files: Iterable[tuple[Path, Path | None] | Path]) -> list[FileReport]:
+    """One report per file, whatever the file holds: a validator bug becomes an `internal-error`
+    problem of that file, so a report is always complete."""
+    reports = []
+    for item in files:
+        path, root = item if isinstance(item, tuple) else (item, None)
+        try:
+            reports.append(check_file(path, root))
+        except Exception as e:  # noqa: BLE001 - the last line of defence; the fuzz tests keep it unused
+            reports.append(FileReport(display_path(path), [Problem(display_path(path), "$", "internal-error",
+                                                                  f"the validator failed: {type(e).__name__}: "
+                                                                  f"{_snippet(str(e), 200)}")]))
+    return reports
 
 
 def summarise(reports: Sequence[FileReport]) -> Summary:
@@ -283,8 +377,8 @@ def summarise(reports: Sequence[FileReport]) -> Summary:
 
 
 def validate_paths(paths: Iterable[str | Path]) -> tuple[list[FileReport], Summary]:
-    files, missing = discover(paths)
-    reports = check_files(files) + [FileReport(p.file, [p]) for p in missing]
+    files, problems = discover(paths)
+    reports = check_files(files) + [FileReport(p.file, [p]) for p in problems]
     return reports, summarise(reports)
 
 

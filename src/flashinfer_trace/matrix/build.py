@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..manifest import sandbox_label
+
 SCHEMA_VERSION = 1
 STATES = {
     "pass": "the reference agrees with the kernel's ground truth",
@@ -182,6 +184,7 @@ def environment_record(env: Environment) -> dict[str, Any]:
             "flashinfer": pins.get("flashinfer-python"), "sglang": pins.get("sglang"),
             "gpu": devices[0]["name"] if devices else None, "status": status, "reason": reason,
             "sessions": [s.session.get("session", s.folder.name) for s in env.sessions],
+            "sandbox": sandbox_label(manifest),
             "finished": ref.session.get("finished"), "manifest": manifest}
 
 

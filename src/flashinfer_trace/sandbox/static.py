@@ -1,38 +1,23 @@
-"""Compile the untrusted `reference` source of a definition into a callable, safely.
+"""The first, fast line: a static AST allowlist over a reference's source, with line numbers.
 
-Definition files come from anywhere, and their `reference` is Python we must run to get ground
-truth. Two layers keep it to "plain PyTorch math" (the threat model is in docs/sandbox.md):
+It refuses what a reference has no business doing: importing beyond `ALLOWED_MODULES`, dangerous
+builtins, any `_`-prefixed attribute (the road to `__globals__`, `__subclasses__`, frames), file,
+process, compiler and tracing APIs by attribute name (`compile`, `cond`, `type`, `storage_type`, ...),
+attribute assignment, classes, `global`, async, arbitrary decorators. `validate` reports these for
+every file without running anything.
 
-1. A static AST check (`check_reference`) that refuses, with line numbers, everything a reference
-   has no business doing: importing beyond `ALLOWED_MODULES`, dangerous builtins, any `_`-prefixed
-   attribute (the road to `__globals__`, `__subclasses__`, frames), file/process/compiler APIs by
-   attribute name, attribute assignment, classes, `global`, async, arbitrary decorators.
-2. A restricted runtime (`compile_reference`): a fresh namespace per compile whose builtins hold only
-   harmless functions, and whose modules are *views* that refuse submodules outside the allowlist
-   (torch, `F` and `typing` expose `os`, `sys`, `builtins`, `importlib`, `np`, ... as plain
-   attributes) and TorchScript internals re-exported on `torch` (e.g. `torch.PyTorchFileWriter`).
-
-Neither layer bounds CPU, memory or time: callers run references under timeouts / in subprocesses.
+A list of names cannot close every reflective gadget inside torch (new ones come with each release),
+so this is not the boundary: references run in a confined worker process (`confine.py`, `pool.py`).
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
-import importlib
-import types
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = [
-    "ALLOWED_MODULES",
-    "SandboxError",
-    "Violation",
-    "check_reference",
-    "compile_reference",
-    "reference_constants",
-]
+__all__ = ["ALLOWED_MODULES", "SAFE_BUILTIN_NAMES", "TORCH_NN_NAMES", "TYPING_NAMES", "Violation",
+           "attribute_problem", "check_reference", "parse"]
 
 # Pure-math modules a reference may import (or reach by attribute: `torch.nn.functional`).
 ALLOWED_MODULES: frozenset[str] = frozenset({
@@ -72,9 +57,16 @@ FORBIDDEN_ATTRIBUTES: frozenset[str] = _PROCESS_MODULES | {
     "f_globals", "f_locals", "f_builtins", "f_back", "f_code", "f_trace", "gi_frame", "gi_code",
     "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next", "co_code",
     "obj",  # AttributeError.obj: the real module when torch code fails a lookup on one
+    # Reflective gadgets found by trying: `Tensor.type("a.b")` and `storage_type()(1).type("a.b")` import
+    # any module by name; `cond` / `while_loop` / `scan` reach dynamo (which writes a cache directory).
+    "type", "storage_type", "cond", "while_loop", "scan", "associative_scan",
 }
 
-_SAFE_BUILTIN_NAMES = frozenset({
+# `torch.nn` is reachable for `torch.nn.functional` only: its Module containers are string-keyed getattrs
+# (`ParameterDict()["compile"]` is `Module.compile`, which hands an FX graph to a backend of our choosing).
+TORCH_NN_NAMES: frozenset[str] = frozenset({"functional"})
+
+SAFE_BUILTIN_NAMES = frozenset({
     "abs", "all", "any", "bool", "callable", "chr", "complex", "dict", "divmod", "enumerate", "filter",
     "float", "frozenset", "hash", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max",
     "min", "next", "ord", "pow", "range", "repr", "reversed", "round", "set", "slice", "sorted", "str",
@@ -87,25 +79,6 @@ _SAFE_BUILTIN_NAMES = frozenset({
 _ALLOWED_TEXT = ", ".join(sorted(ALLOWED_MODULES))
 _TYPING_TEXT = ", ".join(sorted(TYPING_NAMES))
 _DECORATORS = frozenset({"no_grad", "inference_mode"})
-# `torch` re-exports ~150 `torch._C` objects (TorchScript compiler, file readers/writers, fork/wait);
-# the runtime view refuses those except these plain value types and queries.
-_TORCH_C_ALLOWED = frozenset({
-    "Size", "device", "dtype", "finfo", "iinfo", "layout", "memory_format", "qscheme", "Generator",
-    "OutOfMemoryError", "get_default_dtype", "get_num_threads", "is_grad_enabled",
-    "is_inference_mode_enabled",
-})
-
-
-class SandboxError(ValueError):
-    """A reference that may not (or cannot) be compiled; names the definition and, when known, the line."""
-
-    def __init__(self, definition: str, line: int | None, message: str) -> None:
-        self.definition, self.line, self.message = definition, line, message
-        where = f"reference line {line}: " if line is not None else "reference "
-        super().__init__(f"{definition}: {where}{message}")
-
-    def __reduce__(self):  # survive pickling across worker processes
-        return (type(self), (self.definition, self.line, self.message))
 
 
 @dataclass(frozen=True)
@@ -114,7 +87,7 @@ class Violation:
     message: str
 
 
-def _attribute_problem(attr: str) -> str | None:
+def attribute_problem(attr: str) -> str | None:
     """Why `obj.<attr>` is refused, for any obj (the static check cannot know types)."""
     if attr.startswith("_"):
         return f"attribute {attr!r} is private ('_' names lead to interpreter internals)"
@@ -142,6 +115,7 @@ class _Checker(ast.NodeVisitor):
         self.torch_names: set[str] = set()  # names bound to the torch module
         self.typing_names: set[str] = set()
         self.decorator_names: set[str] = set()  # `from torch import no_grad [as x]`
+        self.nn_names: set[str] = set()  # names bound to torch.nn
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
@@ -150,11 +124,21 @@ class _Checker(ast.NodeVisitor):
                     root = a.name if a.asname else a.name.partition(".")[0]
                     if root in ("torch", "typing"):
                         (self.torch_names if root == "torch" else self.typing_names).add(bound)
+                    elif root == "torch.nn":
+                        self.nn_names.add(bound)
             elif isinstance(node, ast.ImportFrom):
                 for a in node.names:
                     self.imported.add(a.asname or a.name)
                     if node.module == "torch" and a.name in _DECORATORS:
                         self.decorator_names.add(a.asname or a.name)
+                    elif node.module == "torch" and a.name == "nn":
+                        self.nn_names.add(a.asname or a.name)
+
+    def is_torch_nn(self, node: ast.expr) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in self.nn_names
+        return (isinstance(node, ast.Attribute) and node.attr == "nn" and isinstance(node.value, ast.Name)
+                and node.value.id in self.torch_names)
 
     def add(self, node: ast.AST, message: str) -> None:
         line = getattr(node, "lineno", None)
@@ -169,7 +153,7 @@ class _Checker(ast.NodeVisitor):
             self.add(node, f"name {name!r} may not be bound (it shadows a forbidden builtin or module)")
         elif not is_import and name in self.imported:
             self.add(node, f"rebinding the imported name {name!r} is not allowed")
-        elif not self.params and name in _SAFE_BUILTIN_NAMES:
+        elif not self.params and name in SAFE_BUILTIN_NAMES:
             self.add(node, f"rebinding the builtin {name!r} at module level is not allowed")
 
     # -- imports -------------------------------------------------------------------------------
@@ -191,11 +175,13 @@ class _Checker(ast.NodeVisitor):
             if a.name == "*":
                 self.add(node, f"'from {node.module} import *' is not allowed")
                 continue
-            problem = _attribute_problem(a.name)
+            problem = attribute_problem(a.name)
             if problem:
                 self.add(node, f"import of {node.module}.{a.name}: {problem}")
             elif node.module == "typing" and a.name not in TYPING_NAMES:
                 self.add(node, f"typing.{a.name} is not allowed (references may use: {_TYPING_TEXT})")
+            elif node.module == "torch.nn" and a.name not in TORCH_NN_NAMES:
+                self.add(node, f"torch.nn.{a.name} is not allowed (references may use torch.nn.functional only)")
             else:
                 self.bind(node, a.asname or a.name, is_import=True)
 
@@ -210,7 +196,9 @@ class _Checker(ast.NodeVisitor):
             self.bind(node, node.id)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        problem = _attribute_problem(node.attr)
+        problem = attribute_problem(node.attr)
+        if node.attr == "type" and isinstance(node.value, ast.Attribute) and node.value.attr == "device":
+            problem = None  # `x.device.type` is a plain string; Tensor.type("a.b") is the gadget
         if problem:
             self.add(node, problem)
         elif not isinstance(node.ctx, ast.Load):
@@ -219,6 +207,8 @@ class _Checker(ast.NodeVisitor):
         elif (isinstance(node.value, ast.Name) and node.value.id in self.typing_names
               and node.attr not in TYPING_NAMES):
             self.add(node, f"typing.{node.attr} is not allowed")
+        elif self.is_torch_nn(node.value) and node.attr not in TORCH_NN_NAMES:
+            self.add(node, f"torch.nn.{node.attr} is not allowed (references may use torch.nn.functional only)")
         self.generic_visit(node)
 
     # -- functions -----------------------------------------------------------------------------
@@ -298,7 +288,7 @@ class _Checker(ast.NodeVisitor):
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for attr in node.kwd_attrs:  # `case int(__class__=c)` is a getattr by string
-            problem = _attribute_problem(attr)
+            problem = attribute_problem(attr)
             if problem:
                 self.add(node, problem)
         self.generic_visit(node)
@@ -318,7 +308,13 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def _parse(code: str) -> ast.Module:
+MAX_SOURCE_CHARS = 1 << 20  # published references are a few KB; a 10 MB one is an attack on the parser
+
+
+def parse(code: str) -> ast.Module:
+    """ast.parse, bounded: ValueError for text over MAX_SOURCE_CHARS."""
+    if len(code) > MAX_SOURCE_CHARS:
+        raise ValueError(f"{len(code)} characters, more than the {MAX_SOURCE_CHARS} allowed")
     with warnings.catch_warnings():  # invalid escapes etc. are the author's business, not ours
         warnings.simplefilter("ignore")
         return ast.parse(code)
@@ -329,7 +325,7 @@ def check_reference(code: str) -> list[Violation]:
     if not isinstance(code, str):
         return [Violation(None, f"must be a str, got {type(code).__name__}")]
     try:
-        tree = _parse(code)
+        tree = parse(code)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             compile(tree, "<reference>", "exec", dont_inherit=True)  # 'return' outside function etc.
@@ -343,191 +339,3 @@ def check_reference(code: str) -> list[Violation]:
     except RecursionError:
         return [Violation(None, "is too deeply nested to check")]
     return list(dict.fromkeys(v for _, v in sorted(checker.found, key=lambda f: f[0])))
-
-
-# -- runtime -------------------------------------------------------------------------------------
-
-class _Modules:
-    """The module views and guarded `__import__` of ONE compiled reference (nothing is shared)."""
-
-    def __init__(self) -> None:
-        self.views: dict[str, types.ModuleType] = {}
-
-    def view(self, name: str) -> types.ModuleType:
-        if name not in self.views:
-            self.views[name] = _make_view(importlib.import_module(name), self)
-        return self.views[name]
-
-    def import_(self, name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002 - __import__'s signature
-        if level != 0 or not isinstance(name, str) or name not in ALLOWED_MODULES:
-            raise ImportError(f"import of {name!r} is not allowed in a reference")
-        # Real semantics: `import a.b.c [as x]` gets the top package and walks attributes (IMPORT_FROM);
-        # `from a.b import c` gets a.b itself.
-        return self.view(name if fromlist else name.partition(".")[0])
-
-
-def _make_view(real: types.ModuleType, modules: _Modules) -> types.ModuleType:
-    """A stand-in for `real` that resolves attributes lazily and refuses the dangerous ones.
-
-    Its `__name__` is not in sys.modules, so `from torch import utils` cannot fall back to the real
-    submodule, and assignments to it (statically refused anyway) would never reach the real module.
-    """
-    qualname = real.__name__
-
-    def refuse(attr: str, why: str) -> AttributeError:
-        return AttributeError(f"{qualname}.{attr} is not available to references ({why})")
-
-    def __getattr__(self, attr: str):
-        problem = _attribute_problem(attr)
-        if problem:
-            raise refuse(attr, problem)
-        try:
-            value = getattr(real, attr)
-        except AttributeError:
-            raise AttributeError(f"module {qualname!r} has no attribute {attr!r}") from None
-        if isinstance(value, types.ModuleType):
-            if value.__name__ not in ALLOWED_MODULES:
-                raise refuse(attr, "module outside the allowlist")
-            value = modules.view(value.__name__)
-        elif qualname == "typing" and attr not in TYPING_NAMES:
-            raise refuse(attr, "only annotation helpers are available")
-        elif (qualname == "torch" and callable(value) and attr not in _TORCH_C_ALLOWED
-              and getattr(real._C, attr, None) is value):
-            raise refuse(attr, "TorchScript / interpreter internals")
-        self.__dict__[attr] = value  # cache: later lookups are plain dict hits
-        return value
-
-    cls = type("ReferenceModule", (types.ModuleType,), {"__getattr__": __getattr__})
-    return cls(f"<reference view of {qualname}>")
-
-
-def _traceback_line(tb: types.TracebackType | None, filename: str) -> int | None:
-    line = None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == filename:
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return line
-
-
-def compile_reference(code: str, *, definition: str = "<reference>", entry: str = "run") -> Callable:
-    """Check, then execute the module body in a fresh restricted namespace; return its `entry` function.
-
-    Raises SandboxError (the first violation, with definition and line) on any violation, when `entry`
-    is missing or not a function, or when executing the module body raises.
-    """
-    if not isinstance(code, str):
-        raise SandboxError(definition, None, f"must be a str, got {type(code).__name__}")
-    violations = check_reference(code)
-    if violations:
-        raise SandboxError(definition, violations[0].line, violations[0].message)
-    filename = f"<reference {definition}>"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        code_object = compile(_parse(code), filename, "exec", dont_inherit=True)
-    modules = _Modules()
-    safe_builtins = {name: getattr(builtins, name) for name in _SAFE_BUILTIN_NAMES}
-    safe_builtins["__import__"] = modules.import_
-    namespace = {"__builtins__": safe_builtins, "__name__": "flashinfer_trace_reference"}
-    try:
-        exec(code_object, namespace)
-    except Exception as e:
-        text = str(e) if len(str(e)) <= 500 else str(e)[:500] + "..."
-        raise SandboxError(definition, _traceback_line(e.__traceback__, filename),
-                           f"raised {type(e).__name__} while executing its module body: {text}") from e
-    fn = namespace.get(entry)
-    if not isinstance(fn, types.FunctionType):
-        got = "" if fn is None else f" ({entry} is not a function but {type(fn).__name__})"
-        raise SandboxError(definition, None, f"defines no function {entry}(){got}")
-    return fn
-
-
-# -- constants -----------------------------------------------------------------------------------
-
-_NOT_CONSTANT = object()
-_ARITHMETIC = {
-    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
-    ast.Pow: lambda a, b: a ** b,
-}
-
-
-def _is_number(v: object) -> bool:
-    return type(v) in (int, float)
-
-
-def _literal(node: ast.AST, known: dict[str, object], depth: int = 0) -> object:
-    """The value of a constant expression, or _NOT_CONSTANT. Sizes are bounded: no `"a" * 10**9`."""
-    if depth > 50:
-        return _NOT_CONSTANT
-    if isinstance(node, ast.Constant):
-        return node.value if type(node.value) in (int, float, str, bool) else _NOT_CONSTANT
-    if isinstance(node, ast.Name):
-        return known.get(node.id, _NOT_CONSTANT)
-    if isinstance(node, ast.Tuple):
-        items = tuple(_literal(e, known, depth + 1) for e in node.elts)
-        return _NOT_CONSTANT if any(i is _NOT_CONSTANT for i in items) else items
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _literal(node.operand, known, depth + 1)
-        return (-v if isinstance(node.op, ast.USub) else v) if _is_number(v) else _NOT_CONSTANT
-    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
-        a, b = _literal(node.left, known, depth + 1), _literal(node.right, known, depth + 1)
-        if isinstance(node.op, ast.Add) and type(a) is str and type(b) is str:
-            return a + b
-        if not (_is_number(a) and _is_number(b)):
-            return _NOT_CONSTANT
-        if isinstance(node.op, ast.Pow) and type(a) is int and type(b) is int and (
-                abs(b) > 4096 or abs(a).bit_length() * abs(b) > 65536):
-            return _NOT_CONSTANT
-        try:
-            v = _ARITHMETIC[type(node.op)](a, b)
-        except (ArithmeticError, ValueError):
-            return _NOT_CONSTANT
-        return v if _is_number(v) else _NOT_CONSTANT  # (-8) ** 0.5 is complex
-    return _NOT_CONSTANT
-
-
-def _bound_names(stmt: ast.stmt) -> set[str]:
-    """Names a top-level statement (re)binds, conservatively (a later rebinding voids a constant)."""
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {stmt.name}
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        return {(a.asname or a.name).partition(".")[0] for a in stmt.names}
-    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-
-
-def reference_constants(code: str) -> dict[str, object]:
-    """Top-level `NAME = <constant expression>` assignments, e.g. {"EPS": 1e-5}. Never executes code.
-
-    Ground-truth adapters read hard-coded parameters (EPS, TOP_K, ...) from here. Accepted: int, float,
-    str, bool, tuples of these, unary +/-, + - * / // % ** on numbers (1/128, 2**-7), str + str, and
-    names of constants found earlier. Anything else, or a later rebinding, leaves the name out.
-    Returns {} for non-str or unparsable input.
-    """
-    if not isinstance(code, str):
-        return {}
-    try:
-        tree = _parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
-    constants: dict[str, object] = {}
-    for stmt in tree.body:
-        targets: list[ast.expr] = []
-        if isinstance(stmt, ast.Assign):
-            targets, value_node = stmt.targets, stmt.value
-        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
-            targets, value_node = [stmt.target], stmt.value
-        if targets and all(isinstance(t, ast.Name) for t in targets):
-            try:
-                value = _literal(value_node, constants)
-            except RecursionError:
-                value = _NOT_CONSTANT
-            for t in targets:
-                if value is _NOT_CONSTANT:
-                    constants.pop(t.id, None)
-                else:
-                    constants[t.id] = value
-        else:
-            for name in _bound_names(stmt):
-                constants.pop(name, None)
-    return constants

@@ -1,0 +1,314 @@
+"""OS confinement of the worker process that runs untrusted references.
+
+Applied by the worker to itself, after torch is imported (and, on a GPU, CUDA is initialised) and
+before it receives any reference, in this order:
+
+1. hygiene: standard streams on /dev/null (they were the caller's files or terminal), a new session
+   (no controlling terminal), SIGKILL when its parent dies, no core dumps, an environment scrubbed of
+   everything but what torch and CUDA read;
+2. Landlock (the `landlock` package; Linux >= 5.13): file reads only beneath the directories Python,
+   torch and the shared libraries live in (plus the GPU device files), no writes, no file creation
+   or removal anywhere, no execution;
+3. resource limits: address space (CPU workers; CUDA reserves terabytes of virtual addresses, so a
+   GPU worker is bounded by the parent's resident-memory watchdog instead) and, per call, CPU time
+   (set by the parent with prlimit);
+4. seccomp (libseccomp through `seccomp` or `pyseccomp`): no execve, no new processes (threads
+   only), no sockets, no ptrace or process_vm_*, no signals to other processes, no rlimit raising,
+   no mount/namespace/bpf/keyring/io_uring/perf, no chmod/chown/xattr/utime, no TIOCSTI; EPERM, so
+   an attempt is a clear error in the reference. Filters all threads (TSYNC).
+
+`apply()` returns a `Confinement` saying what is active and, for what is not, why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import glob
+import os
+import resource
+import signal
+import sys
+import sysconfig
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["Confinement", "apply", "landlock_abi", "scrubbed_environment"]
+
+MECHANISMS = ("landlock", "seccomp", "rlimits")
+
+# Variables torch, CUDA and the math libraries read; everything else (tokens, CI secrets) stays out
+# of the worker's environment, so an escaped reference has none to read.
+_ENV_KEEP_PREFIXES = ("CUDA_", "NVIDIA_", "CUBLAS", "CUDNN_", "NCCL_", "OMP_", "MKL_", "KMP_", "GOMP_",
+                      "OPENBLAS_", "PYTORCH_", "TORCH_", "ATEN_", "LC_", "FLASHINFER_TRACE_")
+_ENV_KEEP = frozenset({"PATH", "LANG", "TZ", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED",
+                       "VIRTUAL_ENV", "HOME", "TMPDIR"})
+_ENV_DROP = frozenset({"FLASHINFER_TRACE_DEFINITIONS"})
+
+
+def scrubbed_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if env is None else env)
+    return {k: v for k, v in env.items()
+            if (k in _ENV_KEEP or k.startswith(_ENV_KEEP_PREFIXES)) and k not in _ENV_DROP}
+
+
+@dataclass
+class Confinement:
+    active: dict[str, str] = field(default_factory=dict)  # mechanism -> what it enforces
+    missing: dict[str, str] = field(default_factory=dict)  # mechanism -> why it is not active
+    disabled: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and all(m in self.active for m in MECHANISMS)
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"complete": self.complete}
+
+
+# -- 1. hygiene -------------------------------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1
+
+
+def _hygiene() -> None:
+    # The standard streams were inherited from whoever started the fork server (pytest's capture files,
+    # a terminal): writable files outside the sandbox. Errors travel on the pipe instead.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    try:
+        os.setsid()  # no controlling terminal: TIOCSTI cannot type into the user's shell
+    except OSError:
+        pass
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    keep = scrubbed_environment()
+    for k in list(os.environ):
+        if k not in keep:
+            del os.environ[k]
+
+
+# -- 2. Landlock ------------------------------------------------------------------------------------
+def landlock_abi() -> tuple[int, str]:
+    """(ABI version, "") when Landlock works here, else (0, why not)."""
+    try:
+        from landlock import landlock_abi_version
+    except ImportError as e:
+        return 0, f"the landlock package is not installed ({e})"
+    try:
+        return int(landlock_abi_version()), ""
+    except OSError as e:
+        return 0, f"{errno.errorcode.get(e.errno, e.errno)}: {getattr(e, 'reason', None) or e.strerror}"
+    except Exception as e:  # non-Linux: the package raises on import of its syscalls
+        return 0, f"{type(e).__name__}: {e}"
+
+
+def _mapped_dirs() -> set[str]:
+    """Directories of every file mapped into this process (the shared libraries already loaded)."""
+    dirs = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/"):
+                    dirs.add(os.path.dirname(parts[5].strip()))
+    except OSError:
+        pass
+    return dirs
+
+
+def read_roots() -> list[str]:
+    """Where a worker may read: Python, its packages, shared libraries, CUDA; never home or the cwd."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    roots |= {p for k, p in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    for name in ("torch", "flashinfer_trace", "landlock", "seccomp", "pyseccomp", "flashinfer", "sgl_kernel",
+                 "nvidia", "triton"):
+        mod = sys.modules.get(name)
+        for p in getattr(mod, "__path__", []) or ([mod.__file__] if getattr(mod, "__file__", None) else []):
+            roots.add(os.path.dirname(os.path.abspath(p)))
+    roots |= {"/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/local/lib64",
+              "/usr/local/cuda", "/usr/local/nvidia", "/sys", "/etc/ld.so.cache", "/etc/localtime"}
+    roots |= {p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p}
+    roots |= {os.environ[k] for k in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(k)}
+    roots |= set(glob.glob("/usr/local/cuda-*"))
+    roots |= _mapped_dirs()
+    return sorted(p for p in roots if p and os.path.isabs(p) and os.path.exists(p) and p not in ("/", "/proc"))
+
+
+def _proc_self() -> list[str]:
+    # Not /proc: other processes' environ and cmdline are readable there under the same uid.
+    base = f"/proc/{os.getpid()}"
+    names = ("status", "stat", "statm", "maps", "fd", "task", "cgroup", "mountinfo", "limits", "smaps")
+    extra = ["/proc/meminfo", "/proc/cpuinfo", "/proc/stat", "/proc/driver", "/proc/sys/kernel",
+             "/proc/sys/vm/overcommit_memory"]
+    return [p for p in [f"{base}/{n}" for n in names] + extra if os.path.exists(p)]
+
+
+def gpu_device_files() -> list[str]:
+    return sorted(set(glob.glob("/dev/nvidia*")) | set(glob.glob("/dev/nvidia-caps/*")))
+
+
+def _landlock(gpu: bool, shm: bool) -> str:
+    """Restrict this thread and its future children; returns what was enforced."""
+    from landlock import FSAccess, Ruleset
+
+    abi, why = landlock_abi()
+    if not abi:
+        raise OSError(errno.ENOSYS, why)
+    read_dir = FSAccess.READ_FILE | FSAccess.READ_DIR
+    rules = Ruleset()  # handles every access right this kernel knows: all denied unless allowed below
+
+    def allow(path: str, rights) -> None:
+        if os.path.isdir(path):
+            rules.allow(path, rules=rights)
+        elif os.path.exists(path):
+            rules.allow(path, rules=rights & FSAccess.all_file())
+
+    for p in read_roots() + _proc_self():
+        allow(p, read_dir)
+    for p in ("/dev/null", "/dev/urandom", "/dev/zero"):
+        allow(p, FSAccess.READ_FILE)
+    device = FSAccess.READ_FILE | FSAccess.WRITE_FILE
+    if abi >= 5:
+        device |= FSAccess.IOCTL_DEV
+    if gpu:
+        for p in gpu_device_files():
+            allow(p, device if not os.path.isdir(p) else device | FSAccess.READ_DIR)
+    if shm and os.path.isdir("/dev/shm"):  # torch's CUDA IPC reference counters; removed by a second layer
+        allow("/dev/shm", FSAccess.READ_FILE | FSAccess.WRITE_FILE | FSAccess.READ_DIR)
+    rules.apply()
+    return f"ABI {abi}: reads beneath {len(read_roots())} library roots" + (", GPU device files" if gpu else "") + \
+        (", /dev/shm (setup layer)" if shm else "") + "; no writes, creation, removal or execution"
+
+
+# -- 3. resource limits -----------------------------------------------------------------------------
+def _vm_size() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _rlimits(memory_bytes: int | None, gpu: bool) -> str:
+    parts = ["no core dumps"]
+    if memory_bytes and not gpu:
+        limit = _vm_size() + memory_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        parts.append(f"address space {limit / 2**30:.1f} GiB")
+    elif memory_bytes:
+        parts.append(f"resident memory {memory_bytes / 2**30:.1f} GiB (the parent's watchdog)")
+    parts.append("CPU time per call (set by the parent)")
+    return ", ".join(parts)
+
+
+# -- 4. seccomp -------------------------------------------------------------------------------------
+_CLONE_THREAD = 0x00010000
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+DENIED_SYSCALLS = (
+    "execve", "execveat", "fork", "vfork",
+    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open", "pidfd_getfd", "pidfd_send_signal",
+    "tkill", "setrlimit",
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "mount_setattr", "open_tree", "move_mount",
+    "fsopen", "fsconfig", "fsmount", "fspick",
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "init_module", "finit_module",
+    "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct", "syslog",
+    "quotactl", "quotactl_fd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "name_to_handle_at", "open_by_handle_at",
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "setxattrat",
+    "removexattrat", "utime", "utimes", "utimensat", "futimesat",
+)
+
+
+def _load_seccomp():
+    """libseccomp's bindings, loaded at import: finding the library runs ldconfig, which a confined
+    process could not."""
+    try:
+        import seccomp  # libseccomp's own bindings (Debian python3-seccomp)
+
+        return seccomp, ""
+    except ImportError:
+        pass
+    try:
+        import pyseccomp  # the same API over ctypes; RuntimeError without libseccomp.so
+
+        return pyseccomp, ""
+    except (ImportError, RuntimeError, OSError) as e:
+        return None, f"no libseccomp bindings: {type(e).__name__}: {e}"
+
+
+_SECCOMP, _SECCOMP_MISSING = _load_seccomp()
+
+
+def _seccomp() -> str:
+    sc = _SECCOMP
+    if sc is None:
+        raise OSError(errno.ENOSYS, _SECCOMP_MISSING)
+    eperm = sc.ERRNO(errno.EPERM)
+    f = sc.SyscallFilter(sc.ALLOW)
+    f.set_attr(sc.Attr.CTL_TSYNC, 1)  # every thread, CUDA's and torch's included
+    f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)  # i386 syscalls (int 0x80) kill the worker
+    try:
+        f.add_arch(sc.Arch.X32)  # x32 numbers would otherwise pass a native denylist
+    except Exception:
+        pass
+    unknown = []
+
+    def deny(name: str, *args, action=eperm) -> None:
+        try:
+            f.add_rule(action, name, *args)
+        except Exception:  # a syscall this libseccomp or architecture does not know
+            unknown.append(name)
+
+    for name in DENIED_SYSCALLS:
+        deny(name)
+    deny("clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))  # threads only
+    deny("clone3", action=sc.ERRNO(errno.ENOSYS))  # flags live in memory; ENOSYS makes libc use clone
+    pid = os.getpid()
+    for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
+        deny(name, sc.Arg(0, sc.NE, pid))  # signals to itself only (kill(0) would reach the group)
+    deny("prlimit64", sc.Arg(2, sc.NE, 0))  # reading limits is fine, setting them is not
+    deny("personality", sc.Arg(0, sc.NE, 0xFFFFFFFF))
+    for request in (_TIOCSTI, _TIOCLINUX):
+        deny("ioctl", sc.Arg(1, sc.EQ, request))
+    f.load()
+    note = f" ({len(unknown)} unknown to this libseccomp: {', '.join(unknown)})" if unknown else ""
+    return f"denylist of {len(DENIED_SYSCALLS) + 10} syscalls, EPERM, all threads{note}"
+
+
+# -- the whole ---------------------------------------------------------------------------------------
+def apply(*, memory_bytes: int | None, gpu: bool, shm_layer: bool = False, disable=()) -> Confinement:
+    """Confine this process; what could not be applied is reported, never raised. `disable`: mechanisms
+    the user turned off (FLASHINFER_TRACE_SANDBOX_DISABLE), reported as missing."""
+    c = Confinement(disabled=tuple(disable))
+    _hygiene()
+    if "landlock" in c.disabled:
+        c.missing["landlock"] = "disabled by the user"
+    else:
+        try:
+            c.active["landlock"] = _landlock(gpu, shm=shm_layer)
+        except Exception as e:
+            c.missing["landlock"] = f"{type(e).__name__}: {e}"
+    try:
+        c.active["rlimits"] = _rlimits(memory_bytes, gpu)
+    except (OSError, ValueError) as e:
+        c.missing["rlimits"] = f"{type(e).__name__}: {e}"
+    return c
+
+
+def finish(c: Confinement, *, gpu: bool, shm_layer: bool) -> Confinement:
+    """The last steps, after CUDA is up: drop the setup-only /dev/shm access, then seccomp."""
+    if shm_layer and "landlock" in c.active and "landlock" not in c.disabled:
+        try:
+            _landlock(gpu, shm=False)
+            c.active["landlock"] = c.active["landlock"].replace(", /dev/shm (setup layer)", "")
+        except Exception as e:
+            c.missing["landlock"] = f"second layer: {type(e).__name__}: {e}"
+    if "seccomp" in c.disabled:
+        c.missing["seccomp"] = "disabled by the user"
+        return c
+    try:
+        c.active["seccomp"] = _seccomp()
+    except Exception as e:
+        c.missing["seccomp"] = f"{type(e).__name__}: {e}"
+    return c

@@ -1,0 +1,150 @@
+"""Constants of a reference read from its AST, never by running it: `EPS = 1e-5` -> {"EPS": 1e-05}.
+
+Ground-truth adapters read hard-coded parameters (EPS, TOP_K, ...) here, in the parent process, so
+every operator is bounded: a value that would exceed MAX_INT_BITS / MAX_STR_CHARS / MAX_TUPLE_ITEMS
+is "not a constant", decided before it is computed (doubling a string or an int sixty times, or
+`10 ** 10 ** 10`, costs nothing).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+
+from .static import parse
+
+__all__ = ["MAX_INT_BITS", "MAX_STR_CHARS", "MAX_TUPLE_ITEMS", "reference_constants"]
+
+MAX_INT_BITS = 4096
+MAX_STR_CHARS = 4096
+MAX_TUPLE_ITEMS = 256  # items counted through nesting: `T = (T, T)` repeated stays small
+MAX_DEPTH = 50
+
+_NOT_CONSTANT = object()
+
+
+def _is_number(v: object) -> bool:
+    return type(v) in (int, float)
+
+
+def _bits(v: int | float) -> int:
+    return abs(v).bit_length() if type(v) is int else 0
+
+
+def _items(v: object) -> int:
+    return sum(1 + _items(x) for x in v) if type(v) is tuple else 0
+
+
+def _fits(v: object) -> bool:
+    if type(v) is int:
+        return v.bit_length() <= MAX_INT_BITS
+    if type(v) is float:
+        return True
+    if type(v) is str:
+        return len(v) <= MAX_STR_CHARS
+    if type(v) is tuple:
+        return _items(v) <= MAX_TUPLE_ITEMS
+    return type(v) is bool
+
+
+def _arith(op: ast.operator, a: object, b: object) -> object:
+    """a <op> b for numbers (str + str too), or _NOT_CONSTANT when the result could be too large."""
+    if isinstance(op, ast.Add) and type(a) is str and type(b) is str:
+        return a + b if len(a) + len(b) <= MAX_STR_CHARS else _NOT_CONSTANT
+    if not (_is_number(a) and _is_number(b)):
+        return _NOT_CONSTANT
+    if isinstance(op, ast.Mult) and _bits(a) + _bits(b) > MAX_INT_BITS:
+        return _NOT_CONSTANT
+    if isinstance(op, ast.Pow):
+        if type(b) is int and abs(b) > MAX_INT_BITS:
+            return _NOT_CONSTANT
+        if type(a) is int and type(b) is int and max(_bits(a), 1) * abs(b) > MAX_INT_BITS:
+            return _NOT_CONSTANT
+        if type(a) is float or type(b) is float:
+            try:  # float powers overflow to an exception, never to memory
+                v = float(a) ** float(b)
+            except (ArithmeticError, ValueError):
+                return _NOT_CONSTANT
+            return v if _is_number(v) and math.isfinite(v) else _NOT_CONSTANT
+    ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b, ast.Div: lambda: a / b,
+           ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b, ast.Pow: lambda: a ** b}
+    if type(op) not in ops:
+        return _NOT_CONSTANT
+    try:
+        v = ops[type(op)]()
+    except (ArithmeticError, ValueError):
+        return _NOT_CONSTANT
+    return v if _is_number(v) and _fits(v) else _NOT_CONSTANT  # (-8) ** 0.5 is complex
+
+
+def _literal(node: ast.AST, known: dict[str, object], depth: int = 0) -> object:
+    """The value of a constant expression, or _NOT_CONSTANT."""
+    if depth > MAX_DEPTH:
+        return _NOT_CONSTANT
+    if isinstance(node, ast.Constant):
+        v = node.value
+        return v if type(v) in (int, float, str, bool) and _fits(v) else _NOT_CONSTANT
+    if isinstance(node, ast.Name):
+        return known.get(node.id, _NOT_CONSTANT)
+    if isinstance(node, ast.Tuple):
+        if len(node.elts) > MAX_TUPLE_ITEMS:
+            return _NOT_CONSTANT
+        items = tuple(_literal(e, known, depth + 1) for e in node.elts)
+        if any(i is _NOT_CONSTANT for i in items) or not _fits(items):
+            return _NOT_CONSTANT
+        return items
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _literal(node.operand, known, depth + 1)
+        return (-v if isinstance(node.op, ast.USub) else v) if _is_number(v) else _NOT_CONSTANT
+    if isinstance(node, ast.BinOp):
+        a = _literal(node.left, known, depth + 1)
+        if a is _NOT_CONSTANT:
+            return _NOT_CONSTANT
+        b = _literal(node.right, known, depth + 1)
+        return _NOT_CONSTANT if b is _NOT_CONSTANT else _arith(node.op, a, b)
+    return _NOT_CONSTANT
+
+
+def _bound_names(stmt: ast.stmt) -> set[str]:
+    """Names a top-level statement (re)binds, conservatively (a later rebinding voids a constant)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {stmt.name}
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).partition(".")[0] for a in stmt.names}
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+
+
+def reference_constants(code: str) -> dict[str, object]:
+    """Top-level `NAME = <constant expression>` assignments, e.g. {"EPS": 1e-5}. Never executes code.
+
+    Accepted: int, float, str, bool, tuples of these, unary +/-, + - * / // % ** on numbers (1/128,
+    2**-7), str + str, and names of constants found earlier, each within the bounds above. Anything
+    else, or a later rebinding, leaves the name out. Returns {} for non-str or unparsable input.
+    """
+    if not isinstance(code, str):
+        return {}
+    try:
+        tree = parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    constants: dict[str, object] = {}
+    for stmt in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(stmt, ast.Assign):
+            targets, value_node = stmt.targets, stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            targets, value_node = [stmt.target], stmt.value
+        if targets and all(isinstance(t, ast.Name) for t in targets):
+            try:
+                value = _literal(value_node, constants)
+            except RecursionError:
+                value = _NOT_CONSTANT
+            for t in targets:
+                if value is _NOT_CONSTANT:
+                    constants.pop(t.id, None)
+                else:
+                    constants[t.id] = value
+        else:
+            for name in _bound_names(stmt):
+                constants.pop(name, None)
+    return constants

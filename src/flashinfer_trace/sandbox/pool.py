@@ -1,0 +1,576 @@
+"""The parent side: confined workers, started from a fork server, one reference's code each.
+
+`compile_reference` returns a `ConfinedReference`: calling it lays the tensors into the shared arena,
+asks the worker, and turns the answer into outputs or an exception that names the definition. The
+worker's answer is untrusted and checked (`transport.decode`); its death is a result:
+
+    timeout     no answer within Settings.timeout: the worker is killed (never a hang of the caller)
+    crash       the worker died: "crash: the worker died of SIGSEGV"
+    cpu-time    it used more CPU time in one call than Settings.cpu_seconds (SIGXCPU from RLIMIT_CPU)
+    memory      a GPU worker's resident memory passed Settings.memory_bytes (CPU workers get MemoryError
+                from RLIMIT_AS instead)
+
+One worker lives at a time (per test process): a call for other code replaces it, so no two
+references ever share a process, and a worker that escaped its confinement has no sibling to reach.
+The next call after a failure starts a fresh worker and compiles the reference again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+import torch.multiprocessing  # noqa: F401 - registers CUDA IPC for ForkingPickler (else a CUDA tensor pickles as a copy)
+
+from .confine import scrubbed_environment
+from .errors import ConfinementUnavailable, ReferenceFailure, SandboxError, reference_raised
+from .static import check_reference
+from .transport import Arenas, HostArena, ProtocolError, decode, encode, needed
+
+__all__ = ["ConfinedReference", "Settings", "compile_reference", "configure", "settings", "shutdown", "status"]
+
+ENV_TIMEOUT = "FLASHINFER_TRACE_REFERENCE_TIMEOUT"
+ENV_MEMORY = "FLASHINFER_TRACE_REFERENCE_MEMORY_GB"
+ENV_ALLOW = "FLASHINFER_TRACE_ALLOW_UNCONFINED"
+ENV_DISABLE = "FLASHINFER_TRACE_SANDBOX_DISABLE"  # comma-separated mechanisms to leave off (to see the refusal)
+MAX_MESSAGE = 64 << 20
+POLL_S = 0.05
+MIN_CUDA_ARENA = 256 << 20
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 16 << 30
+
+
+@dataclass
+class Settings:
+    timeout: float = 900.0  # seconds per call (and per compile: the module body runs too)
+    memory_bytes: int | None = None  # None: 80% of physical memory
+    cpu_seconds: float | None = None  # per call; None: timeout x CPU count (a backstop behind timeout)
+    allow_unconfined: bool = False  # run references where a confinement mechanism is missing
+    disable: tuple[str, ...] = ()  # mechanisms to leave off on purpose (recorded as missing)
+    start_timeout: float = 180.0
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        s = cls()
+        if os.environ.get(ENV_TIMEOUT):
+            s.timeout = float(os.environ[ENV_TIMEOUT])
+        if os.environ.get(ENV_MEMORY):
+            s.memory_bytes = int(float(os.environ[ENV_MEMORY]) * 2**30)
+        s.allow_unconfined = os.environ.get(ENV_ALLOW, "") not in ("", "0", "false", "no")
+        s.disable = tuple(m for m in os.environ.get(ENV_DISABLE, "").split(",") if m)
+        return s
+
+    @property
+    def memory(self) -> int:
+        return self.memory_bytes or int(0.8 * _total_memory())
+
+    @property
+    def cpu(self) -> float:
+        return self.cpu_seconds or self.timeout * (os.cpu_count() or 1)
+
+
+settings = Settings.from_env()
+
+
+def configure(*, timeout: float | None = None, memory_gb: float | None = None, cpu_seconds: float | None = None,
+              allow_unconfined: bool | None = None, disable: tuple[str, ...] | None = None) -> Settings:
+    """Change the settings here and, through the environment, in the processes this one starts; the
+    running worker is stopped, so the next call's worker has them."""
+    shutdown()
+    if cpu_seconds is not None:
+        settings.cpu_seconds = float(cpu_seconds)
+    if disable is not None:
+        settings.disable = tuple(disable)
+        os.environ[ENV_DISABLE] = ",".join(disable)
+    if timeout is not None:
+        settings.timeout = float(timeout)
+        os.environ[ENV_TIMEOUT] = str(timeout)
+    if memory_gb is not None:
+        settings.memory_bytes = int(memory_gb * 2**30)
+        os.environ[ENV_MEMORY] = str(memory_gb)
+    if allow_unconfined is not None:
+        settings.allow_unconfined = bool(allow_unconfined)
+        os.environ[ENV_ALLOW] = "1" if allow_unconfined else "0"
+    return settings
+
+
+# -- the fork server ---------------------------------------------------------------------------------
+class _Zygote:
+    """Our end of the fork server (`zygote.py`): spawn a worker, collect its exit status."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        boot = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+                "from flashinfer_trace.sandbox.zygote import main; main(int(sys.argv[2]))")
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", boot, json.dumps(sys.path), str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], env=scrubbed_environment(), stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.ctl = ours
+        self.ctl.settimeout(settings.start_timeout)
+        try:
+            ready = self._receive()
+        except (OSError, ValueError) as e:
+            raise ReferenceFailure("<sandbox>", "crash", f"the fork server did not start: {e}") from None
+        if "ready" not in ready:
+            raise ReferenceFailure("<sandbox>", "crash", f"the fork server did not start: {ready}")
+
+    def _receive(self) -> dict:
+        data = self.ctl.recv(1 << 16)
+        if not data:
+            raise OSError("the fork server exited")
+        return json.loads(data)
+
+    def spawn(self, conn_fd: int, arena_fd: int, config: dict) -> int:
+        socket.send_fds(self.ctl, [json.dumps({"op": "spawn", "config": config}).encode()], [conn_fd, arena_fd])
+        return int(self._receive()["pid"])
+
+    def wait(self, pid: int) -> int | None:
+        self.ctl.sendall(json.dumps({"op": "wait", "pid": pid}).encode())
+        return self._receive()["status"]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+_zygote_lock = threading.Lock()
+_zygote: _Zygote | None = None
+
+
+def _fork_server() -> _Zygote:
+    global _zygote
+    with _zygote_lock:
+        if _zygote is None or not _zygote.alive():
+            _zygote = _Zygote()
+        return _zygote
+
+
+# -- one worker --------------------------------------------------------------------------------------
+class _Channel:
+    """Our end of a worker's socket, framed like multiprocessing.Connection (the worker uses one), but
+    every read and write has a deadline: a worker that sends half a message and stalls, or stops
+    reading, cannot block the caller."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    @property
+    def closed(self) -> bool:
+        return self.sock.fileno() < 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def send(self, data: bytes, timeout: float) -> None:
+        self.sock.settimeout(max(timeout, 0.001))
+        self.sock.sendall(struct.pack("!i", len(data)) + data)
+
+    def readable(self, timeout: float) -> bool:
+        return bool(select.select([self.sock], [], [], max(timeout, 0))[0])
+
+    def recv(self, timeout: float) -> bytes:
+        self.sock.settimeout(max(timeout, 0.001))
+        (size,) = struct.unpack("!i", self._exactly(4))
+        if not 0 <= size <= MAX_MESSAGE:
+            raise ProtocolError(f"a message of {size} bytes")
+        return self._exactly(size)
+
+    def _exactly(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("the worker closed its end")
+            buf += chunk
+        return bytes(buf)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+class _Worker:
+    def __init__(self, key: tuple[str, str], device: str, pool: _Pool, definition: str) -> None:
+        self.key, self.device = key, device
+        self.zygote = _fork_server()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        config = {"device": device, "memory_bytes": settings.memory, "allow_unconfined": settings.allow_unconfined,
+                  "escaped": key[1] == "escaped", "disable": list(settings.disable)}
+        try:
+            self.pid = self.zygote.spawn(theirs.fileno(), pool.host.fd, config)
+        except (OSError, ValueError, KeyError) as e:
+            ours.close()
+            raise ReferenceFailure(definition, "crash", f"the fork server could not start a worker: {e}") from None
+        finally:
+            theirs.close()
+        self.conn = _Channel(ours)
+        self.exitcode: int | None = None
+        if device.startswith("cuda"):
+            try:
+                self.conn.send(bytes(ForkingPickler.dumps(pool.cuda_arena(device))), settings.start_timeout)
+            except OSError:
+                pass  # the worker died at once: receive() reports how
+        answer = self.receive(definition, settings.start_timeout)
+        if "refused" in answer:
+            self.kill()
+            refused = answer["refused"] if isinstance(answer["refused"], dict) else {}
+            pool.last_status = refused | {"complete": False, "allow_unconfined": False}
+            missing = refused.get("missing", {})
+            raise ConfinementUnavailable(definition, "cannot confine the reference worker on this machine: "
+                                         + "; ".join(f"{k} unavailable ({v})" for k, v in missing.items())
+                                         + f". Pass --allow-unconfined-references (or {ENV_ALLOW}=1) to run "
+                                         "untrusted references without it; the results record that you did.")
+        if "ready" not in answer or not isinstance(answer["ready"], dict):
+            self.kill()
+            raise ReferenceFailure(definition, "crash", f"the worker did not start: {str(answer)[:500]}")
+        self.status = answer["ready"]
+        self.compiled: set[int] = set()
+
+    def kill(self) -> None:
+        """SIGKILL, then collect the exit status from the fork server (idempotent)."""
+        if self.exitcode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                self.exitcode = self.zygote.wait(self.pid)
+            except (OSError, ValueError, KeyError):
+                self.exitcode = -signal.SIGKILL
+        self.conn.close()
+
+    def alive(self) -> bool:
+        return self.exitcode is None and not self.conn.closed
+
+    def _rss(self) -> int:
+        try:
+            with open(f"/proc/{self.pid}/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def limit_cpu(self) -> None:
+        """RLIMIT_CPU of the worker: what it has used so far plus one call's budget."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            _, hard = resource.prlimit(self.pid, resource.RLIMIT_CPU)
+            soft = int(used + settings.cpu) + 1
+            if hard != resource.RLIM_INFINITY:
+                soft = min(soft, hard)
+            resource.prlimit(self.pid, resource.RLIMIT_CPU, (soft, hard))
+        except (OSError, ValueError, IndexError):
+            pass
+
+    def receive(self, definition: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        watch = self.device.startswith("cuda")
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise ReferenceFailure(definition, "timeout", f"no result after {timeout:g} s; the worker was killed")
+            try:
+                data = self.conn.recv(remaining) if self.conn.readable(min(remaining, POLL_S)) else None
+            except TimeoutError:
+                self.kill()
+                raise ReferenceFailure(definition, "timeout", f"no complete answer after {timeout:g} s; the worker "
+                                       "was killed") from None
+            except ProtocolError as e:
+                self.kill()
+                raise ReferenceFailure(definition, "protocol", f"{e}; the worker was killed") from None
+            except (EOFError, OSError):
+                raise self._died(definition) from None
+            if data is not None:
+                try:
+                    answer = json.loads(data)
+                except (ValueError, UnicodeDecodeError, RecursionError):
+                    answer = None
+                if not isinstance(answer, dict):
+                    self.kill()
+                    raise ReferenceFailure(definition, "protocol", "the worker sent a message that is not a JSON "
+                                           "object; it was killed")
+                return answer
+            if watch and self._rss() > settings.memory:
+                rss = self._rss()
+                self.kill()
+                raise ReferenceFailure(definition, "memory", f"resident memory {rss / 2**30:.1f} GiB passed the "
+                                       f"limit of {settings.memory / 2**30:.1f} GiB; the worker was killed")
+
+    def _died(self, definition: str) -> ReferenceFailure:
+        self.kill()  # the pipe closed: dead, dying (its signal stays the exit status) or pretending
+        code = self.exitcode
+        if code is not None and code < 0:
+            name = _signal_name(-code)
+            if name == "SIGXCPU":
+                return ReferenceFailure(definition, "cpu-time", f"more than {settings.cpu:g} s of CPU time in one "
+                                        "call (RLIMIT_CPU)")
+            return ReferenceFailure(definition, "crash", f"the worker died of {name}")
+        return ReferenceFailure(definition, "crash", f"the worker exited with status {code}")
+
+    def request(self, message: dict, definition: str, timeout: float) -> dict:
+        try:
+            self.conn.send(json.dumps(message).encode(), timeout)
+        except TimeoutError:
+            self.kill()
+            raise ReferenceFailure(definition, "timeout", f"the worker read no request for {timeout:g} s; "
+                                   "it was killed") from None
+        except (OSError, ValueError):
+            raise self._died(definition) from None
+        return self.receive(definition, timeout)
+
+
+# -- the pool: one worker at a time, the arenas ---------------------------------------------------------
+@dataclass
+class _Pool:
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    worker: _Worker | None = None
+    _host: HostArena | None = None
+    cuda: dict[str, torch.Tensor] = field(default_factory=dict)
+    last_status: dict | None = None
+
+    @property
+    def host(self) -> HostArena:
+        if self._host is None:
+            self._host = HostArena()
+        return self._host
+
+    def cuda_arena(self, device: str, size: int = 0) -> torch.Tensor:
+        """The CUDA arena of a device, at least `size` bytes. Growing it means new workers (theirs is
+        mapped once, before confinement), so it starts generous and doubles."""
+        arena = self.cuda.get(device)
+        if arena is None or arena.numel() < size:
+            new = max(MIN_CUDA_ARENA, size, 2 * (arena.numel() if arena is not None else 0))
+            self.cuda[device] = torch.empty(new, dtype=torch.uint8, device=device)
+            if self.worker is not None and self.worker.device == device:
+                self.close()
+        return self.cuda[device]
+
+    def get(self, key: tuple[str, str], device: str, definition: str) -> _Worker:
+        w = self.worker
+        if w is not None and (w.key != key or w.device != device or not w.alive()):
+            self.close()
+        if self.worker is None:
+            self.worker = _Worker(key, device, self, definition)
+            self.last_status = self.worker.status | {"allow_unconfined": settings.allow_unconfined}
+        return self.worker
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+    def reset_after_fork(self) -> None:
+        self.lock = threading.RLock()
+        self.worker, self._host, self.cuda = None, None, {}
+
+
+_pool = _Pool()
+os.register_at_fork(after_in_child=_pool.reset_after_fork)
+
+
+def shutdown() -> None:
+    """Stop the worker (the next call starts a new one)."""
+    with _pool.lock:
+        _pool.close()
+
+
+def status(*, probe: bool = False) -> dict | None:
+    """The confinement of the latest worker: {"complete", "active", "missing", "allow_unconfined", ...};
+    with `probe`, starts a worker to find out if none has run yet."""
+    if _pool.last_status is None and probe:
+        try:
+            compile_reference("def run():\n    return 0\n", definition="<probe>")
+        except ConfinementUnavailable:
+            pass
+        except (ReferenceFailure, OSError) as e:
+            return {"complete": False, "error": str(e)}
+    return None if _pool.last_status is None else dict(_pool.last_status)
+
+
+# -- references --------------------------------------------------------------------------------------
+def _device_of(args: Any) -> str:
+    from .transport import _tensors
+
+    devices = {f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
+               if t.device.type == "cuda" else t.device.type for t in _tensors(list(args))}
+    if len(devices) > 1:
+        raise ValueError(f"a reference's tensors must be on one device, got {', '.join(sorted(devices))}")
+    return devices.pop() if devices else "cpu"
+
+
+_ids = itertools.count(1)
+
+
+def _text(value: Any, limit: int = 2000) -> str:
+    return str(value)[:limit] if value is not None else ""
+
+
+def _line(value: Any) -> int | None:
+    return value if type(value) is int and value > 0 else None
+
+
+class ConfinedReference:
+    """A compiled reference: call it like `run`; it runs in a confined worker."""
+
+    def __init__(self, code: str, definition: str, entry: str, *, escaped: bool = False) -> None:
+        self.code, self.definition, self.entry, self.escaped = code, definition, entry, escaped
+        self.id = next(_ids)
+        self.key = (hashlib.sha256(f"{entry}\0{code}".encode()).hexdigest(), "escaped" if escaped else "checked")
+
+    def __repr__(self) -> str:
+        return f"<ConfinedReference {self.definition}.{self.entry}>"
+
+    def __call__(self, *args: Any) -> Any:
+        return self.call(args)
+
+    def _worker(self, device: str) -> _Worker:
+        w = _pool.get(self.key, device, self.definition)
+        if self.id not in w.compiled:
+            answer = w.request({"op": "compile", "id": self.id, "code": self.code, "definition": self.definition,
+                                "entry": self.entry, "escaped": self.escaped}, self.definition, settings.timeout)
+            self._raise_for(answer, w)
+            w.compiled.add(self.id)
+        return w
+
+    def compile(self, device: str = "cpu") -> ConfinedReference:
+        with _pool.lock:
+            self._worker(device)
+        return self
+
+    def call(self, args: tuple | list, *, seed: int | None = None) -> Any:
+        """run(*args) in the worker; `seed` seeds its RNG (0 when None: every call starts the same)."""
+        device = _device_of(args)
+        with _pool.lock:
+            for _ in range(3):  # at most two arena growths that need a new worker
+                w = self._worker(device)
+                answer, specs, buffers = self._call(w, list(args), device, seed)
+                if answer is not None:
+                    break
+            else:
+                raise ReferenceFailure(self.definition, "protocol", "the CUDA arena kept growing")
+            self._raise_for(answer, w)
+            return self._outputs(answer, w, list(args), specs, buffers)
+
+    def _call(self, w: _Worker, args: list, device: str, seed: int | None):
+        """One request; (None, ...) when the CUDA arena had to grow first (the worker was replaced)."""
+        need = needed(args)
+        _pool.host.ensure(need.get("cpu", 0))
+        buffers = {"cpu": _pool.host.tensor}
+        if device.startswith("cuda"):
+            if _pool.cuda_arena(device).numel() < need.get("cuda", 0):
+                _pool.cuda_arena(device, 4 * need["cuda"])
+                return None, None, None
+            buffers["cuda"] = _pool.cuda[device]
+        arenas = Arenas(buffers)
+        specs = [encode(a, arenas) for a in args]
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        w.limit_cpu()
+        answer = w.request({"op": "call", "id": self.id, "args": specs, "seed": seed, "cpu_size": _pool.host.size,
+                            "input_end": arenas.cursor}, self.definition, settings.timeout)
+        while "need" in answer:
+            want = answer["need"] if isinstance(answer["need"], dict) else {}
+            cuda = want.get("cuda", 0)
+            if type(cuda) is int and cuda > buffers.get("cuda", torch.empty(0)).numel():
+                _pool.cuda_arena(device, 2 * cuda)  # the worker is replaced; the call runs again
+                return None, None, None
+            cpu = want.get("cpu", 0)
+            if type(cpu) is not int or cpu > settings.memory:
+                w.kill()
+                raise ReferenceFailure(self.definition, "memory", f"outputs of {_text(cpu, 40)} bytes asked for")
+            _pool.host.ensure(cpu)
+            buffers["cpu"] = _pool.host.tensor
+            answer = w.request({"op": "deliver", "cpu_size": _pool.host.size}, self.definition, settings.timeout)
+        return answer, specs, buffers
+
+    def _raise_for(self, answer: dict, w: _Worker) -> None:
+        error = answer.get("error")
+        if error is None:
+            return
+        if not isinstance(error, dict):
+            error = {"kind": "protocol", "message": "malformed error"}
+        kind = error.get("kind")
+        if kind == "sandbox":
+            raise SandboxError(self.definition, _line(error.get("line")), _text(error.get("message")))
+        if kind == "raised":
+            remote = _text(error.get("type"), 100)
+            remote = remote if remote.isidentifier() else "Exception"
+            raise reference_raised(self.definition, remote, _text(error.get("message")), _line(error.get("line")))
+        w.kill()
+        _pool.worker = None if _pool.worker is w else _pool.worker
+        raise ReferenceFailure(self.definition, "crash" if kind == "worker" else "protocol",
+                               _text(error.get("message")))
+
+    def _outputs(self, answer: dict, w: _Worker, args: list, specs: list, buffers: dict) -> Any:
+        ok = answer.get("ok")
+        try:
+            if not isinstance(ok, dict):
+                raise ProtocolError("no outputs in the answer")
+            arenas = Arenas({k: v for k, v in buffers.items()})
+            arenas.buffers["cpu"] = _pool.host.tensor
+            out = decode(ok.get("outputs"), arenas, clone=True)
+            mutated = ok.get("mutated", [])
+            tensors = [(a, s) for a, s in zip(args, specs, strict=True) if isinstance(a, torch.Tensor)]
+            if not isinstance(mutated, list) or not all(type(i) is int and 0 <= i < len(tensors) for i in mutated):
+                raise ProtocolError("malformed list of mutated inputs")
+        except ProtocolError as e:
+            w.kill()
+            _pool.worker = None if _pool.worker is w else _pool.worker
+            raise ReferenceFailure(self.definition, "protocol", f"invalid answer from the worker: {e}") from None
+        for i in mutated:  # a reference that writes into its inputs does so for the caller too
+            tensor, spec = tensors[i]
+            tensor.copy_(decode(spec, arenas, clone=False))
+        return out
+
+
+def compile_reference(code: str, *, definition: str = "<reference>", entry: str = "run",
+                      device: str | None = None) -> ConfinedReference:
+    """Check a reference, then compile it in a confined worker; the result is called like `run`.
+
+    Raises SandboxError (definition, line, message) when the static check refuses the code or its module
+    body fails in the worker; ConfinementUnavailable when this machine cannot confine the worker and the
+    user did not allow running without it; ReferenceFailure when the module body times out or crashes.
+    """
+    if not isinstance(code, str):
+        raise SandboxError(definition, None, f"must be a str, got {type(code).__name__}")
+    if not isinstance(entry, str) or not entry.isidentifier():
+        raise SandboxError(definition, None, f"entry {entry!r} is not a function name")
+    violations = check_reference(code)
+    if violations:
+        raise SandboxError(definition, violations[0].line, violations[0].message)
+    return ConfinedReference(code, definition, entry).compile(device or "cpu")
+
+
+def _compile_as_escaped(code: str, *, definition: str = "<escaped>", entry: str = "run",
+                        device: str = "cpu") -> ConfinedReference:
+    """For tests: compile plain Python, unchecked and with the real builtins, in a confined worker of
+    its own, as if a reference had escaped the static check and the module views (a torch gadget)."""
+    return ConfinedReference(code, definition, entry, escaped=True).compile(device)
+
+
+def describe_settings() -> dict:
+    return asdict(settings) | {"memory_bytes": settings.memory, "cpu_seconds": settings.cpu}

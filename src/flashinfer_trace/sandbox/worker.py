@@ -1,0 +1,232 @@
+"""The confined worker: the only process that executes a definition's code.
+
+Forked from the fork server (`zygote.py`), which has already imported torch (so a new worker costs milliseconds), it
+takes its arenas from the parent, confines itself (`confine.py`) and then serves JSON requests on its
+pipe, one at a time:
+
+    {"op": "compile", "id": N, "code": ..., "definition": ..., "entry": "run"}
+    {"op": "call", "id": N, "args": [...], "seed": S, "cpu_size": BYTES}
+    {"op": "deliver", "cpu_size": BYTES}      after a {"need": ...} answer: the arena has grown
+
+Every call starts from the same torch state (grad mode on, inference mode and autocast off, no torch
+function or dispatch modes, the default dtype and device, matmul and cuDNN flags, thread count as
+at start, the RNG seeded with the call's seed), so nothing one call leaves behind reaches the next.
+A worker runs one reference's code only (the parent starts a new one for other code), so no
+reference can reach another's state at all.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import pickle
+import traceback
+from typing import Any
+
+import torch
+import torch.multiprocessing  # noqa: F401 - registers the CUDA IPC reductions the arena arrives by
+
+from . import confine
+from .errors import SandboxError
+from .namespace import compile_in_namespace, source_name, traceback_line
+from .transport import Arenas, decode, encode, map_host_arena, needed
+
+__all__ = ["main"]
+
+MAX_MESSAGE = 64 << 20
+
+
+class _State:
+    """Torch's process-global settings as the worker found them; `restore` puts them back."""
+
+    def __init__(self) -> None:
+        self.dtype = torch.get_default_dtype()
+        self.threads = torch.get_num_threads()
+        self.matmul_precision = torch.get_float32_matmul_precision()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.flags = self._flags()
+
+    @staticmethod
+    def _flags() -> dict[tuple[Any, str], Any]:
+        out = {}
+        for obj, names in ((torch.backends.cuda.matmul, ("allow_tf32", "allow_fp16_reduced_precision_reduction",
+                                                          "allow_bf16_reduced_precision_reduction")),
+                           (torch.backends.cudnn, ("allow_tf32", "deterministic", "benchmark", "enabled"))):
+            for n in names:
+                try:
+                    out[(obj, n)] = getattr(obj, n)
+                except (AttributeError, RuntimeError):
+                    pass
+        return out
+
+    def restore(self, seed: int) -> None:
+        _pop_modes()
+        torch.set_grad_enabled(True)
+        for device_type in ("cpu", "cuda"):
+            try:
+                torch.set_autocast_enabled(device_type, False)
+            except (TypeError, RuntimeError):
+                pass
+        torch.clear_autocast_cache()
+        torch.set_default_dtype(self.dtype)
+        if hasattr(torch, "set_default_device"):
+            torch.set_default_device(None)
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        torch.set_float32_matmul_precision(self.matmul_precision)
+        if torch.are_deterministic_algorithms_enabled() != self.deterministic:  # the setter imports dynamo
+            torch.use_deterministic_algorithms(self.deterministic)
+        if torch.is_anomaly_enabled():
+            torch.autograd.set_detect_anomaly(False)
+        for (obj, n), v in self.flags.items():
+            try:
+                setattr(obj, n, v)
+            except (AttributeError, RuntimeError):
+                pass
+        torch.default_generator.manual_seed(seed)  # torch.manual_seed costs ~80 us more, for the same
+        if torch.cuda.is_initialized():
+            for g in torch.cuda.default_generators:
+                g.manual_seed(seed)
+
+
+def _pop_modes() -> None:
+    """Leave no torch function / dispatch mode active (`with torch.device("meta")` is one)."""
+    c = torch._C
+    for length, pop in (("_len_torch_function_stack", "_pop_torch_function_stack"),
+                        ("_len_torch_dispatch_stack", "_pop_torch_dispatch_stack")):
+        if hasattr(c, length):
+            while getattr(c, length)() > 0:
+                getattr(c, pop)()
+
+
+def _send(conn, message: dict) -> None:
+    conn.send_bytes(json.dumps(message).encode())
+
+
+def _error(e: BaseException, definition: str) -> dict:
+    if isinstance(e, SandboxError):
+        return {"error": {"kind": "sandbox", "line": e.line, "message": e.message}}
+    text = str(e)
+    return {"error": {"kind": "raised", "type": type(e).__name__, "message": text[:2000],
+                      "line": traceback_line(e.__traceback__, source_name(definition))}}
+
+
+def _compile_escaped(code: str, definition: str, entry: str):
+    """Plain Python with the real builtins: what a reference that escaped the static check and the
+    module views would have. Tests use it to show the OS confinement holds on its own."""
+    namespace: dict[str, Any] = {"__name__": "escaped_reference"}
+    exec(compile(code, source_name(definition), "exec"), namespace)
+    return namespace[entry]
+
+
+class _Server:
+    def __init__(self, conn, fd: int, settings: dict) -> None:
+        self.conn = conn
+        self.device = settings["device"]
+        self.gpu = self.device.startswith("cuda")
+        self.escaped = bool(settings.get("escaped"))  # only the parent's test API sets this
+        self.functions: dict[int, tuple[Any, str]] = {}
+        self.fd = fd  # the parent's memfd arena
+        self.cpu_size = 0
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.state = _State()
+        self.state.restore(0)  # whatever it imports lazily, it imports before the file system closes
+        self.confinement = confine.apply(memory_bytes=settings.get("memory_bytes"), gpu=self.gpu,
+                                         shm_layer=self.gpu, disable=settings.get("disable", ()))
+        if self.gpu:
+            torch.cuda.set_device(torch.device(self.device))
+            torch.zeros(1, device=self.device)  # the context, before seccomp and the last Landlock layer
+            self.buffers["cuda"] = pickle.loads(conn.recv_bytes(MAX_MESSAGE))
+        confine.finish(self.confinement, gpu=self.gpu, shm_layer=self.gpu)
+
+    def map_cpu(self, size: int) -> None:
+        if size > self.cpu_size:
+            self.buffers["cpu"] = map_host_arena(self.fd, size)
+            self.cpu_size = size
+
+    def handle(self, msg: dict) -> dict | None:
+        op = msg.get("op")
+        if op == "compile":
+            try:
+                if msg.get("escaped") and self.escaped:
+                    fn = _compile_escaped(msg["code"], msg["definition"], msg["entry"])
+                else:
+                    fn = compile_in_namespace(msg["code"], definition=msg["definition"], entry=msg["entry"])
+            except Exception as e:  # SandboxError, or anything the module body could raise past it
+                return _error(e, msg["definition"])
+            self.functions[msg["id"]] = (fn, msg["definition"])
+            return {"ok": True}
+        if op == "call":
+            return self.call(msg)
+        if op == "exit":
+            return None
+        return {"error": {"kind": "protocol", "message": f"unknown op {op!r}"}}
+
+    def call(self, msg: dict) -> dict:
+        fn, definition = self.functions[msg["id"]]
+        self.map_cpu(msg.get("cpu_size", 0))
+        arenas = Arenas(self.buffers)
+        args = decode({"t": "seq", "kind": "list", "v": msg["args"]}, arenas, clone=False)
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        versions = [t._version for t in inputs]
+        input_end = dict(msg.get("input_end", {}))
+        self.state.restore(int(msg.get("seed") or 0))
+        try:
+            with torch.inference_mode(False):
+                out = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - SystemExit / KeyboardInterrupt from a reference too
+            return _error(e, definition)
+        finally:
+            _pop_modes()
+            torch.set_grad_enabled(True)
+        mutated = [i for i, (t, v) in enumerate(zip(inputs, versions, strict=True)) if t._version != v]
+        try:
+            need = needed(out, input_end)
+        except TypeError as e:
+            return {"error": {"kind": "raised", "type": "TypeError", "message": f"run() returned {e}", "line": None}}
+        if need.get("cuda", 0) > self.buffers.get("cuda", torch.empty(0)).numel():
+            return {"need": need}
+        if need.get("cpu", 0) > self.cpu_size:
+            _send(self.conn, {"need": need})
+            reply = json.loads(self.conn.recv_bytes(MAX_MESSAGE))
+            self.map_cpu(reply.get("cpu_size", 0))
+        arenas = Arenas(self.buffers, cursor=dict(input_end))
+        try:
+            encoded = encode(out, arenas)
+        except TypeError as e:
+            return {"error": {"kind": "raised", "type": "TypeError", "message": f"run() returned {e}", "line": None}}
+        if self.gpu:
+            torch.cuda.synchronize()
+        return {"ok": {"outputs": encoded, "mutated": mutated}}
+
+    def serve(self) -> None:
+        gc.freeze()  # torch's objects are permanent: a collection after each call scans only what it made
+        while True:
+            msg = json.loads(self.conn.recv_bytes(MAX_MESSAGE))
+            reply = self.handle(msg)
+            if reply is None:
+                return
+            _send(self.conn, reply)
+            gc.collect()  # finalizers of what the reference left (generators holding contexts) run now
+
+
+def main(conn, arena_fd: int, settings: dict) -> None:
+    """The worker process's entry point, in a child of the fork server."""
+    try:
+        server = _Server(conn, arena_fd, settings)
+        status = server.confinement.as_dict() | {"pid": os.getpid(), "device": server.device}
+        if not server.confinement.complete and not settings.get("allow_unconfined"):
+            _send(conn, {"refused": status})
+            return
+        _send(conn, {"ready": status})
+        server.serve()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass
+    except BaseException:  # noqa: BLE001 - the parent reads a crash from the closed pipe and this text
+        try:
+            _send(conn, {"error": {"kind": "worker", "message": traceback.format_exc()[-2000:]}})
+        except OSError:
+            pass
+    finally:
+        os._exit(0)
