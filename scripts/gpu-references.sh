@@ -18,7 +18,7 @@ deps=${FT_DEPS:-/tmp/ft-deps}
 pip_target() { python3 -m pip install -q --no-index --no-deps --no-compile --target "$@"; }
 shopt -s nullglob
 extra=("$wh"/pydantic*.whl "$wh"/typing_extensions*.whl "$wh"/annotated_types*.whl "$wh"/typing_inspection*.whl "$wh"/apache_tvm_ffi*.whl
-       "$wh"/nvidia_cudnn_frontend*.whl)
+       "$wh"/nvidia_cudnn_frontend*.whl "$wh"/landlock-*.whl "$wh"/pyseccomp-*.whl)  # the last two: the reference worker
 [ -d "$deps" ] || pip_target "$deps" "${extra[@]}" || exit 1
 export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-4}
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-jit} PYTHONUNBUFFERED=1

@@ -11,6 +11,8 @@ pytest-benchmark's machine_info lacks.
     --bench-host-rounds N             pytest-benchmark's own host-timed rounds (default: ~0.5 s worth, 5..50)
     --bench-max-call-s S              skip a ground truth whose second call takes longer (default 2.0)
     --bench-torch-sampling            also time the torch sampling ground truth (skipped by default)
+    --bench-sandbox-cpu               also time the reference worker on the CPU (test_sandbox_overhead.py;
+                                      its GPU cases run wherever there is a GPU)
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="skip a ground truth whose (second) call takes longer than this many seconds")
     g.addoption("--bench-torch-sampling", action="store_true",
                 help="also time the torch sampling ground truth (a float64 sort of the vocabulary per call)")
+    g.addoption("--bench-sandbox-cpu", action="store_true",
+                help="also time the reference worker's per-call cost on the CPU")
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +53,7 @@ def bench_options(pytestconfig: pytest.Config) -> dict:
         "host_rounds": opt("--bench-host-rounds"),
         "max_call_s": opt("--bench-max-call-s"),
         "torch_sampling": opt("--bench-torch-sampling"),
+        "sandbox_cpu": opt("--bench-sandbox-cpu"),
     }
 
 

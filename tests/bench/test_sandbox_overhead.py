@@ -1,6 +1,6 @@
 """What the confined worker costs per reference call, on the CPU and on a GPU.
 
-    pytest tests/bench/test_sandbox_overhead.py --benchmark-group-by=group      (CPU: anywhere)
+    pytest tests/bench/test_sandbox_overhead.py --bench-sandbox-cpu --benchmark-group-by=group   (CPU cases too)
 
 Each case times one reference call two ways, on the same inputs: through the confined worker
 (`compile_reference`: arena copy in, request, state reset, run, copy out, checked answer) and, as the
@@ -28,9 +28,12 @@ CASES = [("rmsnorm_h4096", "small"), ("rmsnorm_h4096", "medium"), ("gemm_n4096_k
 @pytest.mark.parametrize("mode", ["confined", "in-process"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize(("name", "size"), CASES, ids=[f"{n}-{s}" for n, s in CASES])
-def test_reference_call(benchmark, name, size, device, mode):
+def test_reference_call(benchmark, bench_options, name, size, device, mode):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip(reason="no-gpu: torch sees no CUDA device")
+    if device == "cpu" and not bench_options["sandbox_cpu"]:  # the bench sessions time GPUs
+        pytest.skip(reason="opt-in: --bench-sandbox-cpu" if torch.cuda.is_available() else
+                    "no-gpu: torch sees no CUDA device (--bench-sandbox-cpu times the CPU worker)")
     d = load_definition(name)
     args = generate_inputs(d, size, seed=0, device=device).args()
     if mode == "confined":

@@ -328,7 +328,7 @@ def test_timing_summary_quartiles():
 
 # -- the benchmark suite on a CPU ----------------------------------------------------------------------------
 def test_benchmark_suite_collects_and_skips_without_gpu():
-    n = len(iter_definitions()) * 3
+    n = len(iter_definitions()) * 3 + 16  # + test_sandbox_overhead.py: 4 cases x 2 modes x 2 devices
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/bench"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
