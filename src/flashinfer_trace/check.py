@@ -23,6 +23,7 @@ import torch
 from .compare import Mismatch, Tolerance, compare_outputs, tolerance_for
 from .compare_samples import SamplingSettings, check_sampler
 from .definition import Definition
+from .errormodel import error_models, error_scales
 from .groundtruth import SOURCES, GroundTruthUnavailable, default_device, get_ground_truth
 from .inputs import InputGenerationError, UnsupportedOpType, edge_cases, generate_inputs
 from .testing import expected_dtypes, expected_shapes, is_sampler, run_reference
@@ -166,6 +167,8 @@ class _Memo:
         self.device = device
         self.key: tuple | None = None
         self.inputs = self.outputs = None
+        self._scales_key: tuple | None = None
+        self._scales: list | None = None
 
     def get(self, case: Case):
         key = (case.definition.name, case.size, case.seed, case.case)
@@ -180,6 +183,13 @@ class _Memo:
         if self.outputs is None:
             self.outputs = run_reference(case.definition, self.inputs, seed=case.seed)
         return self.outputs
+
+    def scales(self, case: Case):
+        """The error model's per-element scales of these inputs (errormodel.py), computed once."""
+        self.get(case)
+        if self._scales_key != self.key:
+            self._scales_key, self._scales = self.key, error_scales(case.definition, self.inputs)
+        return self._scales
 
 
 def _result(case: Case, status: str, **kw) -> Result:
@@ -208,7 +218,8 @@ def _compare_with(case: Case, memo: _Memo, config: CheckConfig, tol: Tolerance, 
                        tolerance=settings.as_dict(), ground_truth=gt.describe(), reports=[report.as_dict()],
                        reason=None if report.passed else report.summary())
     expected = gt(inputs)
-    reports = compare_outputs(memo.reference(case), expected, tol, list(d.outputs))
+    reports = compare_outputs(memo.reference(case), expected, tol, list(d.outputs), scales=memo.scales(case),
+                              error_models=error_models(d))
     passed = all(r.passed for r in reports)
     verdict = None if passed else Mismatch(reports).verdict
     return _result(case, "pass" if passed else "fail", verdict=verdict, tolerance=tol.as_dict(),

@@ -290,6 +290,41 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if summary.ok else 1
 
 
+# -- mutants ------------------------------------------------------------------------------------
+def cmd_mutants(args: argparse.Namespace) -> int:
+    """The planted-bug suite against one ground truth: which bugs each comparison catches."""
+    from .mutants import MUTANTS, kill, kill_rate
+
+    _configure_sandbox(args)
+    device = args.device or ("cuda" if _cuda() else "cpu")
+    chosen = [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
+    kills = [kill(m, args.ground_truth, device=device) for m in chosen]
+    killed, ran = kill_rate(kills)
+    unexpected = [k for m, k in zip(chosen, kills, strict=True) if k.killed is False and not m.survives]
+    if args.json:
+        _print_json({"ground_truth": args.ground_truth, "device": device, "killed": killed, "ran": ran,
+                     "mutants": [asdict(k) | {"bug": m.bug, "known_gap": m.survives}
+                                 for m, k in zip(chosen, kills, strict=True)]})
+    else:
+        t = Table(title=f"planted bugs vs {args.ground_truth} on {device}: {killed}/{ran} caught")
+        for col in ("mutant", "bug", "caught", "how"):
+            t.add_column(col, overflow="fold")
+        for m, k in zip(chosen, kills, strict=True):
+            caught = "n/a" if k.killed is None else "yes" if k.killed else "known gap" if m.survives else "NO"
+            t.add_row(m.name, m.bug, caught, escape(k.how if k.killed is not False or not m.survives else m.survives))
+        _out.print(t)
+    return 1 if unexpected else 0
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
 # -- tests generate / coverage --------------------------------------------------------------------
 def cmd_tests_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
@@ -477,6 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where failing cases are saved for replay ('' to disable)")
     s.add_argument("--save-inputs", action="store_true", help="also save failing inputs as safetensors")
     s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("mutants", parents=[common, box],
+                       help="planted bugs: which the comparisons catch (kill rate); exit 1 if one is missed")
+    s.add_argument("--ground-truth", default="torch", choices=("torch", "flashinfer", "sglang"))
+    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--only", action="append", help="mutants whose name contains this (repeatable)")
+    s.set_defaults(func=cmd_mutants)
 
     s = sub.add_parser("coverage", parents=[common], help="tests, ground truths and axis values per op type")
     s.add_argument("--tests", default="tests/references", help="the generated tests folder")

@@ -3,9 +3,10 @@
 Tolerances come from the least precise float dtype the definition touches (an fp32 lse computed
 from bf16 q/k is only as exact as bf16), then op-type and definition overrides from
 `tolerances.toml` in the definitions folder, then the command line; the one used is recorded
-with every result. An element passes when |actual - expected| <= atol + rtol * |expected|
-(torch.isclose); an output passes when the share of passing elements reaches `matched_ratio`
-(1.0 except for fp8/fp4, whose kernels round intermediates the reference keeps in float32).
+with every result. An element passes when |actual - expected| <= atol + rtol * scale, where scale is
+|expected| (torch.isclose) or, for sums of products, the operand scale of errormodel.py (the larger of
+the two); an output passes when the share of passing elements reaches `matched_ratio` (1.0 except for
+fp8/fp4, whose kernels round intermediates the reference keeps in float32).
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ class DiffReport:
     tolerance: dict[str, Any] = field(default_factory=dict)
     verdict: str = "pass"
     problem: str | None = None  # a structural problem (shape) that made values incomparable
+    error_model: str = "|expected|"  # what rtol multiplies (errormodel.py)
+    widened: int = 0  # elements that pass only because of the operand scale
 
     @property
     def mismatch_ratio(self) -> float:
@@ -164,17 +167,26 @@ class DiffReport:
         if self.nan_actual or self.nan_expected or self.inf_actual or self.inf_expected:
             nonfinite = (f", nan {self.nan_actual}/{self.nan_expected} inf {self.inf_actual}/{self.inf_expected}"
                          f" (actual/expected)")
+        model = "" if self.error_model == "|expected|" else f" x {self.error_model}"
         return (f"{self.name}: {self.mismatched}/{self.total} ({self.mismatch_ratio:.2%}) out of tolerance "
-                f"atol={self.tolerance.get('atol')} rtol={self.tolerance.get('rtol')}, max abs "
+                f"atol={self.tolerance.get('atol')} rtol={self.tolerance.get('rtol')}{model}, max abs "
                 f"{self.max_abs:.4g}, max rel {self.max_rel:.4g}, cosine {self.cosine:.6f}{worst}{nonfinite} "
                 f"[{self.verdict}]")
 
 
-def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output") -> DiffReport:
-    """Compare one output; both are upcast to float64 (non-float values compare exactly)."""
+def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output", *,
+         scale: torch.Tensor | None = None, error_model: str | None = None) -> DiffReport:
+    """Compare one output; both are upcast to float64 (non-float values compare exactly). `scale`:
+    the element-wise magnitude rtol multiplies where it is larger than |expected| (errormodel.py)."""
     a = torch.as_tensor(actual).detach().cpu()
     e = torch.as_tensor(expected).detach().cpu()
     report = DiffReport(name, list(a.shape), tolerance=tolerance.as_dict())
+    if scale is not None:
+        scale = torch.as_tensor(scale).detach().cpu()
+        if scale.shape != e.shape:
+            scale = None
+        else:
+            report.error_model = error_model or "operand scale"
     if a.shape != e.shape:
         report.problem = f"shape {tuple(a.shape)} != expected {tuple(e.shape)}"
         report.verdict = "bug"
@@ -190,6 +202,11 @@ def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output")
         ok = a == e
     else:
         ok = torch.where(finite, err <= tolerance.atol + tolerance.rtol * e.abs(), False)
+        if scale is not None:
+            s = scale.to(torch.float64).flatten()
+            wide = torch.where(finite & s.isfinite(), err <= tolerance.atol + tolerance.rtol * s, False)
+            report.widened = int((wide & ~ok).sum())
+            ok |= wide
         # the same infinity, or NaN on both sides, is agreement (an empty softmax's lse is -inf)
         ok |= (a.isinf() & (a == e)) | (a.isnan() & e.isnan())
     report.mismatched = int((~ok).sum())
@@ -237,29 +254,34 @@ class Mismatch(AssertionError):
         self.verdict = verdict
 
 
-def compare_outputs(actual: Any, expected: Any, tolerance: Tolerance, names: list[str] | None = None
-                    ) -> list[DiffReport]:
+def compare_outputs(actual: Any, expected: Any, tolerance: Tolerance, names: list[str] | None = None, *,
+                    scales: list | None = None, error_models: list[str] | None = None) -> list[DiffReport]:
     actual = actual if isinstance(actual, (tuple, list)) else (actual,)
     expected = expected if isinstance(expected, (tuple, list)) else (expected,)
     if len(actual) != len(expected):
         return [DiffReport("outputs", [], problem=f"{len(actual)} output(s) vs {len(expected)} expected",
                            verdict="bug", tolerance=tolerance.as_dict())]
     names = names or [f"output[{i}]" for i in range(len(actual))]
-    return [diff(a, e, tolerance, n) for a, e, n in zip(actual, expected, names, strict=True)]
+    scales = scales if scales is not None and len(scales) == len(actual) else [None] * len(actual)
+    models = error_models if error_models is not None and len(error_models) == len(actual) else [None] * len(actual)
+    return [diff(a, e, tolerance, n, scale=s, error_model=m)
+            for a, e, n, s, m in zip(actual, expected, names, scales, models, strict=True)]
 
 
 def assert_close(actual: Any, expected: Any, rtol: float | None = None, atol: float | None = None, *,
                  tolerance: Tolerance | None = None, matched_ratio: float | None = None,
-                 names: list[str] | None = None) -> list[DiffReport]:
+                 names: list[str] | None = None, scales: list | None = None,
+                 error_models: list[str] | None = None) -> list[DiffReport]:
     """Assert that outputs (a tensor or a tuple of them) agree; raise Mismatch with the diff report.
 
-    Give either a Tolerance (e.g. from `tolerance_for`) or rtol/atol, which override it.
+    Give either a Tolerance (e.g. from `tolerance_for`) or rtol/atol, which override it. `scales`:
+    one per output from `errormodel.error_scales` (None entries: |expected|).
     Returns the reports when everything passes, so callers can record them.
     """
     base = tolerance or Tolerance(1e-5, 1e-5, origin="assert_close default")
     tol = replace(base, **{k: v for k, v in (("rtol", rtol), ("atol", atol), ("matched_ratio", matched_ratio))
                            if v is not None})
-    reports = compare_outputs(actual, expected, tol, names)
+    reports = compare_outputs(actual, expected, tol, names, scales=scales, error_models=error_models)
     if not all(r.passed for r in reports):
         raise Mismatch(reports)
     return reports

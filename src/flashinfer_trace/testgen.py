@@ -97,7 +97,7 @@ def test_edge_case(definition, case, source, device, ground_truth, {compare_fixt
 
 EXACT_BODY = '''    expected = gt(inputs)
     actual = run_reference(definition, inputs, seed=seed)
-    assert_close(actual, expected, tolerance=tolerance, names=list(definition.outputs))'''
+    assert_matches(definition, inputs, actual, expected, tolerance)'''
 
 SAMPLER_BODY = '''    assert_samples_match(definition, inputs, gt, settings=sampling_settings, seed=seed)'''
 
@@ -145,7 +145,7 @@ def source_marks(op_type: str) -> list[str]:
 
 def render(op_type: str, definitions: list[Definition], directory: Path) -> GeneratedFile:
     sampler = op_type == "sampling"
-    imports = sorted({"assert_samples_match" if sampler else "assert_close", "expected_dtypes",
+    imports = sorted({"assert_samples_match" if sampler else "assert_matches", "expected_dtypes",
                       "expected_shapes", "generate_inputs", "run_reference"})
     text = HEADER.format(
         op_type=op_type,

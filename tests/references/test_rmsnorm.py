@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashinfer_trace.testing import (
-    assert_close,
+    assert_matches,
     expected_dtypes,
     expected_shapes,
     generate_inputs,
@@ -39,26 +39,37 @@ GROUND_TRUTHS = [
 EDGE_CASES = [
     ("fused_add_rmsnorm_h2048", "single_token"),
     ("fused_add_rmsnorm_h2048", "large_values"),
+    ("fused_add_rmsnorm_h2048", "tiny_values"),
     ("fused_add_rmsnorm_h4096", "single_token"),
     ("fused_add_rmsnorm_h4096", "large_values"),
+    ("fused_add_rmsnorm_h4096", "tiny_values"),
     ("fused_add_rmsnorm_h7168", "single_token"),
     ("fused_add_rmsnorm_h7168", "large_values"),
+    ("fused_add_rmsnorm_h7168", "tiny_values"),
     ("fused_add_rmsnorm_h8192", "single_token"),
     ("fused_add_rmsnorm_h8192", "large_values"),
+    ("fused_add_rmsnorm_h8192", "tiny_values"),
     ("rmsnorm_h128", "single_token"),
     ("rmsnorm_h128", "large_values"),
+    ("rmsnorm_h128", "tiny_values"),
     ("rmsnorm_h1536", "single_token"),
     ("rmsnorm_h1536", "large_values"),
+    ("rmsnorm_h1536", "tiny_values"),
     ("rmsnorm_h2048", "single_token"),
     ("rmsnorm_h2048", "large_values"),
+    ("rmsnorm_h2048", "tiny_values"),
     ("rmsnorm_h4096", "single_token"),
     ("rmsnorm_h4096", "large_values"),
+    ("rmsnorm_h4096", "tiny_values"),
     ("rmsnorm_h512", "single_token"),
     ("rmsnorm_h512", "large_values"),
+    ("rmsnorm_h512", "tiny_values"),
     ("rmsnorm_h7168", "single_token"),
     ("rmsnorm_h7168", "large_values"),
+    ("rmsnorm_h7168", "tiny_values"),
     ("rmsnorm_h8192", "single_token"),
     ("rmsnorm_h8192", "large_values"),
+    ("rmsnorm_h8192", "tiny_values"),
 ]
 
 
@@ -85,7 +96,7 @@ def test_matches_ground_truth(definition, source, size, seed, device, ground_tru
     inputs = generate_inputs(definition, size, seed=seed, device=device)
     expected = gt(inputs)
     actual = run_reference(definition, inputs, seed=seed)
-    assert_close(actual, expected, tolerance=tolerance, names=list(definition.outputs))
+    assert_matches(definition, inputs, actual, expected, tolerance)
 
 
 @pytest.mark.parametrize("definition", DEFINITIONS, indirect=True)
@@ -104,4 +115,4 @@ def test_edge_case(definition, case, source, device, ground_truth, tolerance):
     seed = 0
     expected = gt(inputs)
     actual = run_reference(definition, inputs, seed=seed)
-    assert_close(actual, expected, tolerance=tolerance, names=list(definition.outputs))
+    assert_matches(definition, inputs, actual, expected, tolerance)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashinfer_trace.testing import (
-    assert_close,
+    assert_matches,
     expected_dtypes,
     expected_shapes,
     generate_inputs,
@@ -67,7 +67,7 @@ def test_matches_ground_truth(definition, source, size, seed, device, ground_tru
     inputs = generate_inputs(definition, size, seed=seed, device=device)
     expected = gt(inputs)
     actual = run_reference(definition, inputs, seed=seed)
-    assert_close(actual, expected, tolerance=tolerance, names=list(definition.outputs))
+    assert_matches(definition, inputs, actual, expected, tolerance)
 
 
 @pytest.mark.parametrize("definition", DEFINITIONS, indirect=True)
@@ -86,4 +86,4 @@ def test_edge_case(definition, case, source, device, ground_truth, tolerance):
     seed = 0
     expected = gt(inputs)
     actual = run_reference(definition, inputs, seed=seed)
-    assert_close(actual, expected, tolerance=tolerance, names=list(definition.outputs))
+    assert_matches(definition, inputs, actual, expected, tolerance)

@@ -11,8 +11,11 @@ from .common import Builder, bind_rows, float_tensor_inputs, unknown_inputs
 
 OP_TYPES = ("rmsnorm",)
 ROWS = {"small": 4, "medium": 64, "large": 2048}
-CASES = ("single_token", "large_values")
+CASES = ("single_token", "large_values", "tiny_values")
 LARGE = 100.0  # `large_values`: activations * 100, so x**2 summed over 4096 channels needs float32
+# `tiny_values`: activations * 1e-3, so mean(x**2) ~ 1e-6 is of the order of eps and a wrong eps shows
+# (the planted eps 1e-6-for-1e-5 bug passed every other case: mutants.py)
+TINY = 1e-3
 WEIGHTS = ("weight", "gamma")
 ACTIVATIONS = ("hidden_states", "residual", "input", "x")
 
@@ -29,7 +32,7 @@ def generate(b: Builder) -> None:
     acts = [n for n in floats if n in ACTIVATIONS]
     rows = 1 if b.case == "single_token" else ROWS[b.size]
     bind_rows(b, acts, rows)
-    scale = LARGE if b.case == "large_values" else 1.0
+    scale = {"large_values": LARGE, "tiny_values": TINY}.get(b.case, 1.0)
     for name in floats:
         if name in WEIGHTS:
             b.put_random(name, scale=0.1, mean=1.0)

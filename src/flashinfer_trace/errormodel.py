@@ -1,0 +1,80 @@
+"""Per-element error scales: how large an error rounding alone can make in each output element.
+
+An element passes when |actual - expected| <= atol + rtol * scale (compare.py). For most outputs the
+scale is |expected| (torch.isclose). For a sum of products it is not: where large operands cancel to
+a small result, a kernel that rounds or orders the sum differently differs by an ulp of the
+*operands*, far above any tolerance relative to the small result (seen on the H100: fp16 gemm,
+`large_values`, a handful of near-zero elements off by 0.25 with cosine 1.000000). The textbook
+bound for a computed dot product is |fl(a.b) - a.b| <= gamma_K * sum|a_k b_k|, so the scale of
+such an element is the sum of the absolute products that made it, per op family:
+
+    gemm                          F.linear(|A|, |B|)             every output
+    gqa_paged / gqa_ragged        softmax(QK^T) . |V|            `output` (probabilities are >= 0,
+                                                                  so only V needs its absolute value)
+
+The scale is computed by the independent torch ground truth on those absolute values (float64), so
+it costs one more ground-truth call and cannot depend on the reference. It widens the tolerance
+only where cancellation happened: a transposed weight, a dropped scale or a wrong mask changes
+elements by their own size and still fails (the planted-bug suite, mutants.py, keeps that honest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .definition import Definition
+from .inputs import Inputs
+
+__all__ = ["MODELS", "ErrorModel", "error_models", "error_scales", "model_for"]
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    absolute_inputs: tuple[str, ...] | None  # None: every float tensor input
+    outputs: tuple[str, ...] | None  # None: every output
+    description: str
+
+
+MODELS: dict[str, ErrorModel] = {
+    "gemm": ErrorModel(None, None, "operand scale: F.linear(|A|, |B|)"),
+    "gqa_paged": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V|"),
+    "gqa_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
+}
+
+
+def model_for(definition: Definition) -> ErrorModel | None:
+    """The family's model where the definition has the inputs it names."""
+    model = MODELS.get(definition.op_type)
+    if model is None or (model.absolute_inputs and not set(model.absolute_inputs) <= set(definition.inputs)):
+        return None
+    return model
+
+
+def error_models(definition: Definition) -> list[str]:
+    """What rtol multiplies, per output, for the results ("|expected|" or the model's description)."""
+    model = model_for(definition)
+    return ["|expected|" if model is None or (model.outputs is not None and o not in model.outputs)
+            else model.description for o in definition.outputs]
+
+
+def error_scales(definition: Definition, inputs: Inputs) -> list[torch.Tensor | None]:
+    """One scale per output, in output order (None: |expected|)."""
+    none: list[torch.Tensor | None] = [None] * len(definition.outputs)
+    model = model_for(definition)
+    if model is None:
+        return none
+    from .groundtruth import GroundTruthUnavailable, get_ground_truth
+
+    names = model.absolute_inputs or tuple(n for n, v in inputs.values.items()
+                                           if isinstance(v, torch.Tensor) and v.is_floating_point())
+    values = {k: v.abs() if k in names and isinstance(v, torch.Tensor) else v for k, v in inputs.values.items()}
+    absolute = Inputs(inputs.definition, inputs.size, inputs.seed, inputs.case, values, dict(inputs.axes))
+    try:
+        outs = get_ground_truth("torch", definition, device=inputs.device)(absolute)
+    except GroundTruthUnavailable:
+        return none
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    return [o.abs() if isinstance(o, torch.Tensor) and (model.outputs is None or name in model.outputs) else None
+            for name, o in zip(definition.outputs, outs, strict=True)]

@@ -1,0 +1,213 @@
+"""Planted bugs: mutated references that every comparison must catch.
+
+A tolerance that lets rounding pass could let bugs pass too. Each mutant here is one definition's
+reference with one realistic bug planted by text replacement (a transposed weight, the wrong eps, a
+RoPE pairing, a causal mask off by one, a dropped sm_scale, a natural-log lse, the wrong expert
+routing, ...). `kill(mutant, source)` runs it like the reference suite does (shapes and dtypes, then
+every size, seed and edge case against a ground truth, with the op family's error model) and says
+whether the bug was caught; the true reference must pass the same run. The kill rate is the share
+of mutants caught: `flashinfer-trace mutants` (CPU: torch ground truth; a GPU: FlashInfer too).
+
+    kill(m, "torch")   ->  Kill(mutant, source, killed=True, how="match small seed 0: output ... [bug]")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .compare import Mismatch, tolerance_for
+from .compare_samples import SamplingMismatch, SamplingSettings, assert_samples_match
+from .dataset import load_definition
+from .definition import Definition
+from .groundtruth import GroundTruthUnavailable, get_ground_truth
+from .inputs import edge_cases, generate_inputs
+from .sandbox import ReferenceFailure, SandboxError
+from .testing import assert_matches, expected_dtypes, expected_shapes, is_sampler, run_reference
+
+__all__ = ["MUTANTS", "Kill", "Mutant", "first_failure", "kill", "kill_rate", "kills", "mutate"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    definition: str
+    id: str
+    bug: str
+    edits: tuple[tuple[str, str], ...]  # (text in the reference, its replacement); each must occur
+    survives: str | None = None  # why the checks cannot see this bug yet (kept, so the gap stays visible)
+
+    @property
+    def name(self) -> str:
+        return f"{self.definition}:{self.id}"
+
+
+def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: str | None = None) -> Mutant:
+    return Mutant(definition, id, bug, tuple(edits), survives)
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # norms
+    # (the ground truths read EPS from the reference, so the planted bug is the expression not using it)
+    _m("rmsnorm_h4096", "eps", "eps 1e-6 in the expression, 1e-5 declared",
+       ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
+    _m("rmsnorm_h4096", "no-weight", "the weight is not applied", ("y = x * inv_rms * weight.to(torch.float32)",
+                                                                    "y = x * inv_rms")),
+    _m("rmsnorm_h4096", "rms-not-mean", "sum of squares instead of their mean",
+       ("x.pow(2).mean(dim=-1, keepdim=True)", "x.pow(2).sum(dim=-1, keepdim=True)")),
+    _m("fused_add_rmsnorm_h4096", "norm-of-rounded", "the norm reads the bf16-rounded sum",
+       ("inv_rms = torch.rsqrt(s.pow(2)", "s = residual_out.to(torch.float32)\n    inv_rms = torch.rsqrt(s.pow(2)"),
+       survives="rounding the sum to bf16 changes the output by < 2**-8 relative: inside the bf16 tolerance "
+                "by design; only a kernel-specific check could tell the two conventions apart"),
+    _m("fused_add_rmsnorm_h4096", "stale-residual", "the residual output is not updated",
+       ("residual_out = s.to(residual.dtype)", "residual_out = residual.clone()")),
+    _m("fused_add_rmsnorm_h4096", "eps", "eps 1e-6 in the expression, 1e-5 declared",
+       ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
+    # gemm
+    _m("gemm_n4096_k4096", "transposed-weight", "B used as [K, N] (a square gemm keeps the shape)",
+       ("B.to(torch.float32).T", "B.to(torch.float32)")),
+    _m("gemm_n4096_k4096", "half-k", "the second half of K is dropped",
+       ("torch.matmul(A.to(torch.float32), B.to(torch.float32).T)",
+        "torch.matmul(A[:, :2048].to(torch.float32), B[:, :2048].to(torch.float32).T)")),
+    _m("gemm_n4096_k4096", "negated", "the output's sign is flipped (a swapped operand order in a - b)",
+       ("torch.matmul(A.to(torch.float32), B.to(torch.float32).T)",
+        "-torch.matmul(A.to(torch.float32), B.to(torch.float32).T)")),
+    # attention: paged decode, paged prefill, ragged prefill, MLA
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "no-sm-scale", "sm_scale dropped",
+       ("logits = torch.matmul(qb, k) * sm_scale", "logits = torch.matmul(qb, k)")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "lse-natural", "lse in natural log, not base 2",
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.logsumexp(logits, dim=-1)")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "interleaved-heads", "query head h reads kv head h % num_kv_heads",
+       ("view(num_kv_heads, group_size, head_dim)", "view(group_size, num_kv_heads, head_dim).transpose(0, 1)")),
+    _m("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "mask-off-by-one", "causal mask hides the diagonal",
+       ("allowed = j <= i + (kv_len - qo_len)", "allowed = j < i + (kv_len - qo_len)")),
+    _m("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "top-left-mask", "causal mask aligned top-left",
+       ("allowed = j <= i + (kv_len - qo_len)", "allowed = j <= i")),
+    _m("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "no-sm-scale", "sm_scale dropped",
+       ("logits = torch.matmul(qb, kt) * sm_scale", "logits = torch.matmul(qb, kt)")),
+    _m("gqa_ragged_prefill_causal_h32_kv8_d128", "mask-off-by-one", "causal mask hides the diagonal",
+       ("allowed = j <= i + (kv_len - qo_len)", "allowed = j < i + (kv_len - qo_len)")),
+    _m("gqa_ragged_prefill_causal_h32_kv8_d128", "lse-natural", "lse in natural log, not base 2",
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.logsumexp(logits, dim=-1)")),
+    _m("gqa_ragged_prefill_causal_h32_kv8_d128", "sm-scale-twice", "sm_scale applied twice",
+       ("logits = torch.matmul(qb, kt) * sm_scale", "logits = torch.matmul(qb, kt) * sm_scale * sm_scale")),
+    _m("mla_paged_decode_h16_ckv512_kpe64_ps1", "no-rope-part", "the rotary key part is ignored",
+       ("logits = (qn @ ckv.T + qp @ kpe.T) * sm_scale", "logits = (qn @ ckv.T) * sm_scale")),
+    _m("mla_paged_decode_h16_ckv512_kpe64_ps1", "no-sm-scale", "sm_scale dropped",
+       ("logits = (qn @ ckv.T + qp @ kpe.T) * sm_scale", "logits = (qn @ ckv.T + qp @ kpe.T)")),
+    _m("mla_paged_decode_h16_ckv512_kpe64_ps1", "lse-natural", "lse in natural log, not base 2",
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.logsumexp(logits, dim=-1)")),
+    # rope
+    _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "interleaved", "GPT-J pairs (2i, 2i+1) "
+       "instead of neox (i, i + half)", ("x1 = x[..., :half]", "x1 = x[..., 0:rotary_dim:2]"),
+       ("x2 = x[..., half:rotary_dim]", "x2 = x[..., 1:rotary_dim:2]")),
+    _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "sin-sign", "rotation by -angle",
+       ("out1 = x1 * cos - x2 * sin", "out1 = x1 * cos + x2 * sin"), ("out2 = x2 * cos + x1 * sin",
+                                                                      "out2 = x2 * cos - x1 * sin")),
+    _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "cos-sin-swapped", "cos and sin halves swapped",
+       ("cos = cos_sin[:, None, :half]", "cos = cos_sin[:, None, half:]"),
+       ("sin = cos_sin[:, None, half:]", "sin = cos_sin[:, None, :half]")),
+    # activation
+    _m("silu_and_mul_i14336", "silu-on-up", "silu applied to the up half",
+       ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = up * torch.sigmoid(up)"),
+       ("return (silu_gate * up)", "return (silu_gate * gate)")),
+    _m("silu_and_mul_i14336", "sigmoid-only", "sigmoid(g) instead of g * sigmoid(g)",
+       ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = torch.sigmoid(gate)")),
+    _m("silu_and_mul_i14336", "gelu", "tanh-GELU instead of SiLU",
+       ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = gate * torch.sigmoid(1.702 * gate)")),
+    # moe
+    _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "biased-weights",
+       "routing weights from the biased scores", ("topk_weights = scores.gather(1, topk_ids)",
+                                                  "topk_weights = biased.gather(1, topk_ids)"),
+       survives="the fp8 tolerance (atol 0.1, rtol 0.2, 90% of elements) is wider than the weights' change; "
+                "an fp8 error model should catch it"),
+    _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "no-scaling-factor",
+       "routed_scaling_factor not applied", ("topk_weights.sum(dim=-1, keepdim=True) * routed_scaling_factor",
+                                             "topk_weights.sum(dim=-1, keepdim=True)")),
+    _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "no-groups",
+       "top-k over all experts, no group limit", ("topk_ids = biased.masked_fill(~expert_kept, -math.inf)",
+                                                  "topk_ids = biased.masked_fill(expert_kept & False, -math.inf)")),
+    _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "silu-on-up",
+       "silu applied to the first half of GEMM1", ("up = h[:, :intermediate_size]", "up = h[:, intermediate_size:]"),
+       ("gate = h[:, intermediate_size:]", "gate = h[:, :intermediate_size]")),
+    # sampling
+    _m("top_k_sampling_from_probs_v128256", "k-plus-one", "keeps k + 1 tokens",
+       ("kept = sorted_probs * (rank < k[:, None])", "kept = sorted_probs * (rank <= k[:, None])")),
+    _m("top_k_sampling_from_probs_v128256", "no-top-k", "samples from the whole vocabulary",
+       ("kept = sorted_probs * (rank < k[:, None])", "kept = sorted_probs")),
+    _m("top_k_sampling_from_probs_v128256", "ascending", "keeps the k least likely tokens",
+       ("descending=True", "descending=False")),
+)
+
+
+def mutate(definition: Definition, mutant: Mutant) -> Definition:
+    """The definition with the mutant's edits applied; ValueError when an edit's text is not there."""
+    code = definition.reference
+    for old, new in mutant.edits:
+        if old not in code:
+            raise ValueError(f"{mutant.name}: {old!r} is not in the reference (was it rewritten?)")
+        code = code.replace(old, new)
+    return definition.model_copy(update={"reference": code})
+
+
+@dataclass(frozen=True)
+class Kill:
+    mutant: str
+    source: str
+    killed: bool | None  # None: the ground truth cannot run here (see how)
+    how: str
+
+
+def _cases(d: Definition, sizes: Iterable[str], seeds: Iterable[int]):
+    for size in sizes:
+        for seed in seeds:
+            yield size, seed, None
+    for case in edge_cases(d):
+        yield "small", 0, case
+
+
+def first_failure(d: Definition, source: str, *, device: str = "cpu", sizes=("small", "medium"), seeds=(0, 1),
+                  draws: int | None = None) -> str | None:
+    """The first check that fails for `d` against `source` (None: everything passes), as the suite runs it.
+    Raises GroundTruthUnavailable when the ground truth cannot run here."""
+    gt = get_ground_truth(source, d, device=device)
+    tol = tolerance_for(d)
+    for size, seed, case in _cases(d, sizes, seeds):
+        where = f"{size} seed {seed}" + (f" {case}" if case else "")
+        inputs = generate_inputs(d, size, seed=seed, device=device, case=case)
+        try:
+            if is_sampler(d):
+                settings = SamplingSettings(draws=draws or (64 if device == "cpu" else 2000))
+                assert_samples_match(d, inputs, gt, settings=settings, seed=seed)
+                continue
+            actual = run_reference(d, inputs, seed=seed)
+            shapes = [None if getattr(o, "shape", None) is None else list(o.shape) for o in actual]
+            if shapes != expected_shapes(d, inputs):
+                return f"{where}: shapes {shapes}"
+            dtypes = [str(getattr(o, "dtype", type(o).__name__)).replace("torch.", "") for o in actual]
+            if dtypes != expected_dtypes(d):
+                return f"{where}: dtypes {dtypes}"
+            assert_matches(d, inputs, actual, gt(inputs), tol)
+        except (Mismatch, SamplingMismatch) as e:
+            return f"{where}: {' '.join(str(e).split())[:300]}"
+        except (ReferenceFailure, SandboxError) as e:
+            return f"{where}: the reference failed: {' '.join(str(e).split())[:300]}"
+    return None
+
+
+def kill(mutant: Mutant, source: str = "torch", *, device: str = "cpu", **kw) -> Kill:
+    d = mutate(load_definition(mutant.definition), mutant)
+    try:
+        failure = first_failure(d, source, device=device, **kw)
+    except GroundTruthUnavailable as e:
+        return Kill(mutant.name, source, None, str(e))
+    return Kill(mutant.name, source, failure is not None, failure or "survived: every check passed")
+
+
+def kills(source: str = "torch", *, device: str = "cpu", **kw) -> list[Kill]:
+    return [kill(m, source, device=device, **kw) for m in MUTANTS]
+
+
+def kill_rate(kills: Iterable[Kill]) -> tuple[int, int]:
+    """(killed, run): mutants whose ground truth could not run are not counted."""
+    ran = [k for k in kills if k.killed is not None]
+    return sum(k.killed for k in ran), len(ran)

@@ -1,0 +1,129 @@
+"""The error model: rounding where large operands cancel passes, bugs still fail; the planted-bug suite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashinfer_trace.compare import Mismatch, assert_close, diff, tolerance_for
+from flashinfer_trace.errormodel import MODELS, error_models, error_scales
+from flashinfer_trace.mutants import MUTANTS, first_failure, kill, kill_rate, mutate
+from flashinfer_trace.testing import (
+    assert_matches,
+    generate_inputs,
+    get_ground_truth,
+    load_definition,
+    run_reference,
+)
+
+
+def _split_k_fp16(a: torch.Tensor, b: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """A gemm kernel as some split-K configurations compute it: each K chunk accumulated in fp32, its
+    partial result stored in fp16, the partials summed in fp32, the output rounded to fp16."""
+    partials = [(a[:, k:k + chunk].float() @ b[:, k:k + chunk].float().T).half() for k in range(0, a.shape[1], chunk)]
+    return torch.stack(partials).float().sum(0).half()
+
+
+@pytest.fixture(scope="module")
+def gemm_case():
+    d = load_definition("gemm_n4096_k14336")
+    inputs = generate_inputs(d, "small", seed=0, case="large_values")
+    return d, inputs, get_ground_truth("torch", d)(inputs)
+
+
+def test_cancellation_is_precision_not_a_bug(gemm_case):
+    d, inputs, expected = gemm_case
+    kernel = (_split_k_fp16(inputs.values["A"], inputs.values["B"]),)
+    tol = tolerance_for(d)
+    with pytest.raises(Mismatch):  # judged against |expected|: the near-zero elements fail
+        assert_close(kernel, expected, tolerance=tol, names=list(d.outputs))
+    reports = assert_matches(d, inputs, kernel, expected, tol)  # against the operands' scale: rounding
+    assert reports[0].widened > 0 and reports[0].error_model.startswith("operand scale")
+    assert reports[0].max_abs < 1.0  # (what the model let through is small in absolute terms)
+
+
+def test_a_bug_still_fails_under_the_operand_scale(gemm_case):
+    d, inputs, expected = gemm_case
+    a, b = inputs.values["A"], inputs.values["B"]
+    k = a.shape[1] * 7 // 8
+    dropped = ((a[:, :k].float() @ b[:, :k].float().T).half(),)  # the last eighth of K is missing
+    with pytest.raises(Mismatch) as info:
+        assert_matches(d, inputs, dropped, expected, tolerance_for(d))
+    assert info.value.verdict == "bug"
+
+
+def test_scales_are_the_sum_of_absolute_products(gemm_case):
+    d, inputs, _ = gemm_case
+    (scale,) = error_scales(d, inputs)
+    a, b = inputs.values["A"].double(), inputs.values["B"].double()
+    assert torch.allclose(scale, a.abs() @ b.abs().T)
+    assert error_models(d) == [MODELS["gemm"].description]
+
+
+def test_attention_scales_only_the_output():
+    d = load_definition("gqa_paged_decode_h32_kv8_d128_ps1")
+    inputs = generate_inputs(d, "small", seed=0)
+    out_scale, lse_scale = error_scales(d, inputs)
+    expected = get_ground_truth("torch", d)(inputs)[0]
+    assert lse_scale is None and out_scale.shape == expected.shape
+    assert bool((out_scale >= expected.abs() - 1e-12).all())  # P.|V| >= |P.V|
+    assert error_models(d) == [MODELS["gqa_paged"].description, "|expected|"]
+
+
+def test_families_without_a_model_compare_against_expected():
+    d = load_definition("rmsnorm_h4096")
+    inputs = generate_inputs(d, "small", seed=0)
+    assert error_scales(d, inputs) == [None] and error_models(d) == ["|expected|"]
+
+
+def test_a_scale_of_the_wrong_shape_is_ignored():
+    r = diff(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]), tolerance_for(load_definition("gemm_n128_k2048")),
+             scale=torch.ones(3))
+    assert r.error_model == "|expected|" and not r.passed
+
+
+# -- planted bugs -----------------------------------------------------------------------------------------
+def test_every_family_has_three_mutants_the_cpu_kills():
+    families: dict[str, int] = {}
+    for m in MUTANTS:
+        if m.survives is None:
+            family = load_definition(m.definition).op_type
+            families[family] = families.get(family, 0) + 1
+    assert set(families) >= {"rmsnorm", "gemm", "gqa_paged", "gqa_ragged", "mla_paged", "rope", "activation", "moe",
+                             "sampling"}
+    attention = families["gqa_paged"] + families["gqa_ragged"] + families["mla_paged"]
+    assert all(n >= 3 for f, n in families.items() if f not in ("gqa_ragged", "mla_paged")) and attention >= 9
+
+
+def test_edits_apply_to_the_current_references():
+    for m in MUTANTS:
+        d = load_definition(m.definition)
+        assert mutate(d, m).reference != d.reference
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_planted_bug_is_caught_against_torch(mutant):
+    k = kill(mutant, "torch")
+    if mutant.survives:  # a known gap, kept visible; when something starts catching it, update the entry
+        assert k.killed is False, f"{mutant.name} is now caught ({k.how}): drop its `survives`"
+    else:
+        assert k.killed, f"{mutant.name} ({mutant.bug}) passed every check"
+
+
+@pytest.mark.parametrize("name", sorted({m.definition for m in MUTANTS}))
+def test_true_reference_passes_the_same_checks(name):
+    assert first_failure(load_definition(name), "torch") is None
+
+
+def test_kill_rate_counts_only_what_ran():
+    from flashinfer_trace.mutants import Kill
+
+    assert kill_rate([Kill("a", "t", True, ""), Kill("b", "t", False, ""), Kill("c", "t", None, "n/a")]) == (1, 2)
+
+
+def test_reference_of_a_mutant_runs_confined():
+    m = next(m for m in MUTANTS if m.name == "gemm_n4096_k4096:negated")
+    d = mutate(load_definition(m.definition), m)
+    x = generate_inputs(d, "small", seed=0)
+    (c,) = run_reference(d, x)
+    assert torch.equal(c, -run_reference(load_definition(m.definition), x)[0])
