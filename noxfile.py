@@ -87,7 +87,8 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
     session.run("python", "-m", "flashinfer_trace.session", kind, "--combination", str(combo.path.relative_to(ROOT)),
                 "--session", name,
                 "--results", str(out), "--arch", arch or "auto", "--install-json", str(out / "install.json"),
-                "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900), "--", *pytest_args,
+                "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900),
+                *(["--resume"] if opts.resume else []), "--", *pytest_args,
                 env=env, success_codes=[0, 3])
     status = json.loads((out / "session.json").read_text())["status"]
     if status in ("no-gpu", "arch-mismatch"):

@@ -6,6 +6,10 @@ A pipeline of plain functions, each taking the previous result and the config:
     plan(discovered, config)  -> list[Case]      what to check: shape, dtype, match, determinism, edge cases
     run(cases, config)        -> list[Result]    one result per case: pass / fail / skip / error
     summarise(results)        -> Summary         counts, and skip reasons grouped
+
+`run` is a generator: each result is yielded (and, with `config.results_file`, appended to a JSONL
+stream, fsynced) as it completes, so an interrupt or a kill keeps everything finished; with
+`config.resume` the cases already in that file are not run again, their recorded results are reused.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class CheckConfig:
     definitions_dir: str | None = None
     save_failures: str | None = None
     save_inputs: bool = False
+    results_file: str | None = None  # JSONL, one result a line as each completes
+    resume: bool = False  # reuse the results already in results_file
 
     @property
     def resolved_device(self) -> str:
@@ -87,6 +93,30 @@ class Result:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def key(self) -> tuple:
+        return (self.definition, self.check, self.source, self.size, self.seed, self.case)
+
+
+def case_key(case: Case) -> tuple:
+    """What identifies a case's result (Result.key of the result it produces)."""
+    return (case.definition.name, case.check, case.source, case.size, case.seed, case.case)
+
+
+def recorded(path: str | Path) -> dict[tuple, Result]:
+    """The results in a JSONL stream by key (the last record of a key wins); a torn line is skipped."""
+    from .results import read_jsonl
+
+    out: dict[tuple, Result] = {}
+    fields = set(Result.__dataclass_fields__)
+    for obj in read_jsonl(path):
+        try:
+            r = Result(**{k: v for k, v in obj.items() if k in fields})
+        except TypeError:
+            continue
+        out[r.key] = r
+    return out
 
 
 @dataclass
@@ -272,18 +302,30 @@ def run_case(case: Case, memo: _Memo, config: CheckConfig) -> Result:
 
 def run(cases: list[Case | Result], config: CheckConfig) -> Iterator[Result]:
     from .failures import save_failure
+    from .results import JsonlStream
 
     memo = _Memo(config.resolved_device)
-    for case in cases:
-        if isinstance(case, Result):
-            yield case
-            continue
-        result = run_case(case, memo, config)
-        if result.status == "fail" and config.save_failures:
-            record = {**result.as_dict(), "device": memo.device,
-                      "definition_path": str(case.definition.source) if case.definition.source else None}
-            result.failure_file = str(save_failure(record, config.save_failures, inputs=config.save_inputs))
-        yield result
+    done = recorded(config.results_file) if config.resume and config.results_file else {}
+    stream = JsonlStream(config.results_file, append=config.resume) if config.results_file else None
+    try:
+        for case in cases:
+            if isinstance(case, Result):
+                result = case
+            elif case_key(case) in done:
+                yield done[case_key(case)]  # already in the stream
+                continue
+            else:
+                result = run_case(case, memo, config)
+                if result.status == "fail" and config.save_failures:
+                    record = {**result.as_dict(), "device": memo.device,
+                              "definition_path": str(case.definition.source) if case.definition.source else None}
+                    result.failure_file = str(save_failure(record, config.save_failures, inputs=config.save_inputs))
+            if stream is not None:
+                stream.write(result.as_dict())
+            yield result
+    finally:
+        if stream is not None:
+            stream.close()
 
 
 # -- summarise --------------------------------------------------------------------------------------

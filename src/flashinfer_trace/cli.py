@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -257,16 +258,26 @@ def cmd_check(args: argparse.Namespace) -> int:
                          cases=(tuple(args.case) if args.case else None) if not args.no_edge_cases else (),
                          device=args.device, tolerance=_tolerance_args(args), draws=args.draws,
                          definitions_dir=args.definitions, save_failures=args.save_failures,
-                         save_inputs=args.save_inputs)
+                         save_inputs=args.save_inputs, results_file=args.results or None, resume=args.resume)
     from .dataset import definitions_dir
 
     targets = args.targets or [str(definitions_dir(args.definitions))]
+    planned = plan(discover(targets, config), config)
     results = []
-    for r in run(plan(discover(targets, config), config), config):
-        results.append(r)
-        if not args.json and r.status in ("fail", "error"):
-            _out.print(f"[red]{r.status.upper()}[/] {escape(r.definition)} {r.check} {r.source or ''} "
-                       f"{r.size or ''} seed={r.seed} {r.case or ''}: {escape(r.reason or '')}", highlight=False)
+    try:
+        with _progress(len(planned), enabled=not args.no_progress) as advance:
+            for r in run(planned, config):
+                results.append(r)
+                advance(f"{r.definition} {r.check} {r.source or ''}")
+                if not args.json and r.status in ("fail", "error"):
+                    _out.print(f"[red]{r.status.upper()}[/] {escape(r.definition)} {r.check} {r.source or ''} "
+                               f"{r.size or ''} seed={r.seed} {r.case or ''}: {escape(r.reason or '')}",
+                               highlight=False)
+    except KeyboardInterrupt:
+        kept = f"; the {len(results)} finished are in {config.results_file} (--resume goes on)" \
+            if config.results_file else ""
+        _err.print(f"interrupted after {len(results)} of {len(planned)} case(s){kept}", style="yellow")
+        return 130
     summary = summarise(results)
     if args.json:
         _print_json({"device": config.resolved_device, "summary": asdict(summary), "sandbox": status(),
@@ -288,6 +299,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     _out.print(f"[{colour}]" + ", ".join(f"{k} {v}" for k, v in sorted(summary.by_status.items())) + "[/]",
                highlight=False)
     return 0 if summary.ok else 1
+
+
+@contextmanager
+def _progress(total: int, *, enabled: bool):
+    """A progress bar on stderr (done / total, the current case, ETA); `advance(description)`."""
+    if not enabled or total == 0:
+        yield lambda _text: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=_err, transient=True) as bar:
+        task = bar.add_task("check", total=total)
+        yield lambda text: bar.update(task, advance=1, description=text[:60])
 
 
 # -- mutants ------------------------------------------------------------------------------------
@@ -511,6 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--save-failures", default="results/failures", metavar="DIR",
                    help="where failing cases are saved for replay ('' to disable)")
     s.add_argument("--save-inputs", action="store_true", help="also save failing inputs as safetensors")
+    s.add_argument("--results", default="results/check.jsonl", metavar="FILE",
+                   help="each result appended here as it completes, fsynced ('' to disable)")
+    s.add_argument("--resume", action="store_true", help="skip the cases already in --results, reuse their results")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("mutants", parents=[common, box],

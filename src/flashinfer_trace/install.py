@@ -45,7 +45,7 @@ DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version < '3.11'", "pytest", "pytest-timeout",
                         "pytest-benchmark", "landlock>=1.0.0.dev5; sys_platform == 'linux'",
                         "pyseccomp>=0.1.2; sys_platform == 'linux'")
-SESSION_FLAGS = ("--wheelhouse", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout")
+SESSION_FLAGS = ("--wheelhouse", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout", "--resume")
 
 
 @dataclass
@@ -55,6 +55,7 @@ class InstallOptions:
     torch_index: str | None = None
     jobs: int | None = None
     test_timeout: float | None = None
+    resume: bool = False  # keep the tests a killed or interrupted run streamed, run the rest
 
     @property
     def mode(self) -> str:
@@ -99,6 +100,10 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
         name, eq, value = a.partition("=")
         if name not in SESSION_FLAGS:
             rest.append(a)
+            i += 1
+            continue
+        if name == "--resume":
+            opts.resume = True
             i += 1
             continue
         takes_value = name != "--preinstalled-torch" or bool(eq) or (

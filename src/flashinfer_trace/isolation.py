@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,16 @@ def collect_files(paths: list[str]) -> list[str]:
 
 def run_isolated(targets: list[str], pytest_args: list[str], *, python: str = sys.executable,
                  env: dict[str, str] | None = None, cwd: str | None = None, test_timeout: float = 900.0,
-                 jobs: int = 1, log_dir: str | Path | None = None) -> list[TestRecord]:
+                 jobs: int = 1, log_dir: str | Path | None = None,
+                 on_record: Callable[[TestRecord], None] | None = None, skip: Collection[str] = ()) -> list[TestRecord]:
     """Run each target in its own pytest child (up to `jobs` at once) and return one record per test,
     in collection order per target, targets in the given order.
 
     `env` is the children's whole environment (default: this process's). Child output and event
     streams go to `log_dir` (kept) or a temporary directory (removed). Parallelism is `jobs`, not
-    pytest-xdist: a `-n` child reports no collection to the supervisor.
+    pytest-xdist: a `-n` child reports no collection to the supervisor. `on_record` gets each record
+    the moment it is final (from the supervisor's threads: make it thread-safe); tests in `skip` (node
+    ids recorded by an earlier run) are deselected.
     """
     with tempfile.TemporaryDirectory(prefix="flashinfer-trace-isolation-") as tmp:
         logs = Path(log_dir) if log_dir is not None else Path(tmp)
@@ -64,7 +68,8 @@ def run_isolated(targets: list[str], pytest_args: list[str], *, python: str = sy
         def one(i: int, target: str) -> list[TestRecord]:
             slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", target)[-80:].strip("_.") or "target"
             return _run_target(target, pytest_args, python=python, env=env, cwd=cwd, test_timeout=test_timeout,
-                               stem=logs / f"{i:03d}-{slug}", stop=stop)
+                               stem=logs / f"{i:03d}-{slug}", stop=stop, on_record=on_record or _ignore,
+                               skip=frozenset(skip))
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = [pool.submit(one, i, t) for i, t in enumerate(targets)]
@@ -76,10 +81,21 @@ def run_isolated(targets: list[str], pytest_args: list[str], *, python: str = sy
                 raise
 
 
-class _Attempt:
-    """One child's run of a target, as far as its event stream tells."""
+def _ignore(_record: TestRecord) -> None:
+    pass
 
-    def __init__(self) -> None:
+
+def _record(nodeid: str, e: dict[str, Any]) -> TestRecord:
+    return TestRecord(nodeid, e["status"], float(e.get("duration") or 0.0), e.get("message"),
+                      dict(e.get("properties") or {}))
+
+
+class _Attempt:
+    """One child's run of a target, as far as its event stream tells; each report is passed on as it
+    is read."""
+
+    def __init__(self, on_record: Callable[[TestRecord], None] = _ignore) -> None:
+        self.on_record = on_record
         self.collected: list[str] | None = None
         self.collect_errors: list[tuple[str, str]] = []
         self.reports: dict[str, dict[str, Any]] = {}
@@ -118,32 +134,39 @@ class _Attempt:
             self.reports[event["nodeid"]] = event
             if self.current == event["nodeid"]:
                 self.current = None
+            self.on_record(_record(event["nodeid"], event))
 
 
 def _run_target(target: str, pytest_args: list[str], *, python: str, env: dict[str, str] | None, cwd: str | None,
-                test_timeout: float, stem: Path, stop: threading.Event) -> list[TestRecord]:
+                test_timeout: float, stem: Path, stop: threading.Event,
+                on_record: Callable[[TestRecord], None] = _ignore, skip: frozenset[str] = frozenset()
+                ) -> list[TestRecord]:
     """Run one target until every collected test has a record, restarting after crashes and kills."""
     order: list[str] = []  # collection order over all attempts
     records: dict[str, TestRecord] = {}
     head: list[TestRecord] = []  # collection errors and target-level failures
     first = True
     restarts = 0
+
+    def final(record: TestRecord) -> TestRecord:  # a record the supervisor made (crash, timeout): streamed too
+        on_record(record)
+        return record
+
     while True:
         deselect = stem.with_name(f"{stem.name}.{restarts}.deselect")
-        deselect.write_text("".join(f"{n}\n" for n in records))
+        deselect.write_text("".join(f"{n}\n" for n in [*skip, *records]))
         attempt, rc, killed = _run_child(target, pytest_args, python=python, env=env, cwd=cwd,
                                          test_timeout=test_timeout, stem=stem.with_name(f"{stem.name}.{restarts}"),
-                                         deselect=deselect, stop=stop)
+                                         deselect=deselect, stop=stop, on_record=on_record)
         log = stem.with_name(f"{stem.name}.{restarts}.log")
         known = set(order)
         order.extend(n for n in attempt.collected or [] if n not in known)
         for nodeid, e in attempt.reports.items():
-            records[nodeid] = TestRecord(nodeid, e["status"], float(e.get("duration") or 0.0), e.get("message"),
-                                         dict(e.get("properties") or {}))
+            records[nodeid] = _record(nodeid, e)
             if nodeid not in order:
                 order.append(nodeid)
         if first:
-            head += [TestRecord(nodeid or target, "error", 0.0, f"collection error: {message}")
+            head += [final(TestRecord(nodeid or target, "error", 0.0, f"collection error: {message}"))
                      for nodeid, message in attempt.collect_errors]
         progressed = bool(attempt.reports)
         crashed = attempt.current is not None
@@ -152,12 +175,12 @@ def _run_target(target: str, pytest_args: list[str], *, python: str, env: dict[s
             if nodeid not in order:
                 order.append(nodeid)
             if killed == "timeout":
-                records[nodeid] = TestRecord(nodeid, "timeout", elapsed,
-                                             f"no result after {test_timeout:g} s: killed the process group")
+                records[nodeid] = final(TestRecord(nodeid, "timeout", elapsed,
+                                                   f"no result after {test_timeout:g} s: killed the process group"))
             else:
                 why = "stopped by the supervisor" if killed else _death(rc)
-                records[nodeid] = TestRecord(nodeid, "error", elapsed,
-                                             f"{why} during this test\n{_tail(log)}".rstrip())
+                records[nodeid] = final(TestRecord(nodeid, "error", elapsed,
+                                                   f"{why} during this test\n{_tail(log)}".rstrip()))
             progressed = True
         elif first and not attempt.collected and not attempt.collect_errors and (
                 attempt.collected is None or killed or rc not in (0, 5)):  # 5: everything deselected
@@ -165,24 +188,25 @@ def _run_target(target: str, pytest_args: list[str], *, python: str, env: dict[s
                 why = f"collection did not finish within {test_timeout:g} s: killed the process group"
             else:
                 why = "stopped by the supervisor" if killed else f"{_death(rc)} without running any test"
-            head.append(TestRecord(target, "timeout" if killed == "timeout" else "error", 0.0,
-                                   f"{why}\n{_tail(log)}".rstrip()))
+            head.append(final(TestRecord(target, "timeout" if killed == "timeout" else "error", 0.0,
+                                         f"{why}\n{_tail(log)}".rstrip())))
         elif not first and attempt.collected is None:  # a resumed child that could not collect
             for nodeid in order:
-                records.setdefault(nodeid, TestRecord(nodeid, "error", 0.0, f"resumed run collected nothing: "
-                                                      f"{_death(rc)}\n{_tail(log)}".rstrip()))
+                if nodeid not in records:
+                    records[nodeid] = final(TestRecord(nodeid, "error", 0.0, f"resumed run collected nothing: "
+                                                       f"{_death(rc)}\n{_tail(log)}".rstrip()))
         first = False
         abnormal = crashed or killed is not None or rc not in (0, 1, 2, 5)
         missing = [n for n in order if n not in records]
         if not (missing and abnormal and progressed) or stop.is_set() or restarts >= len(order) + 2:
             break
         restarts += 1
-    return head + [records.get(n) or TestRecord(n, "error", 0.0, "collected but no result") for n in order]
+    return head + [records.get(n) or final(TestRecord(n, "error", 0.0, "collected but no result")) for n in order]
 
 
 def _run_child(target: str, pytest_args: list[str], *, python: str, env: dict[str, str] | None, cwd: str | None,
-               test_timeout: float, stem: Path, deselect: Path, stop: threading.Event
-               ) -> tuple[_Attempt, int, str | None]:
+               test_timeout: float, stem: Path, deselect: Path, stop: threading.Event,
+               on_record: Callable[[TestRecord], None] = _ignore) -> tuple[_Attempt, int, str | None]:
     """One pytest child, watched: returns what it streamed, its exit code, and why it was killed."""
     stream, log = stem.with_name(stem.name + ".jsonl"), stem.with_name(stem.name + ".log")
     stream.unlink(missing_ok=True)
@@ -190,7 +214,7 @@ def _run_child(target: str, pytest_args: list[str], *, python: str, env: dict[st
     child_env.update({STREAM_ENV: str(stream), DESELECT_ENV: str(deselect), "PYTHONUNBUFFERED": "1"})
     cmd = [python, "-m", "pytest", target, "-p", "flashinfer_trace._stream_plugin", "-p", "no:cacheprovider", "-q",
            *pytest_args]
-    attempt = _Attempt()
+    attempt = _Attempt(on_record)
     killed: str | None = None
     with open(log, "wb") as out:
         out.write(f"$ {' '.join(cmd)}\n".encode())

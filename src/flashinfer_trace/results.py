@@ -1,14 +1,18 @@
 """What a session leaves behind, `results/<session>/`, written atomically:
 
     session.json    the session: combination, status (ok / tests-failed / install-failed /
-                    arch-mismatch / no-gpu / uninstallable), reason, install mode, constraints hash
+                    arch-mismatch / no-gpu / uninstallable; running until it ends, interrupted), reason,
+                    install mode, constraints hash
     env.json        the environment manifest (manifest.py)
+    tests.jsonl     one record per test as it finishes (fsynced): what a killed session leaves
     tests.json      one record per test: status, skip reason, tolerance, error summary, seed, ...
     junit.xml       the same records as JUnit XML
-    benchmark.json  pytest-benchmark's JSON (bench sessions)
+    benchmark.jsonl each benchmark as it finishes (bench sessions; pytest-benchmark's format)
+    benchmark.json  pytest-benchmark's JSON of the last child (bench sessions)
 
 A session that could not install writes session.json with status install-failed and the log tail,
-and no tests; the matrix shows the whole combination as install-failed.
+and no tests; the matrix shows the whole combination as install-failed. `matrix build` reads the
+streams where the whole-file results are missing.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,7 +28,8 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 TEST_STATUSES = ("passed", "failed", "error", "timeout", "skipped", "xfailed", "xpassed")
-SESSION_STATUSES = ("ok", "tests-failed", "install-failed", "arch-mismatch", "no-gpu", "uninstallable")
+SESSION_STATUSES = ("ok", "tests-failed", "install-failed", "arch-mismatch", "no-gpu", "uninstallable",
+                    "running", "interrupted")  # running: written at the start, so a killed session still says so
 FILES = ("session.json", "env.json", "tests.json", "junit.xml", "benchmark.json")
 
 
@@ -96,6 +102,61 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
 
 def write_json(path: str | Path, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+class JsonlStream:
+    """Results as they complete, one JSON object a line, flushed and fsynced per line: a kill, an
+    interrupt or a crash loses at most the line being written (readers skip a torn last line).
+    Thread-safe: the isolation supervisor reports from one thread per job."""
+
+    def __init__(self, path: str | Path, *, append: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        torn = append and self.path.is_file() and self.path.stat().st_size > 0 and not _ends_line(self.path)
+        self._file = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        if torn:  # a line cut by a kill: end it, so the next record starts a line of its own
+            self._file.write("\n")
+        self._lock = threading.Lock()
+
+    def write(self, obj: Any) -> None:
+        line = json.dumps(obj, default=str) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def __enter__(self) -> JsonlStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _ends_line(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete object in a JSONL stream; a torn or malformed line is skipped, never fatal."""
+    out = []
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 def junit_xml(records: list[TestRecord], suite: str) -> bytes:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from .combos import Combination, arch_of, load_combination
-from .results import SessionInfo, TestRecord, write_session
+from .results import JsonlStream, SessionInfo, TestRecord, read_jsonl, write_session
 
 EXIT_SKIPPED = 3
 REFERENCE_TESTS = "tests/references"
@@ -56,14 +56,15 @@ def check_gpu(combo: Combination, arch: str | None) -> tuple[str, str | None, st
 
 def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str]) -> list[str]:
     if kind == "bench":
-        return [f"--benchmark-json={results / 'benchmark.json'}", "-p", "no:xdist", *extra]
+        return [f"--benchmark-json={results / 'benchmark.json'}", f"--bench-stream={results / 'benchmark.jsonl'}",
+                "-p", "no:xdist", *extra]
     device = "cuda" if combo.gpu else "cpu"
     return [f"--device={device}", f"--save-failures={results / 'failures'}", *extra]
 
 
 def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
                 install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
-                extra: list[str] | None = None, cwd: Path | None = None) -> int:
+                extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False) -> int:
     from . import manifest as mf
     from .isolation import collect_files, run_isolated
 
@@ -87,10 +88,23 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         info.reason = "; ".join(install["differences"])
     folder = BENCH_TESTS if kind == "bench" else REFERENCE_TESTS
     targets = collect_files([str((cwd or Path(".")) / folder)])
-    records: list[TestRecord] = run_isolated(
-        targets, pytest_args(kind, combo, results, extra or []), python=sys.executable, env=dict(os.environ),
-        cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
-        log_dir=results / "logs")
+    earlier = streamed_records(results) if resume else []
+    info.status = "running"  # until the end: a session killed outright is read as partial, from tests.jsonl
+    write_session(results, info, manifest=manifest)
+    try:
+        with JsonlStream(results / STREAM, append=resume) as stream:
+            records: list[TestRecord] = earlier + run_isolated(
+                targets, pytest_args(kind, combo, results, extra or []), python=sys.executable, env=dict(os.environ),
+                cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
+                log_dir=results / "logs", on_record=lambda r: stream.write(r.as_dict()),
+                skip={r.nodeid for r in earlier})
+    except KeyboardInterrupt:  # what finished is in the stream: keep it readable as the session's result
+        records = streamed_records(results)
+        info.status, info.reason = "interrupted", f"interrupted after {len(records)} test(s); --resume goes on"
+        info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
+        write_session(results, info, records=records, manifest=mf.finish(manifest))
+        print(f"{session}: interrupted: {len(records)} test record(s) kept in {results}", file=sys.stderr)
+        return 130
     bad = [r for r in records if r.status in ("failed", "error", "timeout", "xpassed")]
     info.status = "tests-failed" if bad else "ok"
     info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
@@ -98,6 +112,23 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     print(f"{session}: {info.status}: " + ", ".join(f"{k} {v}" for k, v in info.counts.items())
           + f" in {info.wall_seconds} s", file=sys.stderr)
     return 1 if bad else 0
+
+
+STREAM = "tests.jsonl"
+
+
+def streamed_records(results: Path) -> list[TestRecord]:
+    """The test records a session streamed (one per node id, the last wins), in the order written."""
+    fields = set(TestRecord.__dataclass_fields__)
+    out: dict[str, TestRecord] = {}
+    for obj in read_jsonl(results / STREAM):
+        try:
+            r = TestRecord(**{k: v for k, v in obj.items() if k in fields})
+        except TypeError:
+            continue
+        out.pop(r.nodeid, None)
+        out[r.nodeid] = r
+    return list(out.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--install-json", help="the install step's result (mode, differences)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--test-timeout", type=float, default=900.0)
+    p.add_argument("--resume", action="store_true", help="keep the tests already in tests.jsonl, run the rest")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
@@ -117,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     install = json.loads(Path(args.install_json).read_text()) if args.install_json else None
     return run_session(args.kind, load_combination(args.combination), args.session, Path(args.results),
                        arch=args.arch, install=install, jobs=args.jobs, test_timeout=args.test_timeout,
-                       extra=args.pytest_args, cwd=Path.cwd())
+                       extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ pytest-benchmark's machine_info lacks.
     --bench-torch-sampling            also time the torch sampling ground truth (skipped by default)
     --bench-sandbox-cpu               also time the reference worker on the CPU (test_sandbox_overhead.py;
                                       its GPU cases run wherever there is a GPU)
+    --bench-stream FILE               append each benchmark to FILE (JSONL, fsynced) the moment it finishes, in
+                                      pytest-benchmark's JSON format: a crash, a timeout or an interrupt keeps
+                                      what was measured (the bench sessions pass results/<session>/benchmark.jsonl)
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="also time the torch sampling ground truth (a float64 sort of the vocabulary per call)")
     g.addoption("--bench-sandbox-cpu", action="store_true",
                 help="also time the reference worker's per-call cost on the CPU")
+    g.addoption("--bench-stream", default=None, metavar="FILE", help="append each finished benchmark to FILE (JSONL)")
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +68,20 @@ _ROWS = pytest.StashKey[list]()
 def bench_record(pytestconfig: pytest.Config):
     """record(extra_info): keep a benchmark's device numbers for the terminal summary."""
     return pytestconfig.stash.setdefault(_ROWS, []).append
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem):
+    """Stream the benchmark this test measured, before the next test can crash or hang."""
+    yield
+    path = item.config.getoption("--bench-stream")
+    fixture = getattr(item, "funcargs", {}).get("benchmark")
+    stats = getattr(fixture, "stats", None)
+    if path and stats is not None:
+        from flashinfer_trace.results import JsonlStream
+
+        with JsonlStream(path, append=True) as stream:
+            stream.write(stats.as_dict(include_data=False))
 
 
 def _num(v, fmt: str) -> str:

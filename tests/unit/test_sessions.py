@@ -91,6 +91,45 @@ def test_a_session_survives_a_crash_and_writes_every_file(tmp_path):
     assert ET.parse(out / "junit.xml").getroot().find("testsuite").get("errors") == "1"
 
 
+def test_records_stream_as_tests_finish_and_resume_runs_only_the_rest(tmp_path):
+    from flashinfer_trace.session import streamed_records
+
+    tree = _planted_tree(tmp_path)
+    combo = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
+    out = tmp_path / "results" / "references-cpu"
+    run_session("references", combo, "references-cpu", out, install={"mode": "fresh"}, jobs=1, test_timeout=60,
+                cwd=tree)
+    streamed = streamed_records(out)
+    assert sorted(r.nodeid for r in streamed) == sorted(r.nodeid for r in read_records(out / "tests.json"))
+    # Keep two of the four as if the session had been killed after them (a torn line too), then resume.
+    lines = (out / "tests.jsonl").read_text().splitlines()
+    kept = [json.loads(line)["nodeid"] for line in lines[:2]]
+    (out / "tests.jsonl").write_text("\n".join(lines[:2]) + '\n{"nodeid": "torn')
+    (out / "tests.json").unlink()
+    rc = run_session("references", combo, "references-cpu", out, install={"mode": "fresh"}, jobs=1,
+                     test_timeout=60, cwd=tree, resume=True)
+    assert rc == 1
+    records = read_records(out / "tests.json")
+    assert sorted(r.nodeid for r in records) == sorted(r.nodeid for r in streamed)  # each test once
+    logs = "".join(p.read_text() for p in (out / "logs").glob("*.deselect"))
+    assert all(n in logs for n in kept)  # the resumed child deselected what was recorded
+
+
+def test_matrix_reads_a_session_killed_mid_run(tmp_path):
+    from flashinfer_trace.matrix.build import read_session
+
+    out = tmp_path / "references-cpu"
+    out.mkdir()
+    (out / "session.json").write_text(json.dumps(SessionInfo("references-cpu", "cpu-torch2.13",
+                                                             status="running").as_dict()))
+    (out / "tests.jsonl").write_text(json.dumps(TestRecord("tests/references/test_rmsnorm.py::test_x", "passed",
+                                                           0.1).as_dict()) + '\n{"nodeid": "cut')
+    problems: list = []
+    data = read_session(out, problems)
+    assert data.session["status"] == "interrupted" and "1 streamed test record" in data.session["reason"]
+    assert [t["nodeid"] for t in data.tests] == ["tests/references/test_rmsnorm.py::test_x"] and not problems
+
+
 def test_a_gpu_session_without_a_gpu_is_recorded_and_skipped(tmp_path):
     combo = load_combination(ROOT / "constraints" / "cu130-torch2.11-fi0.6.6.toml")
     out = tmp_path / "results" / "references-cuda13"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import sandbox_label
+from ..results import read_jsonl
 
 SCHEMA_VERSION = 1
 STATES = {
@@ -106,16 +107,32 @@ def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | 
         return SessionData(folder, {"session": folder.name, "combination": folder.name, "status": "corrupt",
                                     "reason": "session.json missing or unreadable"})
     manifest = _load_json(folder / "env.json", problems, required=False) or {}
-    tests_doc = _load_json(folder / "tests.json", problems, required=session.get("status") in ("ok", "tests-failed"))
+    streamed = (folder / "tests.jsonl").is_file()
+    tests_doc = _load_json(folder / "tests.json", problems,
+                           required=session.get("status") in ("ok", "tests-failed") and not streamed)
     tests = None
     if isinstance(tests_doc, dict) and isinstance(tests_doc.get("tests"), list):
         tests = [t for t in tests_doc["tests"] if isinstance(t, dict) and "nodeid" in t and "status" in t]
     elif tests_doc is not None:
         problems.append({"path": str(folder / "tests.json"), "problem": "corrupt: no tests list"})
+    if tests is None and streamed:  # a session killed before it wrote tests.json: what it streamed
+        last: dict[str, dict] = {}
+        for t in read_jsonl(folder / "tests.jsonl"):
+            if "nodeid" in t and "status" in t:
+                last.pop(t["nodeid"], None)
+                last[t["nodeid"]] = t
+        tests = list(last.values())
+        if session.get("status") == "running":
+            session = {**session, "status": "interrupted",
+                       "reason": f"the session stopped while running; {len(tests)} streamed test record(s)"}
     if tests is None and session.get("status") in ("ok", "tests-failed"):
         session = {**session, "status": "corrupt", "reason": "tests.json missing or unreadable"}
     bench = _load_json(folder / "benchmark.json", problems, required=False)
     benchmarks = bench.get("benchmarks", []) if isinstance(bench, dict) else []
+    streamed_bench = read_jsonl(folder / "benchmark.jsonl")  # every child's, as each finished
+    if streamed_bench:
+        seen = {b.get("fullname") for b in streamed_bench}
+        benchmarks = streamed_bench + [b for b in benchmarks if isinstance(b, dict) and b.get("fullname") not in seen]
     return SessionData(folder, session, manifest if isinstance(manifest, dict) else {}, tests, benchmarks)
 
 

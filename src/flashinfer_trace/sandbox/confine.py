@@ -56,6 +56,7 @@ class Confinement:
     active: dict[str, str] = field(default_factory=dict)  # mechanism -> what it enforces
     missing: dict[str, str] = field(default_factory=dict)  # mechanism -> why it is not active
     disabled: tuple[str, ...] = ()
+    vm_base: int | None = None  # address space before the arena (the RLIMIT_AS the parent adjusts)
 
     @property
     def complete(self) -> bool:
@@ -188,12 +189,15 @@ def _vm_size() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _rlimits(memory_bytes: int | None, gpu: bool) -> str:
+def _rlimits(c: Confinement, memory_bytes: int | None, gpu: bool) -> str:
     parts = ["no core dumps"]
     if memory_bytes and not gpu:
-        limit = _vm_size() + memory_bytes
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        parts.append(f"address space {limit / 2**30:.1f} GiB")
+        # The soft limit only: the parent raises it by the shared arena's size before each call (prlimit),
+        # so the arena does not eat the reference's budget; the worker cannot (seccomp: no setrlimit).
+        c.vm_base = _vm_size()
+        limit = c.vm_base + memory_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        parts.append(f"address space: the arena + {memory_bytes / 2**30:.1f} GiB")
     elif memory_bytes:
         parts.append(f"resident memory {memory_bytes / 2**30:.1f} GiB (the parent's watchdog)")
     parts.append("CPU time per call (set by the parent)")
@@ -290,7 +294,7 @@ def apply(*, memory_bytes: int | None, gpu: bool, shm_layer: bool = False, disab
         except Exception as e:
             c.missing["landlock"] = f"{type(e).__name__}: {e}"
     try:
-        c.active["rlimits"] = _rlimits(memory_bytes, gpu)
+        c.active["rlimits"] = _rlimits(c, memory_bytes, gpu)
     except (OSError, ValueError) as e:
         c.missing["rlimits"] = f"{type(e).__name__}: {e}"
     return c

@@ -271,6 +271,19 @@ class _Worker:
         except (OSError, ValueError, IndexError):
             return 0
 
+    def limit_memory(self, arena_bytes: int) -> None:
+        """RLIMIT_AS of a CPU worker: its base, the shared arena it maps, and the reference's budget."""
+        base = self.status.get("vm_base")
+        if type(base) is not int or base <= 0:
+            return
+        try:
+            _, hard = resource.prlimit(self.pid, resource.RLIMIT_AS)
+            soft = base + arena_bytes + settings.memory
+            resource.prlimit(self.pid, resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard),
+                                                           hard))
+        except (OSError, ValueError):
+            pass
+
     def limit_cpu(self) -> None:
         """RLIMIT_CPU of the worker: what it has used so far plus one call's budget."""
         try:
@@ -490,6 +503,7 @@ class ConfinedReference:
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
         w.limit_cpu()
+        w.limit_memory(_pool.host.size)
         answer = w.request({"op": "call", "id": self.id, "args": specs, "seed": seed, "cpu_size": _pool.host.size,
                             "input_end": arenas.cursor}, self.definition, settings.timeout)
         while "need" in answer:
@@ -504,6 +518,7 @@ class ConfinedReference:
                 raise ReferenceFailure(self.definition, "memory", f"outputs of {_text(cpu, 40)} bytes asked for")
             _pool.host.ensure(cpu)
             buffers["cpu"] = _pool.host.tensor
+            w.limit_memory(_pool.host.size)
             answer = w.request({"op": "deliver", "cpu_size": _pool.host.size}, self.definition, settings.timeout)
         return answer, specs, buffers
 
@@ -544,6 +559,7 @@ class ConfinedReference:
         for i in mutated:  # a reference that writes into its inputs does so for the caller too
             tensor, spec = tensors[i]
             tensor.copy_(decode(spec, arenas, clone=False))
+        _pool.host.release()
         return out
 
 

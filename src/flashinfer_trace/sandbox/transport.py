@@ -72,6 +72,15 @@ class HostArena:
         self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
         return True
 
+    def release(self, keep: int = 64 << 20) -> None:
+        """Give the pages past the first `keep` bytes back to the system (a 1 GB MoE weight would
+        otherwise stay resident twice); the mapping stays, the next call faults them in again."""
+        if self.map is not None and self.size > keep:
+            try:
+                self.map.madvise(mmap.MADV_REMOVE, keep, self.size - keep)
+            except (AttributeError, OSError, ValueError):
+                pass
+
     def close(self) -> None:
         self.tensor = torch.empty(0, dtype=torch.uint8)
         os.close(self.fd)
