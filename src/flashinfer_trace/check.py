@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from .compare import Mismatch, Tolerance, compare_outputs, tolerance_for
+from .compare import Mismatch, Tolerance, tolerance_for
 from .compare_samples import SamplingSettings, check_sampler
 from .definition import Definition
-from .errormodel import error_models, error_scales
+from .errormodel import compare_with_model, error_scales
 from .groundtruth import SOURCES, GroundTruthUnavailable, default_device, get_ground_truth
 from .inputs import InputGenerationError, UnsupportedOpType, edge_cases, generate_inputs
 from .testing import expected_dtypes, expected_shapes, is_sampler, run_reference
@@ -248,8 +248,7 @@ def _compare_with(case: Case, memo: _Memo, config: CheckConfig, tol: Tolerance, 
                        tolerance=settings.as_dict(), ground_truth=gt.describe(), reports=[report.as_dict()],
                        reason=None if report.passed else report.summary())
     expected = gt(inputs)
-    reports = compare_outputs(memo.reference(case), expected, tol, list(d.outputs), scales=memo.scales(case),
-                              error_models=error_models(d))
+    reports = compare_with_model(d, inputs, memo.reference(case), expected, tol, scales=lambda: memo.scales(case))
     passed = all(r.passed for r in reports)
     verdict = None if passed else Mismatch(reports).verdict
     return _result(case, "pass" if passed else "fail", verdict=verdict, tolerance=tol.as_dict(),

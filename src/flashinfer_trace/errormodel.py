@@ -20,6 +20,7 @@ elements by their own size and still fails (the planted-bug suite, mutants.py, k
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,7 @@ import torch
 from .definition import Definition
 from .inputs import Inputs
 
-__all__ = ["MODELS", "ErrorModel", "error_models", "error_scales", "model_for"]
+__all__ = ["MODELS", "ErrorModel", "compare_with_model", "error_models", "error_scales", "model_for"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,21 @@ def error_models(definition: Definition) -> list[str]:
     model = model_for(definition)
     return ["|expected|" if model is None or (model.outputs is not None and o not in model.outputs)
             else model.description for o in definition.outputs]
+
+
+def compare_with_model(definition: Definition, inputs: Inputs, actual, expected, tolerance,
+                       scales: Callable[[], list] | None = None) -> list:
+    """DiffReports of outputs against the ground truth's: first against |expected|; only where that
+    fails and the family has a model, again with the operand scales (the model can only widen, so
+    the ground-truth call it costs is paid by the cases that need it)."""
+    from .compare import compare_outputs
+
+    names = list(definition.outputs)
+    reports = compare_outputs(actual, expected, tolerance, names)
+    if all(r.passed for r in reports) or model_for(definition) is None:
+        return reports
+    found = scales() if scales is not None else error_scales(definition, inputs)
+    return compare_outputs(actual, expected, tolerance, names, scales=found, error_models=error_models(definition))
 
 
 def error_scales(definition: Definition, inputs: Inputs) -> list[torch.Tensor | None]:

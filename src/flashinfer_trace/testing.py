@@ -14,7 +14,7 @@ from .compare import DiffReport, Mismatch, Tolerance, assert_close, compare_outp
 from .compare_samples import SampleReport, SamplingMismatch, SamplingSettings, assert_samples_match
 from .dataset import iter_definitions, load_definition
 from .definition import Definition
-from .errormodel import error_models, error_scales
+from .errormodel import compare_with_model, error_scales
 from .groundtruth import SOURCES, GroundTruth, GroundTruthUnavailable, get_ground_truth, ground_truths
 from .inputs import SIZES, Inputs, edge_cases, generate_inputs
 from .sandbox import ConfinedReference, ReferenceFailure, SandboxError, compile_reference
@@ -85,8 +85,10 @@ def run_reference(definition: Definition, inputs: Inputs, *, seed: int | None = 
 def assert_matches(definition: Definition, inputs: Inputs, actual, expected, tolerance: Tolerance) -> list[DiffReport]:
     """assert_close of a reference's outputs against a ground truth's on these inputs, with the op
     family's error model (errormodel.py): sums of products are judged against their operands' scale."""
-    return assert_close(actual, expected, tolerance=tolerance, names=list(definition.outputs),
-                        scales=error_scales(definition, inputs), error_models=error_models(definition))
+    reports = compare_with_model(definition, inputs, actual, expected, tolerance)
+    if not all(r.passed for r in reports):
+        raise Mismatch(reports)
+    return reports
 
 
 def is_sampler(definition: Definition) -> bool:

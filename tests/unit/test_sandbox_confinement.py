@@ -62,7 +62,10 @@ def refused(body: str, *args, match: str = "PermissionError") -> ReferenceFailur
 
 
 def test_worker_is_fully_confined_here():
-    assert landlock_abi()[0] > 0, "this CI machine has Landlock: the tests below must see it active"
+    abi, why = landlock_abi()
+    if not abi and not os.environ.get("FLASHINFER_TRACE_REQUIRE_CONFINEMENT"):  # .ci/run requires it
+        pytest.skip(reason=f"unsupported: no Landlock here ({why})")
+    assert abi > 0, why
     compile_reference("def run():\n    return 1\n")()
     s = status()
     assert s["complete"] and set(s["active"]) == {"landlock", "rlimits", "seccomp"} and not s["missing"]
