@@ -194,8 +194,9 @@ class _Server:
         arenas = Arenas(self.buffers, cursor=dict(input_end))
         try:
             encoded = encode(out, arenas)
-        except TypeError as e:
-            return {"error": {"kind": "raised", "type": "TypeError", "message": f"run() returned {e}", "line": None}}
+        except Exception as e:  # noqa: BLE001 - an output that cannot be laid out is the reference's error
+            return {"error": {"kind": "raised", "type": type(e).__name__, "message": f"run() returned {e}"[:2000],
+                              "line": None}}
         if self.gpu:
             torch.cuda.synchronize()
         return {"ok": {"outputs": encoded, "mutated": mutated}}
