@@ -13,7 +13,8 @@ such an element is the sum of the absolute products that made it, per op family:
                                                                   so only V needs its absolute value)
 
 The scale is computed by the independent torch ground truth on those absolute values (float64), so
-it costs one more ground-truth call and cannot depend on the reference. It widens the tolerance
+it cannot depend on the reference; it costs one more ground-truth call, paid only by comparisons
+that fail against |expected| (`compare_with_model`). It widens the tolerance
 only where cancellation happened: a transposed weight, a dropped scale or a wrong mask changes
 elements by their own size and still fails (the planted-bug suite, mutants.py, keeps that honest).
 """
