@@ -241,3 +241,16 @@ def test_ci_plan_splits_gpu_and_cpu_jobs():
     plan = _ci_plan().plan(listed)
     assert plan["gpu"] == [{"session": "references-x-sm90", "combination": "x", "cuda": "cuda13", "arch": "sm90"}]
     assert [e["session"] for e in plan["cpu"]] == ["references-cpu-torch2.13", "references-old"]
+
+
+def test_how_references_ran_is_labelled_from_the_manifest():
+    from flashinfer_trace.manifest import sandbox_label
+
+    confined = {"sandbox": {"confinement": {"complete": True, "active": {"landlock": "x"}, "missing": {}}}}
+    allowed = {"sandbox": {"confinement": {"complete": False, "missing": {"landlock": "ENOSYS", "seccomp": "no lib"},
+                                           "allow_unconfined": True}}}
+    refused = {"sandbox": {"confinement": {"complete": False, "missing": {"seccomp": "no lib"}}}}
+    assert sandbox_label(confined) == "confined"
+    assert sandbox_label(allowed) == "unconfined (allowed): landlock, seccomp missing"
+    assert sandbox_label(refused) == "refused: seccomp missing"
+    assert sandbox_label({}) is None and sandbox_label({"sandbox": {"error": "boom"}}).startswith("unknown: boom")

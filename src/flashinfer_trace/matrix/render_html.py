@@ -188,6 +188,7 @@ def _manifest_facts(env: dict) -> dict[str, str | None]:
         "flashinfer": packages.get("flashinfer-python") or env.get("flashinfer"),
         "sglang": sglang,
         "Python": python,
+        "references ran": env.get("sandbox"),  # confined / unconfined (allowed) / refused (docs/sandbox.md)
         "git": manifest.get("git_sha"),
     }
 
