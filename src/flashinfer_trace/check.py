@@ -106,17 +106,9 @@ def case_key(case: Case) -> tuple:
 
 def recorded(path: str | Path) -> dict[tuple, Result]:
     """The results in a JSONL stream by key (the last record of a key wins); a torn line is skipped."""
-    from .results import read_jsonl
+    from .results import from_fields, read_latest
 
-    out: dict[tuple, Result] = {}
-    fields = set(Result.__dataclass_fields__)
-    for obj in read_jsonl(path):
-        try:
-            r = Result(**{k: v for k, v in obj.items() if k in fields})
-        except TypeError:
-            continue
-        out[r.key] = r
-    return out
+    return {r.key: r for r in read_latest(path, from_fields(Result), lambda r: r.key)}
 
 
 @dataclass

@@ -318,10 +318,11 @@ def _progress(total: int, *, enabled: bool):
 # -- mutants ------------------------------------------------------------------------------------
 def cmd_mutants(args: argparse.Namespace) -> int:
     """The planted-bug suite against one ground truth: which bugs each comparison catches."""
+    from .groundtruth import default_device
     from .mutants import MUTANTS, kill, kill_rate
 
     _configure_sandbox(args)
-    device = args.device or ("cuda" if _cuda() else "cpu")
+    device = args.device or default_device()
     chosen = [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
     kills = [kill(m, args.ground_truth, device=device) for m in chosen]
     killed, ran = kill_rate(kills)
@@ -339,15 +340,6 @@ def cmd_mutants(args: argparse.Namespace) -> int:
             t.add_row(m.name, m.bug, caught, escape(k.how if k.killed is not False or not m.survives else m.survives))
         _out.print(t)
     return 1 if unexpected else 0
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 # -- tests generate / coverage --------------------------------------------------------------------

@@ -3,9 +3,9 @@
 A tolerance that lets rounding pass could let bugs pass too. Each mutant here is one definition's
 reference with one realistic bug planted by text replacement (a transposed weight, the wrong eps, a
 RoPE pairing, a causal mask off by one, a dropped sm_scale, a natural-log lse, the wrong expert
-routing, ...). `kill(mutant, source)` runs it like the reference suite does (shapes and dtypes, then
-every size, seed and edge case against a ground truth, with the op family's error model) and says
-whether the bug was caught; the true reference must pass the same run. The kill rate is the share
+routing, ...). `kill(mutant, source)` runs it through `check`'s own plan (shapes and dtypes, every
+size, seed and edge case against a ground truth with the op family's error model, determinism) and
+says whether the bug was caught; the true reference must pass the same run. The kill rate is the share
 of mutants caught: `flashinfer-trace mutants` (CPU: torch ground truth; a GPU: FlashInfer too).
 
     kill(m, "torch")   ->  Kill(mutant, source, killed=True, how="match small seed 0: output ... [bug]")
@@ -16,14 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .compare import Mismatch, tolerance_for
-from .compare_samples import SamplingMismatch, SamplingSettings, assert_samples_match
 from .dataset import load_definition
 from .definition import Definition
-from .groundtruth import GroundTruthUnavailable, get_ground_truth
-from .inputs import edge_cases, generate_inputs
-from .sandbox import ReferenceFailure, SandboxError
-from .testing import assert_matches, expected_dtypes, expected_shapes, is_sampler, run_reference
+from .groundtruth import GroundTruthUnavailable
+from .groundtruth.base import REASON_KINDS
 
 __all__ = ["MUTANTS", "Kill", "Mutant", "first_failure", "kill", "kill_rate", "kills", "mutate"]
 
@@ -157,40 +153,24 @@ class Kill:
     how: str
 
 
-def _cases(d: Definition, sizes: Iterable[str], seeds: Iterable[int]):
-    for size in sizes:
-        for seed in seeds:
-            yield size, seed, None
-    for case in edge_cases(d):
-        yield "small", 0, case
-
-
 def first_failure(d: Definition, source: str, *, device: str = "cpu", sizes=("small", "medium"), seeds=(0, 1),
                   draws: int | None = None) -> str | None:
-    """The first check that fails for `d` against `source` (None: everything passes), as the suite runs it.
-    Raises GroundTruthUnavailable when the ground truth cannot run here."""
-    gt = get_ground_truth(source, d, device=device)
-    tol = tolerance_for(d)
-    for size, seed, case in _cases(d, sizes, seeds):
-        where = f"{size} seed {seed}" + (f" {case}" if case else "")
-        inputs = generate_inputs(d, size, seed=seed, device=device, case=case)
-        try:
-            if is_sampler(d):
-                settings = SamplingSettings(draws=draws or (64 if device == "cpu" else 2000))
-                assert_samples_match(d, inputs, gt, settings=settings, seed=seed)
-                continue
-            actual = run_reference(d, inputs, seed=seed)
-            shapes = [None if getattr(o, "shape", None) is None else list(o.shape) for o in actual]
-            if shapes != expected_shapes(d, inputs):
-                return f"{where}: shapes {shapes}"
-            dtypes = [str(getattr(o, "dtype", type(o).__name__)).replace("torch.", "") for o in actual]
-            if dtypes != expected_dtypes(d):
-                return f"{where}: dtypes {dtypes}"
-            assert_matches(d, inputs, actual, gt(inputs), tol)
-        except (Mismatch, SamplingMismatch) as e:
-            return f"{where}: {' '.join(str(e).split())[:300]}"
-        except (ReferenceFailure, SandboxError) as e:
-            return f"{where}: the reference failed: {' '.join(str(e).split())[:300]}"
+    """The first check of `check`'s plan (shape, dtype, every size x seed, determinism, edge cases) that
+    fails or errors for `d` against `source`; None when everything passes. Raises GroundTruthUnavailable
+    when the ground truth could not run any comparison here."""
+    from .check import CheckConfig, Discovered, plan, run
+
+    config = CheckConfig(sources=(source,), sizes=tuple(sizes), seeds=tuple(seeds), device=device, draws=draws)
+    compared = []
+    for r in run(plan(Discovered([d], []), config), config):
+        if r.status in ("fail", "error"):
+            where = " ".join(str(p) for p in (r.check, r.size, f"seed {r.seed}", r.case) if p)
+            return f"{where}: {' '.join((r.reason or '').split())[:300]}"
+        if r.check in ("match", "edge"):
+            compared.append(r)
+    if compared and all(r.status == "skip" for r in compared):
+        kind, _, detail = (compared[0].reason or "").partition(": ")
+        raise GroundTruthUnavailable(kind if kind in REASON_KINDS else "unsupported", detail or kind)
     return None
 
 

@@ -22,6 +22,7 @@ import os
 import tempfile
 import threading
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,26 @@ class JsonlStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def read_latest(path: str | Path, make: Callable[[dict], Any], key: Callable[[Any], Any]) -> list[Any]:
+    """The objects of a JSONL stream built by `make` (one that does not fit is skipped), the last one
+    per key winning, in the order they were written: what a resumed or rerun stream means."""
+    out: dict[Any, Any] = {}
+    for obj in read_jsonl(path):
+        try:
+            item = make(obj)
+        except (TypeError, KeyError, ValueError):
+            continue
+        out.pop(key(item), None)
+        out[key(item)] = item
+    return list(out.values())
+
+
+def from_fields(cls: type) -> Callable[[dict], Any]:
+    """A dataclass built from the fields of a JSON object it knows (others ignored)."""
+    fields = set(cls.__dataclass_fields__)
+    return lambda obj: cls(**{k: v for k, v in obj.items() if k in fields})
 
 
 def _ends_line(path: Path) -> bool:

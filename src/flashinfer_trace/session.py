@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from .combos import Combination, arch_of, load_combination
-from .results import JsonlStream, SessionInfo, TestRecord, read_jsonl, write_session
+from .results import JsonlStream, SessionInfo, TestRecord, from_fields, read_latest, write_session
 
 EXIT_SKIPPED = 3
 REFERENCE_TESTS = "tests/references"
@@ -119,16 +119,7 @@ STREAM = "tests.jsonl"
 
 def streamed_records(results: Path) -> list[TestRecord]:
     """The test records a session streamed (one per node id, the last wins), in the order written."""
-    fields = set(TestRecord.__dataclass_fields__)
-    out: dict[str, TestRecord] = {}
-    for obj in read_jsonl(results / STREAM):
-        try:
-            r = TestRecord(**{k: v for k, v in obj.items() if k in fields})
-        except TypeError:
-            continue
-        out.pop(r.nodeid, None)
-        out[r.nodeid] = r
-    return list(out.values())
+    return read_latest(results / STREAM, from_fields(TestRecord), lambda r: r.nodeid)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -127,3 +127,12 @@ def test_reference_of_a_mutant_runs_confined():
     x = generate_inputs(d, "small", seed=0)
     (c,) = run_reference(d, x)
     assert torch.equal(c, -run_reference(load_definition(m.definition), x)[0])
+
+
+def test_a_ground_truth_that_cannot_run_kills_nothing():
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is not None:
+        pytest.skip(reason="unsupported: flashinfer is installed here")
+    k = kill(MUTANTS[0], "flashinfer")
+    assert k.killed is None and k.how.startswith("not-installed")

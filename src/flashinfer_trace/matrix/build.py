@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import sandbox_label
-from ..results import read_jsonl
+from ..results import read_jsonl, read_latest
 
 SCHEMA_VERSION = 1
 STATES = {
@@ -116,12 +116,8 @@ def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | 
     elif tests_doc is not None:
         problems.append({"path": str(folder / "tests.json"), "problem": "corrupt: no tests list"})
     if tests is None and streamed:  # a session killed before it wrote tests.json: what it streamed
-        last: dict[str, dict] = {}
-        for t in read_jsonl(folder / "tests.jsonl"):
-            if "nodeid" in t and "status" in t:
-                last.pop(t["nodeid"], None)
-                last[t["nodeid"]] = t
-        tests = list(last.values())
+        tests = read_latest(folder / "tests.jsonl", lambda t: {**t, "nodeid": t["nodeid"], "status": t["status"]},
+                            lambda t: t["nodeid"])  # (a record without both raises KeyError: skipped)
         if session.get("status") == "running":
             session = {**session, "status": "interrupted",
                        "reason": f"the session stopped while running; {len(tests)} streamed test record(s)"}

@@ -535,8 +535,7 @@ class ConfinedReference:
             remote = _text(error.get("type"), 100)
             remote = remote if remote.isidentifier() else "Exception"
             raise reference_raised(self.definition, remote, _text(error.get("message")), _line(error.get("line")))
-        w.kill()
-        _pool.worker = None if _pool.worker is w else _pool.worker
+        w.kill()  # the pool replaces a dead worker at the next call
         raise ReferenceFailure(self.definition, "crash" if kind == "worker" else "protocol",
                                _text(error.get("message")))
 
@@ -554,7 +553,6 @@ class ConfinedReference:
                 raise ProtocolError("malformed list of mutated inputs")
         except ProtocolError as e:
             w.kill()
-            _pool.worker = None if _pool.worker is w else _pool.worker
             raise ReferenceFailure(self.definition, "protocol", f"invalid answer from the worker: {e}") from None
         for i in mutated:  # a reference that writes into its inputs does so for the caller too
             tensor, spec = tensors[i]
