@@ -1,5 +1,5 @@
 """The compatibility matrix as nox sessions. Combinations live in constraints/, logic in the package:
-this file makes environments and calls flashinfer_trace.install / flashinfer_trace.session.
+this file makes environments and calls flashinfer_trace.sweep.install / flashinfer_trace.sweep.session.
 
     nox -l                                   every session; `nox -l --json` for CI job matrices
     nox -s references-cpu                    the reference suite on the CPU combination
@@ -8,6 +8,7 @@ this file makes environments and calls flashinfer_trace.install / flashinfer_tra
     nox -t nightly                           the sweep
     nox -s references-cuda13 -- --wheelhouse .whl --preinstalled-torch -k rmsnorm
                                              offline, reusing this interpreter's torch; the rest to pytest
+    nox -s jit-cuda13 -- -k moe --jit-budget 1800    only the JIT prebuild (start long builds ahead; resumable)
     nox -s matrix                            results/ -> matrix/ (JSON, Markdown, HTML)
 
 Results go to results/<session>/ ($FLASHINFER_TRACE_RESULTS); each combination gets its own FlashInfer
@@ -27,10 +28,10 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))  # the nox interpreter reads combos with the package's own code
 
-from flashinfer_trace.combos import arch_env, arch_of, default_combination, load_combinations  # noqa: E402
-from flashinfer_trace.install import install, parse_session_args  # noqa: E402
-from flashinfer_trace.manifest import nvidia_smi  # noqa: E402
-from flashinfer_trace.results import SessionInfo, write_json, write_session  # noqa: E402
+from flashinfer_trace.sweep.combos import arch_env, arch_of, default_combination, load_combinations  # noqa: E402
+from flashinfer_trace.sweep.install import install, parse_session_args  # noqa: E402
+from flashinfer_trace.sweep.manifest import nvidia_smi  # noqa: E402
+from flashinfer_trace.sweep.results import SessionInfo, write_json, write_session  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
@@ -84,11 +85,12 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
         write_session(out, info)
         session.error(f"install failed: {result.error} (log: {out / 'install.log'})")
     jobs = opts.jobs or (4 if combo.gpu else 2)
-    session.run("python", "-m", "flashinfer_trace.session", kind, "--combination", str(combo.path.relative_to(ROOT)),
-                "--session", name,
+    session.run("python", "-m", "flashinfer_trace.sweep.session", kind,
+                "--combination", str(combo.path.relative_to(ROOT)), "--session", name,
                 "--results", str(out), "--arch", arch or "auto", "--install-json", str(out / "install.json"),
                 "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900),
-                *(["--resume"] if opts.resume else []), "--", *pytest_args,
+                *(["--resume"] if opts.resume else []),
+                *(["--jit-budget", str(opts.jit_budget)] if opts.jit_budget else []), "--", *pytest_args,
                 env=env, success_codes=[0, 3])
     status = json.loads((out / "session.json").read_text())["status"]
     if status in ("no-gpu", "arch-mismatch"):
@@ -122,6 +124,8 @@ for _c in COMBOS:
         _register(f"references-{_alias}", "references", _c, None, ["references", _alias, f"combo:{_c.id}"],
                   f"reference suite on the default {_alias} combination ({_c.label})", default=_alias == "cpu")
         if _c.gpu:
+            _register(f"jit-{_alias}", "jit", _c, None, ["jit", _alias, f"combo:{_c.id}"],
+                      f"JIT prebuild only (every module the ground truths need, in parallel), {_c.label}")
             _register(f"bench-{_alias}", "bench", _c, None, ["bench", _alias, f"combo:{_c.id}"],
                       f"device-time benchmarks of the ground truths, {_c.label}")
             for _arch in _c.archs:

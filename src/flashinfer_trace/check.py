@@ -106,7 +106,7 @@ def case_key(case: Case) -> tuple:
 
 def recorded(path: str | Path) -> dict[tuple, Result]:
     """The results in a JSONL stream by key (the last record of a key wins); a torn line is skipped."""
-    from .results import from_fields, read_latest
+    from .sweep.results import from_fields, read_latest
 
     return {r.key: r for r in read_latest(path, from_fields(Result), lambda r: r.key)}
 
@@ -293,7 +293,7 @@ def run_case(case: Case, memo: _Memo, config: CheckConfig) -> Result:
 
 def run(cases: list[Case | Result], config: CheckConfig) -> Iterator[Result]:
     from .failures import save_failure
-    from .results import JsonlStream
+    from .sweep.results import JsonlStream
 
     memo = _Memo(config.resolved_device)
     done = recorded(config.results_file) if config.resume and config.results_file else {}

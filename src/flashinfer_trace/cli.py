@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -262,7 +263,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .dataset import definitions_dir
 
     targets = args.targets or [str(definitions_dir(args.definitions))]
-    planned = plan(discover(targets, config), config)
+    found = discover(targets, config)
+    kernels = tuple(s for s in sources if s != "torch")
+    if kernels and config.resolved_device.startswith("cuda") and not args.no_prebuild:
+        code = _prebuild(found.definitions, kernels, config.resolved_device, args)
+        if code:
+            return code
+    planned = plan(found, config)
     results = []
     try:
         with _progress(len(planned), enabled=not args.no_progress) as advance:
@@ -313,6 +320,82 @@ def _progress(total: int, *, enabled: bool):
                   console=_err, transient=True) as bar:
         task = bar.add_task("check", total=total)
         yield lambda text: bar.update(task, advance=1, description=text[:60])
+
+
+def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> int:
+    """check on a GPU builds every module first, in parallel, and its ground truths then skip what
+    could not be built (build-failed / build-timeout) instead of compiling inside the checks."""
+    import os
+
+    from .sweep import jit
+
+    report = str(Path(args.results).with_name("jit.jsonl")) if args.results else None
+    config = jit.JitConfig(sources=sources, device=device, report=report, resume=args.resume,
+                           log_dir=str(Path(report).with_name("jit-logs")) if report else None)
+    jobs = jit.plan(definitions, config)
+    records = []
+    try:
+        with _progress(len(jobs), enabled=not args.no_progress) as advance:
+            for r in jit.run(jobs, config):
+                records.append(r)
+                advance(f"build {r.definition} {r.source}")
+    except KeyboardInterrupt:
+        _err.print(f"interrupted while building ({len(records)} of {len(jobs)} job(s) done)", style="yellow")
+        return 130
+    counts = jit.summarise(records)["counts"]
+    if records:
+        _err.print("prebuild: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), highlight=False)
+    if report:
+        os.environ[jit.REPORT_ENV] = report
+    return 0
+
+
+# -- jit ----------------------------------------------------------------------------------------
+def cmd_jit_build(args: argparse.Namespace) -> int:
+    """Build every kernel module the ground truths need, in parallel; the tests then never compile."""
+    from .check import CheckConfig, discover
+    from .dataset import definitions_dir
+    from .sweep import jit
+
+    budgets = {}
+    for item in args.budget_for or []:
+        name, eq, seconds = item.partition("=")
+        try:
+            budgets[name] = float(seconds) if eq else float("nan")
+        except ValueError:
+            budgets[name] = float("nan")
+        if not budgets[name] > 0:
+            _err.print(f"error: --budget-for {item!r}: expected NAME=SECONDS, seconds > 0 (an op type or a "
+                       "definition)", style="red", highlight=False, markup=False)
+            return 2
+    sources = jit.KERNEL_SOURCES if args.source == "all" else (args.source,)
+    config = jit.JitConfig(sources=sources, device=args.device, workers=args.workers, max_jobs=args.max_jobs,
+                           budget=args.budget, budgets=budgets, report=args.report or None,
+                           log_dir=args.log_dir or None, resume=args.resume, select=jit.select_k(args.k))
+    targets = args.targets or [str(definitions_dir(args.definitions))]
+    jobs = jit.plan(discover(targets, CheckConfig(definitions_dir=args.definitions)).definitions, config)
+    records = []
+    try:
+        with _progress(len(jobs), enabled=not args.no_progress) as advance:
+            for r in jit.run(jobs, config):
+                records.append(r)
+                advance(f"{r.definition} {r.source}")
+                if not args.json and r.status != "cached":
+                    colour = {"built": "green", "error": "yellow"}.get(r.status, "red")
+                    mods = f" ({', '.join(r.modules)})" if r.modules else ""
+                    _out.print(f"[{colour}]{r.status}[/] {escape(r.definition)} {r.source} {r.seconds:.1f} s"
+                               f"{escape(mods)}{': ' + escape(r.message) if r.message else ''}", highlight=False)
+    except KeyboardInterrupt:
+        _err.print(f"interrupted after {len(records)} of {len(jobs)} job(s); finished ones are in {args.report} "
+                   "(--resume goes on; ninja keeps finished objects)", style="yellow")
+        return 130
+    summary = jit.summarise(records)
+    if args.json:
+        _print_json({"summary": summary, "records": [r.as_dict() for r in records]})
+    else:
+        _out.print(f"{len(records)} job(s): " + ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
+                   + f"; {len(summary['modules_built'])} module(s) built", highlight=False)
+    return 1 if any(r.status in ("build-failed", "build-timeout") for r in records) else 0
 
 
 # -- mutants ------------------------------------------------------------------------------------
@@ -418,7 +501,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from .dataset import definitions_dir
     from .extract import ConfigError, extract, load_config, select_models
     from .extract.report import build_report, render_report_md
-    from .results import write_atomic
+    from .sweep.results import write_atomic
 
     overrides = {"tp": args.tp, "ep": args.ep}
     try:
@@ -532,6 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each result appended here as it completes, fsynced ('' to disable)")
     s.add_argument("--resume", action="store_true", help="skip the cases already in --results, reuse their results")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    s.add_argument("--no-prebuild", action="store_true",
+                   help="on a GPU, do not build the kernels' JIT modules in parallel first (they then build "
+                        "one at a time, inside the checks)")
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("mutants", parents=[common, box],
@@ -557,6 +643,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
     s.add_argument("--report", default="results/extract", metavar="DIR", help="where the reports go")
     s.set_defaults(func=cmd_extract)
+
+    j = sub.add_parser("jit", help="the JIT prebuild: compile every kernel module before the tests")
+    jsub = j.add_subparsers(dest="jit_command", required=True)
+    s = jsub.add_parser("build", parents=[common], help="build in parallel, each job with its own budget; exit 1 "
+                                                        "if any failed or ran out of time")
+    s.add_argument("targets", nargs="*", help="definition files, folders or names (default: the definitions folder)")
+    s.add_argument("--source", default="all", choices=("all", "flashinfer", "sglang"))
+    s.add_argument("--device", default="cuda")
+    s.add_argument("-k", metavar="EXPR", help="a pytest -k expression: build only for the tests it selects")
+    s.add_argument("--workers", type=int, help="jobs at a time (default: cores / 2, at most 8)")
+    s.add_argument("--max-jobs", type=int, help="nvcc processes per job (MAX_JOBS; default: by cores and workers)")
+    s.add_argument("--budget", type=float, default=600.0, help="seconds per job (default 600)")
+    s.add_argument("--budget-for", action="append", metavar="NAME=SECONDS",
+                   help="another budget for an op type or a definition (repeatable), e.g. moe=1800")
+    s.add_argument("--report", default="results/jit.jsonl", metavar="FILE",
+                   help="each job's record appended here as it ends, fsynced ('' to disable)")
+    s.add_argument("--log-dir", default="results/jit-logs", metavar="DIR", help="one compiler log per job")
+    s.add_argument("--resume", action="store_true", help="skip the jobs already built or cached in --report")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    s.set_defaults(func=cmd_jit_build)
 
     from .matrix.__main__ import add_commands
 

@@ -133,6 +133,7 @@ def repeat_rows(definition: Definition, inputs: Inputs, times: int, rows: slice 
 
 def draw_reference(definition: Definition, inputs: Inputs, draws: int, seed: int) -> torch.Tensor:
     """[batch, draws] samples from the reference, seeded, a bounded number of rows per call."""
+    from .inputs.common import stream_seed
     from .testing import reference_function
 
     run = reference_function(definition)
@@ -140,15 +141,16 @@ def draw_reference(definition: Definition, inputs: Inputs, draws: int, seed: int
     batch, vocab = probs.shape
     rows_per_call = max(1, CHUNK_ELEMENTS // max(vocab, 1))
     out = torch.empty(batch, draws, dtype=torch.int64)
-    with torch.random.fork_rng(devices=[probs.device] if probs.is_cuda else []):
-        torch.manual_seed(seed)
-        for row in range(batch):
-            done = 0
-            while done < draws:
-                n = min(draws - done, rows_per_call)
-                samples = run(*repeat_rows(definition, inputs, n, slice(row, row + 1)))
-                out[row, done:done + n] = samples.reshape(-1).to(torch.int64).cpu()
-                done += n
+    for row in range(batch):
+        done = 0
+        while done < draws:
+            n = min(draws - done, rows_per_call)
+            # Every call starts the worker's RNG from the seed it is given: each chunk gets its own, or
+            # the chunks of a row would repeat one another's draws (seen on the H100 at 2000 draws).
+            samples = run.call(repeat_rows(definition, inputs, n, slice(row, row + 1)),
+                               seed=stream_seed("reference-draws", seed, row, done))
+            out[row, done:done + n] = samples.reshape(-1).to(torch.int64).cpu()
+            done += n
     return out
 
 

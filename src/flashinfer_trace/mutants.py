@@ -5,7 +5,8 @@ reference with one realistic bug planted by text replacement (a transposed weigh
 RoPE pairing, a causal mask off by one, a dropped sm_scale, a natural-log lse, the wrong expert
 routing, ...). `kill(mutant, source)` runs it through `check`'s own plan (shapes and dtypes, every
 size, seed and edge case against a ground truth with the op family's error model, determinism) and
-says whether the bug was caught; the true reference must pass the same run. The kill rate is the share
+says whether the bug was caught; the true reference must pass the same run, or the mutant is not
+judged (a crash of the harness is no catch). The kill rate is the share
 of mutants caught: `flashinfer-trace mutants` (CPU: torch ground truth; a GPU: FlashInfer too).
 
     kill(m, "torch")   ->  Kill(mutant, source, killed=True, how="match small seed 0: output ... [bug]")
@@ -21,7 +22,7 @@ from .definition import Definition
 from .groundtruth import GroundTruthUnavailable
 from .groundtruth.base import REASON_KINDS
 
-__all__ = ["MUTANTS", "Kill", "Mutant", "first_failure", "kill", "kill_rate", "kills", "mutate"]
+__all__ = ["MUTANTS", "Kill", "Mutant", "baseline", "first_failure", "kill", "kill_rate", "kills", "mutate"]
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def mutate(definition: Definition, mutant: Mutant) -> Definition:
 class Kill:
     mutant: str
     source: str
-    killed: bool | None  # None: the ground truth cannot run here (see how)
+    killed: bool | None  # None: not judged: the ground truth cannot run here, or the true reference fails (how)
     how: str
 
 
@@ -174,7 +175,29 @@ def first_failure(d: Definition, source: str, *, device: str = "cpu", sizes=("sm
     return None
 
 
+_baselines: dict[tuple, tuple[bool, str | None]] = {}
+
+
+def baseline(definition: str, source: str, *, device: str = "cpu", **kw) -> tuple[bool, str | None]:
+    """(runs, why not) for the true reference through the same plan, once per process: a mutant is
+    judged only where its unmutated reference passes. On the H100 every reference once crashed (the
+    worker could not start) and each such crash had been counted as a caught bug."""
+    key = (definition, source, device, tuple(sorted(kw.items())))
+    if key not in _baselines:
+        try:
+            failure = first_failure(load_definition(definition), source, device=device, **kw)
+            _baselines[key] = (failure is None, f"not judged: the true reference fails too: {failure}"
+                               if failure else None)
+        except GroundTruthUnavailable as e:
+            _baselines[key] = (False, str(e))
+    return _baselines[key]
+
+
 def kill(mutant: Mutant, source: str = "torch", *, device: str = "cpu", **kw) -> Kill:
+    """Whether the checks catch the mutant; None (with why) when its true reference does not pass."""
+    runs, why = baseline(mutant.definition, source, device=device, **kw)
+    if not runs:
+        return Kill(mutant.name, source, None, why or "not judged")
     d = mutate(load_definition(mutant.definition), mutant)
     try:
         failure = first_failure(d, source, device=device, **kw)

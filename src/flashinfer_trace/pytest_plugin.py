@@ -3,10 +3,12 @@ imports them), kept in the package so they are versioned and unit-tested with it
 
 Options: --device auto|cpu|cuda, --sizes small,medium (large is marked slow and needs --run-slow
 or an explicit --sizes), --seeds 0,1, --atol/--rtol/--matched-ratio (override every tolerance),
---draws N (sampler draws per row), --save-failures DIR, --save-inputs.
+--draws N (sampler draws per row), --save-failures DIR, --save-inputs, --shard I/N (definitions
+dealt round-robin over N shards).
 
 Every comparison records its tolerance, seed and ground truth as user properties (they reach the
-JUnit XML and the per-test JSON); a failing comparison is saved under --save-failures with the
+JUnit XML and the per-test JSON), and every test its time per phase (`phases`: inputs, reference,
+ground_truth, compare, worker_starts); a failing comparison is saved under --save-failures with the
 command that replays it.
 """
 
@@ -47,6 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--allow-unconfined-references", action="store_true",
                 help="run references where the worker cannot be fully confined (recorded; docs/sandbox.md)")
     g.addoption("--reference-timeout", type=float, default=None, help="seconds per reference call (default 900)")
+    g.addoption("--shard", default=None, metavar="I/N",
+                help="run the I-th of N shards (definitions dealt round-robin by name; the session's isolation "
+                     "runs the shards of a large test file in parallel processes)")
 
 
 INPUT_CACHE = 2  # generated cases kept: consecutive tests of one case share one generation
@@ -94,9 +99,16 @@ def record_case(request: pytest.FixtureRequest, record_property):
         if key in params:
             record_property("definition" if key == "name" else key, params[key])
     record_property("check", request.node.originalname)
+    from .sandbox import pool
+    from .testing import PHASES
+
+    PHASES.clear()
+    starts = pool.worker_starts()
     set_cache(INPUT_CACHE)
     yield
     set_cache(0)
+    record_property("phases", {**{k: round(v, 4) for k, v in PHASES.items()},
+                               "worker_starts": pool.worker_starts() - starts})
 
 
 def _known_issues_file(config: pytest.Config):
@@ -128,6 +140,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from .matrix.known_issues import installed_versions, load_known_issues
 
     items.sort(key=_case_key)
+    shard = config.getoption("--shard")
+    if shard:
+        _keep_shard(config, items, shard)
     issues = load_known_issues(_known_issues_file(config))
     if not issues:
         return
@@ -149,8 +164,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 break
 
 
+def _definition_of(item: pytest.Item) -> str | None:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    name = params.get("definition") or params.get("name")
+    return name if isinstance(name, str) else None
+
+
+def _keep_shard(config: pytest.Config, items: list[pytest.Item], shard: str) -> None:
+    """Keep the I-th of N shards: every test of a definition stays in one shard (its inputs and its
+    reference worker are shared by neighbouring tests); tests of no definition go to shard 0."""
+    index, _, count = shard.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        raise pytest.UsageError(f"--shard {shard!r}: expected I/N with 0 <= I < N") from None
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"--shard {shard!r}: expected I/N with 0 <= I < N")
+    names = sorted({d for d in map(_definition_of, items) if d})
+    owner = {d: k % n for k, d in enumerate(names)}
+    keep = [it for it in items if owner.get(_definition_of(it) or "", 0) == i]
+    dropped = [it for it in items if owner.get(_definition_of(it) or "", 0) != i]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
+
 def _device_arch(config: pytest.Config) -> str | None:
-    from .session import detect_arch
+    from .sweep.session import detect_arch
 
     return None if config.getoption("--device") == "cpu" else detect_arch()
 
@@ -217,8 +257,11 @@ class _SkipWhenUnavailable:
         return getattr(self._gt, name)
 
     def __call__(self, *args, **kwargs):
+        from .testing import timed
+
         try:
-            return self._gt(*args, **kwargs)
+            with timed("ground_truth"):
+                return self._gt(*args, **kwargs)
         except GroundTruthUnavailable as e:
             pytest.skip(reason=str(e))
 

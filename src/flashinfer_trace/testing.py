@@ -8,15 +8,21 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .compare import DiffReport, Mismatch, Tolerance, assert_close, compare_outputs, diff, tolerance_for
-from .compare_samples import SampleReport, SamplingMismatch, SamplingSettings, assert_samples_match
+from .compare_samples import SampleReport, SamplingMismatch, SamplingSettings
+from .compare_samples import assert_samples_match as _assert_samples_match
 from .dataset import iter_definitions, load_definition
 from .definition import Definition
 from .errormodel import compare_with_model, error_scales
 from .groundtruth import SOURCES, GroundTruth, GroundTruthUnavailable, get_ground_truth, ground_truths
-from .inputs import SIZES, Inputs, edge_cases, generate_inputs
+from .inputs import SIZES, Inputs, edge_cases
+from .inputs import generate_inputs as _generate_inputs
 from .sandbox import ConfinedReference, ReferenceFailure, SandboxError, compile_reference
 
 __all__ = [
@@ -58,6 +64,37 @@ __all__ = [
 
 _compiled: dict[tuple[str, str], ConfinedReference] = {}
 
+# Where a test's time goes, by phase (inputs, reference, ground_truth, compare), in seconds: the
+# pytest plugin records it per test as `phases`. On the H100 a reference test took 0.4-0.6 s even
+# for an rmsnorm, ten times its CPU time, with no phase breakdown to say why; now every run says.
+PHASES: dict[str, float] = {}
+
+
+@contextmanager
+def timed(phase: str) -> Iterator[None]:
+    """Adds the block's time to PHASES[phase], the GPU work it queued included (synchronized)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        PHASES[phase] = PHASES.get(phase, 0.0) + time.perf_counter() - t0
+
+
+@functools.wraps(_generate_inputs)
+def generate_inputs(*args, **kwargs) -> Inputs:
+    with timed("inputs"):
+        return _generate_inputs(*args, **kwargs)
+
+
+@functools.wraps(_assert_samples_match)
+def assert_samples_match(*args, **kwargs) -> SampleReport:
+    with timed("compare"):
+        return _assert_samples_match(*args, **kwargs)
+
 
 def reference_function(definition: Definition, device: str | None = None) -> ConfinedReference:
     """The definition's `run`, compiled once per (name, source) in a confined worker (docs/sandbox.md)."""
@@ -77,15 +114,17 @@ def run_reference(definition: Definition, inputs: Inputs, *, seed: int | None = 
     through a pipe; a reference that writes into its inputs writes into the caller's tensors too, so
     it shows up in the determinism test. Raises SandboxError or ReferenceFailure (timeout, crash, ...).
     """
-    run = reference_function(definition, device=inputs.device)
-    out = run.call(inputs.args(), seed=seed)
+    with timed("reference"):
+        run = reference_function(definition, device=inputs.device)
+        out = run.call(inputs.args(), seed=seed)
     return out if isinstance(out, tuple) else (out,)
 
 
 def assert_matches(definition: Definition, inputs: Inputs, actual, expected, tolerance: Tolerance) -> list[DiffReport]:
     """assert_close of a reference's outputs against a ground truth's on these inputs, with the op
     family's error model (errormodel.py): sums of products are judged against their operands' scale."""
-    reports = compare_with_model(definition, inputs, actual, expected, tolerance)
+    with timed("compare"):
+        reports = compare_with_model(definition, inputs, actual, expected, tolerance)
     if not all(r.passed for r in reports):
         raise Mismatch(reports)
     return reports

@@ -5,7 +5,8 @@ pytest-benchmark's machine_info lacks.
     --bench-size small|medium|large   input size tier (default medium)
     --bench-seed N                    input seed (default 0)
     --bench-sources a,b               ground-truth sources to time (default flashinfer,sglang,torch)
-    --bench-timer auto|graph|events   device timer (default auto: graph under 50 us, else events)
+    --bench-timer auto|cupti|graph|events  device timer (default auto: cupti where cupti-python traces,
+                                      else graph under 50 us, else events; the fallback's reason is recorded)
     --bench-rounds N                  device-timer samples (default: chosen from an estimate)
     --bench-no-flush                  events timer without the L2 flush (warm cache)
     --bench-host-rounds N             pytest-benchmark's own host-timed rounds (default: ~0.5 s worth, 5..50)
@@ -25,13 +26,15 @@ import importlib.util
 
 import pytest
 
+from flashinfer_trace.timing.timers import TIMERS
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("flashinfer-trace-bench", "flashinfer-trace ground-truth benchmarks")
     g.addoption("--bench-size", default="medium", choices=("small", "medium", "large"), help="input size tier")
     g.addoption("--bench-seed", type=int, default=0, help="input seed")
     g.addoption("--bench-sources", default="flashinfer,sglang,torch", help="ground-truth sources, comma separated")
-    g.addoption("--bench-timer", default="auto", choices=("auto", "graph", "events"), help="device timer")
+    g.addoption("--bench-timer", default="auto", choices=TIMERS, help="device timer")
     g.addoption("--bench-rounds", type=int, default=None, help="device-timer samples (default: from an estimate)")
     g.addoption("--bench-no-flush", action="store_true", help="events timer without the L2 flush")
     g.addoption("--bench-host-rounds", type=int, default=None, help="pytest-benchmark host-timed rounds")
@@ -78,7 +81,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
     fixture = getattr(item, "funcargs", {}).get("benchmark")
     stats = getattr(fixture, "stats", None)
     if path and stats is not None:
-        from flashinfer_trace.results import JsonlStream
+        from flashinfer_trace.sweep.results import JsonlStream
 
         with JsonlStream(path, append=True) as stream:
             stream.write(stats.as_dict(include_data=False))
@@ -98,12 +101,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
                   f"{'TFLOP/s':>8} {'%BW':>6} {'%FLOP':>6} {'bound':<7} note")
     for r in rows:
         note = "incl. setup" if r.get("includes_setup") else ""
+        if r.get("kernels_per_call") and r["kernels_per_call"] > 1:
+            note = (note + "; " if note else "") + f"{r['kernels_per_call']} kernels"
         if r.get("fallback_reason"):
-            note = (note + "; " if note else "") + "graph capture failed"
+            note = (note + "; " if note else "") + fallback_summary(r["fallback_reason"])
         tr.write_line(f"{r['definition'][:58]:<58} {r['source']:<10} {r['timer']:<6} {r['median_us']:>8.2f}us "
                       f"{r['iqr_us']:>8.2f} {_num(r['gb_per_s'], '8.1f')} {_num(r['tflop_per_s'], '8.2f')} "
                       f"{_num(r['pct_of_peak_bandwidth'], '6.1f')} {_num(r['pct_of_peak_flops'], '6.1f')} "
                       f"{r['bound'] or '-':<7} {note}")
+
+
+def fallback_summary(reason: str, limit: int = 80) -> str:
+    """The fallback reason, short: "cupti: not installed", "graph capture failed", ..."""
+    parts = []
+    for part in reason.split("; "):
+        part = part.split(" (", 1)[0] if part.startswith("cupti: not installed") else part
+        part = "graph capture failed" if part.startswith("graph capture failed") else part
+        parts.append(part)
+    text = "; ".join(parts)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def gpu_facts() -> dict:

@@ -3,9 +3,11 @@
     pytest tests/bench --bench-size=medium --benchmark-json=bench.json      (on a GPU node)
 
 Each test times the ground truth's kernel twice:
-* with `flashinfer_trace.bench.time_device` (CUDA-graph replay for small kernels, CUDA events after
-  an L2 flush for large ones): the number to read, stored in `benchmark.extra_info` with bytes,
-  FLOPs, GB/s, TFLOP/s and the percentage of the GPU's datasheet peaks (`flashinfer_trace.roofline`),
+* with `flashinfer_trace.timing.timers.time_device` (CUPTI's kernel records where cupti-python traces; else
+  CUDA-graph replay for small kernels, CUDA events after an L2 flush for large ones; the timer used,
+  why auto fell back, and for cupti the kernels per call and their names are stored too): the number
+  to read, stored in `benchmark.extra_info` with bytes,
+  FLOPs, GB/s, TFLOP/s and the percentage of the GPU's datasheet peaks (`flashinfer_trace.timing.roofline`),
   the clocks before and after, the GPU and the ground truth's description;
 * with pytest-benchmark's own pedantic host timer around `fn(); torch.cuda.synchronize()`, which is
   what `--benchmark-compare` works on. It cannot use CUDA events as its timer (it subtracts two
@@ -26,8 +28,6 @@ import time
 import pytest
 import torch
 
-from flashinfer_trace.bench import prepare, time_device
-from flashinfer_trace.roofline import peak_for, rates, work
 from flashinfer_trace.testing import (
     SOURCES,
     GroundTruthUnavailable,
@@ -36,6 +36,8 @@ from flashinfer_trace.testing import (
     iter_definitions,
     load_definition,
 )
+from flashinfer_trace.timing import prepare, time_device
+from flashinfer_trace.timing.roofline import peak_for, rates, work
 
 pytest.importorskip("pytest_benchmark")
 
@@ -126,6 +128,8 @@ def test_ground_truth(benchmark, bench_options, bench_record, name, source):
         "q3_us": timing.q3_us, "mean_us": timing.mean_us, "rounds": timing.rounds,
         "calls_per_round": timing.calls_per_round, "l2_flushed": timing.l2_flushed,
         "fallback_reason": timing.fallback_reason, "timer_note": timing.note,
+        "kernels_per_call": timing.kernels_per_call, "kernel_names": timing.kernel_names,
+        "span_median_us": timing.span_median_us, "memops_per_call": timing.memops_per_call,
         "clocks_start": timing.clocks_start, "clocks_end": timing.clocks_end,
         # bandwidth figures say something about HBM only when the bytes dwarf L2 (>= ~5x); below that,
         # and with the graph timer's warm L2 above all, read them as latency

@@ -3,23 +3,26 @@ and the ncu CSV parsing of scripts/ncu-validate.py. No GPU needed."""
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import importlib.util
 import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from flashinfer_trace import bench, roofline
 from flashinfer_trace.dataset import iter_definitions
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.inputs import Inputs, generate_inputs
 from flashinfer_trace.inputs.moe import route, routing_params
-from flashinfer_trace.roofline import PEAKS, Peak, Work, peak_for, rates, visible_pairs, work
 from flashinfer_trace.testing import load_definition
+from flashinfer_trace.timing import kernels, roofline, timers
+from flashinfer_trace.timing.roofline import PEAKS, Peak, Work, peak_for, rates, visible_pairs, work
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -265,39 +268,39 @@ def no_cuda(monkeypatch):
 
 def test_time_device_needs_cuda(no_cuda):
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
-        bench.time_device(lambda: None)
+        timers.time_device(lambda: None)
 
 
 def test_prepare_needs_cuda(no_cuda):
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
-        bench.prepare(None, None)
+        kernels.prepare(None, None)
 
 
 def test_bench_imports_without_cuda():
-    code = "import flashinfer_trace.bench as b; print(len(b.PREPARERS), sorted(b.Timing.__dataclass_fields__)[:3])"
+    code = ("import flashinfer_trace.timing as t; "
+            "print(len(t.kernels.PREPARERS), sorted(t.timers.Timing.__dataclass_fields__)[:3])")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert res.returncode == 0, res.stderr
 
 
-def test_preparers_cover_the_attention_wrappers_and_in_place_norm():
+def test_preparers_cover_the_attention_wrappers_in_place_norm_and_samplers():
     from flashinfer_trace.groundtruth import flashinfer as fgt
     from flashinfer_trace.groundtruth import sglang as sgt
 
     for fn in (fgt.gqa_decode, fgt.gqa_prefill_paged, fgt.gqa_prefill_ragged, fgt.mla, fgt.fused_add_rmsnorm,
-               sgt.fused_add_rmsnorm):
-        assert fn in bench.PREPARERS
-    assert fgt.sampling not in bench.PREPARERS  # timed whole, includes_setup
+               sgt.fused_add_rmsnorm, fgt.sampling, sgt.sampling):
+        assert fn in kernels.PREPARERS
 
 
 def test_prepared_unpacks_as_fn_and_setup():
-    p = bench.Prepared(fn=print, setup=None, includes_setup=True, note="x")
+    p = kernels.Prepared(fn=print, setup=None, includes_setup=True, note="x")
     fn, setup = p
     assert fn is print and setup is None
 
 
 def test_gpu_clocks_never_raises_and_parses_nvidia_smi(monkeypatch):
-    assert isinstance(bench.gpu_clocks(), dict)
+    assert isinstance(timers.gpu_clocks(), dict)
 
     def no_nvml(index, bus_id):
         raise ImportError("no pynvml")
@@ -305,25 +308,363 @@ def test_gpu_clocks_never_raises_and_parses_nvidia_smi(monkeypatch):
     class Done:  # nvidia-smi's CSV, in manifest.SMI_FIELDS order (the query bench reads through)
         stdout = "NVIDIA H100 80GB HBM3, 9.0, 580.159.04, 1980, 2619, 1980, 372.15, 700.00, [N/A], P0, 0x0\n"
 
-    from flashinfer_trace import manifest
+    from flashinfer_trace.sweep import manifest
 
-    monkeypatch.setattr(bench, "_nvml_clocks", no_nvml)
+    monkeypatch.setattr(timers, "_nvml_clocks", no_nvml)
     monkeypatch.setattr(manifest.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(manifest.subprocess, "run", lambda *a, **k: Done())
-    assert bench.gpu_clocks() == {"source": "nvidia-smi", "sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0,
+    assert timers.gpu_clocks() == {"source": "nvidia-smi", "sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0,
                                   "power_w": 372.15, "temperature_c": None}
 
     def missing(*a, **k):
         raise FileNotFoundError("nvidia-smi")
 
     monkeypatch.setattr(manifest.subprocess, "run", missing)
-    assert bench.gpu_clocks() == {}
+    assert timers.gpu_clocks() == {}
 
 
 def test_timing_summary_quartiles():
-    med, q1, q3, mean = bench._summary([1.0, 2.0, 3.0, 4.0, 5.0])
+    med, q1, q3, mean = timers._summary([1.0, 2.0, 3.0, 4.0, 5.0])
     assert (med, q1, q3, mean) == (3.0, 2.0, 4.0, 3.0)
-    assert bench._summary([7.0]) == (7.0, 7.0, 7.0, 7.0)
+    assert timers._summary([7.0]) == (7.0, 7.0, 7.0, 7.0)
+
+
+# -- the cupti timer on a CPU: fake records, a fake cupti module ---------------------------------------------
+def _rec(start, end, name="k", kind="kernel", corr=0):
+    return timers.ActivityRecord(kind, name, start, end, corr)
+
+
+def test_summarize_sums_each_calls_kernels_and_counts_memops_apart():
+    calls = [
+        [_rec(1_000, 3_000, "gemm", corr=1), _rec(3_500, 4_500, "reduce", corr=2),
+         _rec(500, 900, "memset", kind="memset")],
+        [_rec(10_000, 12_200, "gemm"), _rec(12_300, 13_100, "reduce")],
+        [_rec(20_000, 22_000, "gemm"), _rec(22_100, 23_000, "reduce")],
+    ]
+    s = timers.summarize_cupti_calls(calls)
+    assert s.samples_us == pytest.approx([3.0, 3.0, 2.9])  # durations summed, the gap between kernels not
+    assert s.spans_us == pytest.approx([3.5, 3.1, 3.0])  # first start to last end
+    assert s.kernels_per_call == 2 and s.kernel_counts == (2, 2)
+    assert s.kernel_names == ["gemm", "reduce"]
+    assert s.memops_per_call == 0 and s.memops_median_us == pytest.approx(0.0)  # 1 of 3 calls had a memset
+    assert s.calls == 3 and s.no_kernels == 0 and s.incomplete == 0 and s.problems() == ""
+
+
+def test_summarize_drops_calls_without_kernels_or_timestamps_and_says_so():
+    calls = [
+        [_rec(1_000, 2_000, "a")],
+        [_rec(0, 0, "a")],  # a record CUPTI had not completed: no timestamps
+        [_rec(5_000, 4_000, "a")],  # end before start: not a duration
+        [_rec(100, 400, "memcpy", kind="memcpy")],  # no kernel at all
+        [_rec(7_000, 8_500, "a"), _rec(8_600, 9_000, "b")],
+    ]
+    s = timers.summarize_cupti_calls(calls)
+    assert s.samples_us == pytest.approx([1.0, 1.9])
+    assert s.no_kernels == 1 and s.incomplete == 2
+    assert s.kernel_counts == (1, 2)
+    assert s.problems() == ("1 of 5 calls had no kernel record; 2 of 5 calls had a kernel record without "
+                            "timestamps; kernels per call varied 1-2")
+    empty = timers.summarize_cupti_calls([[], []])
+    assert empty.samples_us == [] and empty.kernels_per_call is None and empty.no_kernels == 2
+
+
+def test_summarize_keeps_a_few_distinct_names_in_launch_order_cut_short():
+    long = "void flashinfer::BatchDecodeWithPagedKVCacheKernel<" + "x" * 1000 + ">"
+    kernels = [_rec(100 * (i + 1), 100 * (i + 1) + 50, name) for i, name in
+               enumerate(["b", "a", "b", long, "c", "d", "e", "f"])]
+    s = timers.summarize_cupti_calls([list(reversed(kernels))])  # CUPTI's order need not be launch order
+    assert s.kernel_names[:3] == ["b", "a", long[:timers.KERNEL_NAME_CHARS]]
+    assert len(s.kernel_names) == timers.KERNEL_NAMES_KEPT and s.kernels_per_call == 8
+
+
+class _Kind(enum.IntEnum):
+    MEMCPY = 1
+    MEMSET = 2
+    KERNEL = 3
+    CONCURRENT_KERNEL = 10
+    RUNTIME = 5
+
+
+class _Flag(enum.IntEnum):
+    FLUSH_FORCED = 1
+
+
+class _Result(enum.IntEnum):
+    SUCCESS = 0
+    ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED = 39
+
+
+class _CuptiError(Exception):
+    def __init__(self, status):
+        super().__init__(f"{_Result(status).name} ({status})")
+        self.status = status
+
+
+class FakeCupti:
+    """What CuptiTracer uses of cupti.cupti: records 'launched' with launch() reach the registered
+    completion callback at the next activity_flush_all, as attribute objects like CUPTI's."""
+
+    ActivityKind, ActivityFlag, Result, cuptiError = _Kind, _Flag, _Result, _CuptiError
+
+    def __init__(self, refuse=None, memcpy_fails=False):
+        self.refuse, self.memcpy_fails = refuse, memcpy_fails
+        self.enabled, self.pending, self.callbacks, self.flushes = set(), [], None, []
+        self.clock = 1_000
+
+    def activity_register_callbacks(self, requested, completed):
+        assert requested() == (timers.CUPTI_BUFFER_BYTES, 0)
+        self.callbacks = (requested, completed)
+
+    def activity_enable(self, kind):
+        if self.refuse is not None and kind == _Kind.CONCURRENT_KERNEL:
+            raise _CuptiError(self.refuse)
+        if self.memcpy_fails and kind == _Kind.MEMCPY:
+            raise _CuptiError(39)
+        self.enabled.add(kind)
+
+    def activity_disable(self, kind):
+        self.enabled.discard(kind)
+
+    def launch(self, name, us, kind=_Kind.CONCURRENT_KERNEL):
+        if kind in self.enabled:
+            end = self.clock + int(us * 1000)
+            self.pending.append(types.SimpleNamespace(kind=int(kind), name=name, start=self.clock, end=end,
+                                                      correlation_id=len(self.pending)))
+        self.clock += int(us * 1000) + 500
+
+    def activity_flush_all(self, flag):
+        self.flushes.append(flag)
+        batch, self.pending = self.pending, []
+        batch.append(types.SimpleNamespace(kind=int(_Kind.RUNTIME), start=1, end=2, correlation_id=0))  # ignored
+        self.callbacks[1](batch)
+
+
+def test_tracer_collects_kernel_and_memop_records_and_disables_what_it_enabled():
+    c = FakeCupti()
+    with timers.CuptiTracer(c) as tracer:
+        assert c.enabled == {_Kind.CONCURRENT_KERNEL, _Kind.MEMCPY, _Kind.MEMSET}
+        c.launch("gemm", 2.5)
+        c.launch("memcpy", 1.0, kind=_Kind.MEMCPY)
+        records = tracer.drain()
+        assert [(r.kind, r.name) for r in records] == [("kernel", "gemm"), ("memcpy", "memcpy")]
+        assert records[0].end_ns - records[0].start_ns == 2500
+        assert tracer.drain() == []
+    assert c.enabled == set() and set(c.flushes) == {int(_Flag.FLUSH_FORCED)}
+
+
+def test_tracer_refused_by_another_cupti_client_names_the_error():
+    c = FakeCupti(refuse=39)
+    with pytest.raises(timers.CuptiUnavailable) as e:
+        timers.CuptiTracer(c).start()
+    assert str(e.value) == ("cupti: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39) in "
+                            "activity_enable(CONCURRENT_KERNEL)")
+    partial = FakeCupti(memcpy_fails=True)
+    tracer = timers.CuptiTracer(partial).start()  # kernels trace; a refused MEMCPY is only noted
+    assert tracer.not_enabled and tracer.not_enabled[0].startswith("MEMCPY: ERROR_MULTIPLE_SUBSCRIBERS")
+    tracer.stop()
+
+
+def test_cupti_not_installed_is_a_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupti", None)  # `from cupti import cupti` raises ImportError
+    with pytest.raises(timers.CuptiUnavailable, match=r"^cupti: not installed \(pip install cupti-python"):
+        timers.load_cupti()
+
+
+class _Gpu:
+    """A fake device whose 'kernels' are records in a FakeCupti."""
+
+    def __init__(self, cupti):
+        self.cupti = cupti
+        self.cuda = types.SimpleNamespace(synchronize=lambda: None, current_device=lambda: 0,
+                                          device=lambda index: contextlib.nullcontext())
+
+    def flush_buffer(self):
+        return types.SimpleNamespace(sum=lambda: self.cupti.launch("l2_flush_reduce", 30.0))
+
+
+def test_time_cupti_keeps_only_each_calls_own_kernels():
+    c = FakeCupti()
+    gpu = _Gpu(c)
+    durations = iter([5.0, 6.0, 7.0])
+
+    def fn():
+        c.launch("attention", next(durations))
+        c.launch("merge_states", 1.0)
+
+    with timers.CuptiTracer(c) as tracer:
+        calls = timers._time_cupti(gpu, tracer, fn, lambda: c.launch("setup_copy", 2.0), 3, gpu.flush_buffer())
+    assert [[r.name for r in call] for call in calls] == [["attention", "merge_states"]] * 3
+    assert timers.summarize_cupti_calls(calls).samples_us == pytest.approx([6.0, 7.0, 8.0])
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """time_device on a fake device: no warm-up or clocks; the graph/events path stubbed to say what
+    it was asked; cupti from whatever FakeCupti the test installs as `load_cupti`."""
+    asked = []
+
+    def graph_or_events(torch, fn, setup, timer, *args):
+        asked.append(timer)
+        return timers._Run("graph" if timer == "auto" and setup is None else "events", [4.0, 5.0, 6.0], note="stub")
+
+    gpu = _Gpu(FakeCupti())
+    monkeypatch.setattr(timers, "require_cuda", lambda what: gpu)
+    monkeypatch.setattr(timers, "gpu_clocks", lambda index=None: {})
+    monkeypatch.setattr(timers, "_warmup", lambda torch, fn, setup, n, ms: (n, 0.01))
+    monkeypatch.setattr(timers, "_estimate_us", lambda torch, fn, setup, n=3: 50.0)
+    monkeypatch.setattr(timers, "_flush_buffer", lambda torch, index: gpu.flush_buffer())
+    monkeypatch.setattr(timers, "_graph_or_events", graph_or_events)
+    return gpu, asked
+
+
+def test_auto_without_cupti_falls_back_and_records_why(fake_gpu, monkeypatch):
+    gpu, asked = fake_gpu
+    monkeypatch.setitem(sys.modules, "cupti", None)
+    t = timers.time_device(lambda: None, timer="auto")
+    assert asked == ["auto"] and t.timer == "graph"
+    assert t.fallback_reason.startswith("cupti: not installed")
+    assert t.note == "cupti not used (see fallback_reason); stub" and t.kernels_per_call is None
+    t = timers.time_device(lambda: None, setup=lambda: None, timer="cupti")  # asked for cupti: events instead
+    assert asked[-1] == "events" and t.timer == "events" and t.fallback_reason.startswith("cupti: not installed")
+    t = timers.time_device(lambda: None, timer="events")  # cupti is not tried for the other timers
+    assert asked[-1] == "events" and t.fallback_reason is None
+
+
+def test_auto_under_another_cupti_client_falls_back(fake_gpu, monkeypatch):
+    gpu, asked = fake_gpu
+    monkeypatch.setattr(timers, "load_cupti", lambda: FakeCupti(refuse=39))
+    t = timers.time_device(lambda: None)
+    assert asked == ["auto"] and t.timer == "graph"
+    assert t.fallback_reason == ("cupti: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39) in "
+                                 "activity_enable(CONCURRENT_KERNEL)")
+
+
+def test_auto_prefers_cupti_and_records_kernels(fake_gpu, monkeypatch):
+    gpu, asked = fake_gpu
+    c = gpu.cupti
+    monkeypatch.setattr(timers, "load_cupti", lambda: c)
+    durations = iter(float(9 + i % 3) for i in range(1000))
+
+    def fn():
+        c.launch("decode_kernel", next(durations))
+        c.launch("merge_kernel", 1.0)
+        c.launch("memset", 0.5, kind=_Kind.MEMSET)
+
+    t = timers.time_device(fn, setup=lambda: c.launch("restore_inputs", 3.0), rounds=9)
+    assert asked == [] and t.timer == "cupti" and t.fallback_reason is None
+    assert t.rounds == 9 and t.samples_us == pytest.approx([10.0, 11.0, 12.0] * 3)  # setup and flush not in
+    assert t.median_us == pytest.approx(11.0) and t.calls_per_round == 1 and t.l2_flushed
+    assert t.kernels_per_call == 2 and t.kernel_names == ["decode_kernel", "merge_kernel"]
+    assert t.memops_per_call == 1 and t.memops_median_us == pytest.approx(0.5)
+    assert t.span_median_us == pytest.approx(11.5)  # 0.5 us gap between the two kernels
+    assert "L2 flushed (read)" in t.note and c.enabled == set()
+    assert t.as_dict()["timer"] == "cupti"  # what the benchmarks store
+
+
+def test_cupti_without_kernel_records_falls_back(fake_gpu, monkeypatch):
+    gpu, asked = fake_gpu
+    c = gpu.cupti
+    monkeypatch.setattr(timers, "load_cupti", lambda: c)
+    t = timers.time_device(lambda: c.launch("copy", 1.0, kind=_Kind.MEMCPY), rounds=4, timer="cupti")
+    assert asked == ["events"] and t.timer == "events"
+    assert t.fallback_reason == "cupti: no usable kernel record in 4 calls (4 of 4 calls had no kernel record)"
+
+
+def test_unknown_timer_is_refused(fake_gpu):
+    with pytest.raises(ValueError, match="'cupti'"):
+        timers.time_device(lambda: None, timer="cuda")
+
+
+# -- the cupti timer on a GPU ---------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no-gpu: the cupti timer needs a CUDA device")
+def test_cupti_timer_on_the_gpu_counts_kernels_and_agrees_with_events():
+    pytest.importorskip("cupti", reason="not-installed: cupti-python")
+    try:
+        timers.CuptiTracer().start().stop()
+    except timers.CuptiUnavailable as e:  # e.g. run under ncu or nsys, which hold CUPTI
+        pytest.skip(reason=f"cupti-unavailable: {e}")
+    x = torch.zeros(64 * 2**20, device="cuda")  # 256 MB: ~150 us a pass on an H100, far above launch gaps
+    y = torch.zeros(2**20, device="cuda")
+
+    one = timers.time_device(lambda: x.add_(1.0), timer="cupti", rounds=30)
+    assert one.timer == "cupti" and one.fallback_reason is None, one.note
+    assert one.kernels_per_call == 1 and one.rounds == 30 and one.l2_flushed
+    assert one.kernel_names and "elementwise" in one.kernel_names[0]  # at::native::vectorized_elementwise_kernel
+    assert one.span_median_us == pytest.approx(one.median_us)  # one kernel: span and sum agree
+
+    two = timers.time_device(lambda: (x.add_(1.0), y.mul_(0.5)), timer="cupti", rounds=30)
+    assert two.kernels_per_call == 2 and two.median_us > one.median_us
+
+    # setup's kernels and the L2 flush are outside each call's records
+    restored = timers.time_device(lambda: x.add_(1.0), setup=lambda: y.zero_(), timer="cupti", rounds=30)
+    assert restored.kernels_per_call == 1
+
+    events = timers.time_device(lambda: x.add_(1.0), timer="events", rounds=30)
+    assert 0.8 < one.median_us / events.median_us < 1.25, (one.median_us, events.median_us)
+    assert timers.time_device(lambda: x.add_(1.0), rounds=10).timer == "cupti"  # auto prefers it
+
+
+# -- the sampling preparers: one call on the whole batch ---------------------------------------------------
+def _sampling_call(name: str, module):
+    from flashinfer_trace.groundtruth.base import Call
+
+    d = load_definition(name)
+    inputs = generate_inputs(d, "small", 0)
+    return Call(d, inputs, module, None, draws=1000)
+
+
+def _fake_sampler(calls: list):
+    def top_k_top_p_sampling_from_probs(probs, top_k, top_p, indices=None, deterministic=True, generator=None,
+                                        check_nan=False, filter_apply_order="top_p_first"):
+        calls.append({"args": (probs, top_k, top_p), "deterministic": deterministic, "generator": generator,
+                      "filter_apply_order": filter_apply_order})
+        return torch.zeros(probs.shape[0], dtype=torch.int32)
+
+    def top_k_sampling_from_probs(probs, top_k, indices=None, deterministic=True, generator=None, check_nan=False):
+        calls.append({"args": (probs, top_k), "deterministic": deterministic, "generator": generator})
+        return torch.zeros(probs.shape[0], dtype=torch.int32)
+
+    return top_k_top_p_sampling_from_probs, top_k_sampling_from_probs
+
+
+def test_flashinfer_sampling_preparer_times_one_call_on_the_whole_batch():
+    calls: list = []
+    both, top_k = _fake_sampler(calls)
+    module = types.SimpleNamespace(sampling=types.SimpleNamespace(top_k_top_p_sampling_from_probs=both,
+                                                                  top_k_sampling_from_probs=top_k))
+    call = _sampling_call("top_k_top_p_sampling_from_probs_v32000", module)
+    x = call.inputs.values
+    fn, setup, note = kernels._prep_fi_sampling(call)
+    assert setup is None and calls == []
+    fn()
+    assert len(calls) == 1  # one launch for every row, not the adapter's call per row
+    got = calls[0]
+    assert got["args"][0] is x["probs"] and got["args"][1] is x["top_k"] and got["args"][2] is x["top_p"]
+    assert x["probs"].shape[0] > 1 and got["deterministic"] is True
+    assert isinstance(got["generator"], torch.Generator) and got["filter_apply_order"] == "top_k_first"
+    assert "top_k_top_p_sampling_from_probs" in note and "whole batch" in note
+    fn()
+    assert len(calls) == 2 and calls[1]["generator"] is got["generator"]  # one generator, advancing
+
+    single = _sampling_call("top_k_sampling_from_probs_v32000", module)
+    fn, _, _ = kernels._prep_fi_sampling(single)
+    fn()
+    assert len(calls[-1]["args"]) == 2 and calls[-1]["args"][1] is single.inputs.values["top_k"]
+
+
+def test_sglang_sampling_preparer_fills_a_missing_filter_like_the_adapter():
+    calls: list = []
+    both, _ = _fake_sampler(calls)
+    module = types.SimpleNamespace(top_k_top_p_sampling_from_probs=both)
+    call = _sampling_call("top_p_sampling_from_probs_v32000", module)
+    fn, setup, _ = kernels._prep_sgl_sampling(call)
+    fn()
+    probs, k, p = calls[0]["args"]
+    batch, vocab = call.inputs.values["probs"].shape
+    assert len(calls) == 1 and probs is call.inputs.values["probs"] and p is call.inputs.values["top_p"]
+    assert k.tolist() == [vocab] * batch and k.dtype == torch.int32  # top_k disabled: the whole vocabulary
+    assert calls[0]["deterministic"] is True and isinstance(calls[0]["generator"], torch.Generator)
 
 
 # -- the benchmark suite on a CPU ----------------------------------------------------------------------------
@@ -379,16 +720,20 @@ def _fake_ncu_csv() -> str:
 
 
 def _measure_json() -> dict:
-    def t(us, timer="events"):
-        return {"median_us": us, "timer": timer}
+    def t(us, timer="events", **more):
+        return {"median_us": us, "timer": timer, **more}
 
-    return {"gpu": "fake", "cases": {
-        "rmsnorm_large": {"auto": t(370.0), "events": t(370.0), "graph": t(355.0, "graph")},
-        "decode_large": {"auto": t(10.2), "events": t(10.2), "graph": t(9.0, "graph")},
-        "gemm_8192": {"auto": t(1700.0), "events": t(1700.0)},
-        "gemm_linear_large": {"auto": {**t(51.0), "clocks_start": {"sm_clock_mhz": 1980},
+    return {"gpu": "fake", "torch": "2.11.0+cu130", "cupti_python": "13.0.1", "repeats": 3, "cases": {
+        "rmsnorm_large": {"cupti": t(365.0, "cupti", repeat_cv=0.004, repeats=3, kernels_per_call=1),
+                          "auto": t(370.0), "events": t(370.0), "graph": t(355.0, "graph")},
+        "decode_large": {"cupti": t(10.5, "cupti", repeat_cv=0.01, repeats=3, kernels_per_call=1),
+                         "auto": t(10.2), "events": t(10.2), "graph": t(9.0, "graph")},
+        "gemm_8192": {"cupti": t(1700.0, "cupti"), "auto": t(1700.0), "events": t(1700.0)},
+        "gemm_linear_large": {"cupti": {**t(51.0, "cupti"), "clocks_start": {"sm_clock_mhz": 1980},
+                                        "clocks_end": {"sm_clock_mhz": 1980, "clocks_event_reasons": "0x4"}},
+                              "auto": {**t(51.0), "clocks_start": {"sm_clock_mhz": 1980},
                                        "clocks_end": {"sm_clock_mhz": 1980, "clocks_event_reasons": "0x4"}}},
-        "rmsnorm_small": {"auto": t(3.0, "graph")},
+        "rmsnorm_small": {"cupti": t(3.0, "cupti"), "auto": t(3.0, "graph")},
         "decode_medium": {"skipped": "not-installed: flashinfer"},
     }}
 
@@ -399,7 +744,8 @@ def test_ncu_compare_parses_and_computes_ratios():
     assert parsed["rmsnorm_large"] == {0: pytest.approx(360.0), 1: pytest.approx(362.5), 2: pytest.approx(1000.0)}
     assert parsed["decode_large"] == {c: pytest.approx(10.0) for c in range(3)}
     assert parsed["gemm_8192"] == {0: pytest.approx(1600.0)}
-    rows = {r["case"]: r for r in nv.compare(parsed, _measure_json())}
+    assert nv.ncu_kernel_counts(_fake_ncu_csv())["decode_large"] == 2
+    rows = {r["case"]: r for r in nv.compare(parsed, _measure_json(), timer="auto")}
     rl = rows["rmsnorm_large"]
     assert rl["ncu_us"] == pytest.approx(362.5) and rl["ncu_calls"] == 3
     assert rl["auto_ratio"] == pytest.approx(370.0 / 362.5) and rl["verdict"] == "PASS"  # 2.1% off
@@ -410,11 +756,52 @@ def test_ncu_compare_parses_and_computes_ratios():
     assert "0x4" in rows["gemm_linear_large"]["reason"]
     assert rows["rmsnorm_small"]["verdict"] == "missing"  # measured, but no ncu rows
     assert rows["decode_medium"]["verdict"] == "skipped"
-    strict = {r["case"]: r for r in nv.compare(parsed, _measure_json(), tolerance=0.01)}
+    strict = {r["case"]: r for r in nv.compare(parsed, _measure_json(), timer="auto", tolerance=0.01)}
     assert strict["rmsnorm_large"]["verdict"] == "FAIL"
-    assert {r["case"]: r for r in nv.compare(parsed, _measure_json(), min_us=20)}["decode_large"]["verdict"] == "info"
     graph = {r["case"]: r for r in nv.compare(parsed, _measure_json(), timer="graph")}
     assert graph["decode_large"]["verdict"] == "FAIL" and graph["rmsnorm_large"]["verdict"] == "PASS"
+
+
+def test_ncu_compare_judges_cupti_by_duration_band():
+    nv = _ncu_validate()
+    parsed = nv.parse_ncu_csv(_fake_ncu_csv())
+    kernels = nv.ncu_kernel_counts(_fake_ncu_csv())
+    rows = {r["case"]: r for r in nv.compare(parsed, _measure_json(), ncu_kernels=kernels)}  # timer="cupti"
+    rl = rows["rmsnorm_large"]
+    assert rl["cupti_ratio"] == pytest.approx(365.0 / 362.5) and rl["verdict"] == "PASS" and rl["tolerance"] == 0.03
+    assert rl["cupti_cv"] == 0.004 and rl["cupti_kernels"] == 1 and rl["ncu_cv"] > 0.5  # ncu: 360, 362.5, 1000
+    dl = rows["decode_large"]  # ncu 10 us exactly: the 3% band; cupti 5% off
+    assert dl["verdict"] == "FAIL" and "cupti/ncu 1.050 outside 1 +- 0.03" in dl["reason"]
+    assert "kernels per call: cupti 1, ncu 2" in dl["reason"]
+    wide = {r["case"]: r for r in nv.compare(parsed, _measure_json(), min_us=20)}  # 10 us now in the 10% band
+    assert wide["decode_large"]["verdict"] == "PASS" and wide["decode_large"]["tolerance"] == 0.10
+    floor = {r["case"]: r for r in nv.compare(parsed, _measure_json(), min_us=20, floor_us=15)}
+    assert floor["decode_large"]["verdict"] == "info"  # under the floor: reported, not judged
+    measured = _measure_json()
+    measured["cases"]["rmsnorm_large"]["cupti"] = {"median_us": 370.0, "timer": "events",
+                                                   "fallback_reason": "cupti: not installed (pip install ...)"}
+    fell_back = {r["case"]: r for r in nv.compare(parsed, measured)}["rmsnorm_large"]
+    assert fell_back["verdict"] == "FAIL" and "cupti timer not used, events ran: cupti: not installed" in \
+        fell_back["reason"]
+
+
+def test_ncu_compare_reports_the_per_kernel_floor_offset_without_judging_by_it():
+    nv = _ncu_validate()
+    ncu = {"launch_floor": {0: 2.5, 1: 2.5, 2: 2.5}, "decode_medium": {0: 17.0, 1: 16.9, 2: 17.1}}
+    measured = {"cases": {
+        "launch_floor": {"cupti": {"median_us": 1.0, "timer": "cupti", "kernels_per_call": 1}},
+        "decode_medium": {"cupti": {"median_us": 13.6, "timer": "cupti", "kernels_per_call": 2}},
+    }}
+    rows = {r["case"]: r for r in nv.compare(ncu, measured)}
+    assert rows["launch_floor"]["verdict"] == "calibration" and "1.50 us" in rows["launch_floor"]["reason"]
+    dm = rows["decode_medium"]
+    assert dm["verdict"] == "FAIL" and dm["cupti_ratio"] == pytest.approx(0.8)  # judged on the raw ratio
+    assert dm["floor_offset_us"] == pytest.approx(1.5) and dm["cupti_adj_ratio"] == pytest.approx(16.6 / 17.0)
+    assert "with ncu's per-kernel offset (1.50 us x 2) 0.976: within 0.03" in dm["reason"]
+    adjusted = {r["case"]: r for r in nv.compare(ncu, measured, judge_adjusted=True)}["decode_medium"]
+    assert adjusted["verdict"] == "PASS" and adjusted["judged_on"] == "adj" and "raw 0.800" in adjusted["reason"]
+    measured["cases"]["launch_floor"]["cupti"]["timer"] = "events"  # no cupti floor: no offset
+    assert "cupti_adj_ratio" not in {r["case"]: r for r in nv.compare(ncu, measured)}["decode_medium"]
 
 
 def test_throttle_detection():
@@ -441,20 +828,41 @@ def test_ncu_csv_without_tags_or_header_is_an_error():
 def test_ncu_validate_cli(tmp_path):
     import json
 
-    csv_path, measure_path = tmp_path / "ncu.csv", tmp_path / "measure.json"
+    csv_path, measure_path, out = tmp_path / "ncu.csv", tmp_path / "measure.json", tmp_path / "results.json"
     csv_path.write_text(_fake_ncu_csv())
     measured = _measure_json()
-    measured["cases"]["gemm_8192"]["auto"]["median_us"] = 1610.0  # within 3%: no FAIL left
+    for timer in ("cupti", "auto"):
+        measured["cases"]["gemm_8192"][timer]["median_us"] = 1610.0  # within 3%: no FAIL left
+    measured["cases"]["decode_large"]["cupti"]["median_us"] = 10.2
     measure_path.write_text(json.dumps(measured))
     script = str(ROOT / "scripts" / "ncu-validate.py")
-    res = subprocess.run([sys.executable, script, "compare", str(csv_path), str(measure_path)], capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run([sys.executable, script, "compare", str(csv_path), str(measure_path), "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "rmsnorm_large" in res.stdout and "PASS" in res.stdout
+    assert "rmsnorm_large" in res.stdout and "PASS" in res.stdout and "cupti/ncu" in res.stdout
+    saved = json.loads(out.read_text())
+    assert saved["timer"] == "cupti" and saved["criteria"] == {"tolerance": 0.03, "min_us": 10.0,
+                                                               "small_tolerance": 0.10, "floor_us": 2.0,
+                                                               "judged_on": "raw ratio"}
+    assert {r["case"]: r["verdict"] for r in saved["rows"]}["decode_large"] == "PASS"
+    assert saved["summary"]["PASS"] == 3 and saved["cupti_python"] == "13.0.1"
     res = subprocess.run([sys.executable, script, "compare", "--json", "--tolerance", "0.001", str(csv_path),
                           str(measure_path)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 1
     assert {r["case"]: r["verdict"] for r in json.loads(res.stdout)}["rmsnorm_large"] == "FAIL"
     helped = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert helped.returncode == 0 and "ncu --target-processes all" in helped.stdout
+    assert helped.returncode == 0 and "ncu-validate.py all" in helped.stdout
+
+
+def test_ncu_validate_all_runs_ncu_on_the_profile_mode():
+    nv = _ncu_validate()
+    cmd = nv.ncu_command("/opt/ncu", ["decode_medium", "rmsnorm_large"], 20, 5)
+    assert cmd[0] == "/opt/ncu" and "--clock-control" in cmd and cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--nvtx-include") + 1] == "regex:ncu:.*/" and "--print-nvtx-rename" in cmd
+    assert cmd[cmd.index("--cache-control") + 1] == "all"  # cold caches: the cupti timer's condition
+    i = cmd.index(sys.executable)
+    assert cmd[i + 1].endswith("ncu-validate.py") and cmd[i + 2:] == [
+        "profile", "--cases", "decode_medium,rmsnorm_large", "--calls", "20", "--warmup", "5"]
+    assert "decode_medium" in nv.CASES
+    assert nv._cv([1.0]) is None and nv._cv([9.0, 11.0]) == pytest.approx(math.sqrt(2) / 10)

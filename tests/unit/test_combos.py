@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from flashinfer_trace.combos import (
+from flashinfer_trace.sweep.combos import (
     ALIASES,
     CombinationError,
     arch_env,
@@ -14,7 +14,7 @@ from flashinfer_trace.combos import (
     load_combination,
     load_combinations,
 )
-from flashinfer_trace.install import InstallOptions, parse_session_args, torch_differences
+from flashinfer_trace.sweep.install import InstallOptions, parse_session_args, torch_differences
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted((ROOT / "constraints").glob("*.toml"))

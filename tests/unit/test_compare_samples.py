@@ -279,3 +279,18 @@ def test_sampler_check_replays_with_the_same_seed():
     first = assert_samples_match(d, x, gt, settings=SETTINGS, seed=7)
     second = assert_samples_match(d, x, gt, settings=SETTINGS, seed=7)
     assert first.as_dict() == second.as_dict()
+
+
+def test_reference_draws_in_several_calls_are_independent(monkeypatch):
+    """The worker reseeds its RNG per call: a row split over calls must not repeat its draws."""
+    from flashinfer_trace import compare_samples
+    from flashinfer_trace.dataset import load_definition
+
+    d = load_definition("top_k_sampling_from_probs_v32000")
+    inputs = generate_inputs(d, "small", seed=0)
+    monkeypatch.setattr(compare_samples, "CHUNK_ELEMENTS", 32000 * 16)  # 16 rows per call
+    draws = compare_samples.draw_reference(d, inputs, 64, seed=3)
+    assert draws.shape == (inputs.values["probs"].shape[0], 64)
+    chunks = draws[0].reshape(4, 16)
+    assert len({tuple(c.tolist()) for c in chunks}) == 4, "every call drew the same tokens"
+    assert torch.equal(draws, compare_samples.draw_reference(d, inputs, 64, seed=3))  # still replays

@@ -136,3 +136,14 @@ def test_a_ground_truth_that_cannot_run_kills_nothing():
         pytest.skip(reason="unsupported: flashinfer is installed here")
     k = kill(MUTANTS[0], "flashinfer")
     assert k.killed is None and k.how.startswith("not-installed")
+
+
+def test_a_mutant_is_not_judged_where_the_true_reference_fails(monkeypatch):
+    """A harness that cannot run references fails every mutant: that is no catch."""
+    from flashinfer_trace import mutants
+
+    monkeypatch.setattr(mutants, "_baselines", {})
+    monkeypatch.setattr(mutants, "first_failure", lambda d, source, **kw: "shape small seed 0: ReferenceFailure: crash")
+    k = mutants.kill(MUTANTS[0], "torch")
+    assert k.killed is None and k.how.startswith("not judged: the true reference fails too: shape small")
+    assert kill_rate([k]) == (0, 0)

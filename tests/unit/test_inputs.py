@@ -27,12 +27,26 @@ from flashinfer_trace.inputs import (
     InputGenerationError,
     Inputs,
     UnsupportedOpType,
+    common,
     edge_cases,
     generate_inputs,
+    set_cache,
     supported_op_types,
 )
 from flashinfer_trace.inputs import attention as attention_mod
-from flashinfer_trace.inputs.common import normal, random_fp8, random_words64
+from flashinfer_trace.inputs.common import (
+    Stream,
+    counter_words,
+    log_uniform,
+    mix64,
+    normal,
+    permutation,
+    randint,
+    random_fp8,
+    random_tensor,
+    random_words,
+    uniform,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "definitions"
@@ -455,21 +469,8 @@ def test_inputs_do_not_depend_on_cpu_capability_or_thread_count():
     assert json.loads(out.stdout.strip().splitlines()[-1]) == here
 
 
-def test_block_parallel_random_words_are_thread_independent():
-    n = 3 * (1 << 21) + 5  # more than one block, and a ragged last one
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = random_words64(n, torch.Generator().manual_seed(9))
-        torch.set_num_threads(max(2, threads))
-        many = random_words64(n, torch.Generator().manual_seed(9))
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(one, many)
-    assert len(torch.unique(one[:100_000])) == 100_000
-
-
-def test_generated_on_cpu_then_moved():
+def test_generated_on_the_cpu_for_a_device_without_values():
+    """The meta device has no values to draw: the case is made on the CPU and moved (shapes kept)."""
     d = gqa_paged("decode")
     meta = generate_inputs(d, "small", seed=2, device="meta")
     cpu = generate_inputs(d, "small", seed=2)
@@ -478,8 +479,22 @@ def test_generated_on_cpu_then_moved():
             assert v.device.type == "meta" and v.shape == cpu.values[name].shape
         else:
             assert v == cpu.values[name]
-    if torch.cuda.is_available():
-        assert same(generate_inputs(d, "small", seed=2, device="cuda").to("cpu"), cpu)
+
+
+def test_the_cache_hands_out_copies_on_the_device_asked_for():
+    d = rmsnorm(fused=True)
+    fresh = generate_inputs(d, "small", seed=6)
+    set_cache(2)
+    try:
+        first = generate_inputs(d, "small", seed=6)
+        second = generate_inputs(d, "small", seed=6)
+        meta = generate_inputs(d, "small", seed=6, device="meta")
+    finally:
+        set_cache(0)
+    assert same(first, fresh) and same(second, fresh)
+    first.values["residual"].zero_()  # a kernel writing into its inputs changes no later copy
+    assert same(second, fresh)
+    assert meta.device == "meta" and second.device == "cpu"
 
 
 # -- the Inputs object ----------------------------------------------------------------------
@@ -702,16 +717,252 @@ def test_rope_positions_and_cache():
 
 
 # -- the random primitives ------------------------------------------------------------------
-def test_normal_is_standard_and_fp8_codes_are_finite():
-    g = torch.Generator().manual_seed(0)
-    x = normal((1 << 20,), g)
+def _u64(x: int) -> int:
+    return x & (2**64 - 1)
+
+
+def test_mix64_is_splitmix64():
+    """The published SplitMix64 outputs (Vigna's splitmix64.c, seeds 0 and 1234567)."""
+    assert [mix64(0, i) for i in range(3)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    assert [mix64(1234567, i) for i in range(5)] == [6457827717110365317, 3203168211198807973,
+                                                       9817491932198370423, 4593380528125082431,
+                                                       16408922859458223821]
+
+
+@pytest.mark.parametrize("key", [0, 1, 0x5DEECE66D, 2**63 - 1, common.stream_seed("flashinfer", 7)])
+def test_counter_words_match_the_python_reference(key):
+    """The tensor ops (int64 multiplies that wrap, masked arithmetic shifts) give the bits of the
+    plain-integer definition, including counters past 2^32 and sums that wrap past 2^64."""
+    for start in (0, 1, 2**32 - 3, 2**40 + 11, 2**62):
+        words = counter_words(key, start, 9)
+        assert words.dtype == torch.int64
+        assert [_u64(w) for w in words.tolist()] == [mix64(key, start + i) for i in range(9)], start
+
+
+def test_draws_take_consecutive_words_of_their_stream():
+    key = common.stream_seed("draws")
+    s = Stream(key)
+    u = uniform((3,), s)  # two 32-bit halves per word: 2 words
+    b = normal((5,), s, dtype=torch.bfloat16)  # four 16-bit quarters per word: 2 words
+    f = random_fp8((9,), torch.float8_e4m3fn, s)  # eight bytes per word: 2 words
+    w = random_words(2, s)
+    assert s.position == 8
+    assert torch.equal(w, counter_words(key, 6, 2))
+    first = counter_words(key, 0, 2)
+    assert torch.equal(u, ((first.view(torch.int32)[:3] >> 8) & 0xFFFFFF).float() * 2.0**-24)
+    assert b.shape == (5,) and f.shape == (9,)
+    # a replayed stream replays every draw
+    t = Stream(key)
+    assert torch.equal(uniform((3,), t), u) and torch.equal(normal((5,), t, dtype=torch.bfloat16), b)
+
+
+def test_streams_are_independent():
+    keys = [common.stream_seed("flashinfer-trace-inputs/v2", 0, "d", "small", None, tag) for tag in ("A", "B")]
+    a, b = (random_words(1 << 16, Stream(k)) for k in keys)
+    assert len(set(a.tolist()) & set(b.tolist())) == 0  # no shared words, so no shifted copies
+    assert len(torch.unique(a)) == a.numel()
+    ua, ub = (uniform((1 << 18,), Stream(k)).double() for k in keys)
+    corr = ((ua - ua.mean()) * (ub - ub.mean())).mean() / (ua.std() * ub.std())
+    assert abs(corr) < 0.01  # ~5 standard errors
+    # neighbouring keys (the worst case for a counter-based generator) are independent too
+    n0, n1 = (normal((1 << 18,), Stream(k)).double() for k in (1000, 1001))
+    assert abs((n0 * n1).mean()) < 0.01
+
+
+def test_every_bit_of_the_words_is_fair():
+    w = random_words(1 << 16, Stream(3))
+    ones = torch.stack([(w >> i) & 1 for i in range(64)]).sum(1).double() / w.numel()
+    assert ((ones - 0.5).abs() < 0.01).all()  # ~5 standard errors per bit
+
+
+def test_uniform_and_normal_moments():
+    u = uniform((1 << 20,), Stream(0)).double()
+    assert 0 <= u.min() and u.max() < 1
+    assert abs(u.mean() - 0.5) < 0.002 and abs(u.var() - 1 / 12) < 0.001
+    assert (u * 2**24 == (u * 2**24).round()).all()  # 24-bit grid
+    x = normal((1 << 20,), Stream(1)).double()
     assert abs(x.mean()) < 0.01 and abs(x.std() - 1) < 0.01 and x.abs().max() <= 4.0
+    assert abs((x**3).mean()) < 0.02 and abs((x**4).mean() - 3) < 0.05  # symmetric, normal kurtosis
+    assert 0.6827 - 0.003 < (x.abs() < 1).double().mean() < 0.6827 + 0.003
     assert len(torch.unique(x)) > 0.99 * x.numel()  # float32: no ties to make top-k ambiguous
-    y = normal((1 << 16,), g, scale=3.0, mean=1.0, dtype=torch.bfloat16).float()
-    assert abs(y.mean() - 1) < 0.05 and abs(y.std() - 3) < 0.05
+    y = normal((1 << 18,), Stream(2), scale=3.0, mean=1.0, dtype=torch.bfloat16).double()
+    assert abs(y.mean() - 1) < 0.03 and abs(y.std() - 3) < 0.03
+    z = normal((1 << 18,), Stream(2), scale=0.5, mean=-2.0).double()
+    assert abs(z.mean() + 2) < 0.01 and abs(z.std() - 0.5) < 0.01
+    assert normal((3, 0, 2), Stream(2)).shape == (3, 0, 2)
+
+
+def test_randint_permutation_and_log_uniform():
+    r = randint(-3, 7, (100_000,), Stream(4), dtype=torch.int32)
+    assert r.dtype == torch.int32 and r.min() == -3 and r.max() == 6
+    counts = torch.bincount((r + 3).long(), minlength=10).double()
+    assert ((counts - 10_000).abs() < 600).all()  # ~6 standard errors
+    with pytest.raises(ValueError, match="empty range"):
+        randint(3, 3, (1,), Stream(4))
+    for n in (1, 2, 7, 1000):
+        p = permutation(n, Stream(n))
+        assert sorted(p.tolist()) == list(range(n))
+    rows = permutation(50, Stream(5), rows=400)
+    assert rows.shape == (400, 50) and (rows.sort(1).values == torch.arange(50)).all()
+    assert len({tuple(r) for r in rows.tolist()}) == 400
+    first = torch.bincount(rows[:, 0], minlength=50).double()  # where each row starts: uniform
+    assert first.max() < 30 and first.min() >= 1
+    s = log_uniform((1 << 16,), Stream(6), -3.0, 1.5)
+    assert (s >= 2**-3).all() and (s <= 2**1.5).all()
+    assert abs(s.log2().double().mean() + 0.75) < 0.02
+
+
+def test_fp8_codes_are_finite_and_bounded():
     for dtype in FP8:
-        f = random_fp8((1 << 16,), dtype, g)
-        assert f.dtype == dtype and torch.isfinite(f.float()).all() and (f.float() != 0).all()
+        f = random_fp8((1 << 16,), dtype, Stream(7))
+        mag = f.float().abs()
+        assert f.dtype == dtype and torch.isfinite(f.float()).all()
+        assert mag.min() >= 0.125 and mag.max() <= 1.875
+        assert len(torch.unique(f.view(torch.uint8))) == (64 if dtype == torch.float8_e4m3fn else 32)
+    rms = random_fp8((1 << 16,), torch.float8_e4m3fn, Stream(8)).float().pow(2).mean().sqrt()
+    assert abs(rms - common.FP8_CODE_RMS) < 0.01
+
+
+RANDOM_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, *FP8, torch.int32,
+                 torch.int8, torch.bool)
+
+
+def _random(shape, dtype, key):
+    ints = dict(low=-5, high=100) if not dtype.is_floating_point and dtype != torch.bool else {}
+    return random_tensor(shape, dtype, Stream(key), scale=0.5, mean=0.25, **ints)
+
+
+def test_chunked_draws_equal_unchunked(monkeypatch):
+    """Chunks only cut the work: any chunk size gives the same bits (sizes chosen to leave ragged
+    last chunks and partly used last words)."""
+    shapes = [(1,), (7, 3), (1001,), (3, 5, 67)]
+    whole = {(s, d): _random(s, d, 11) for s in shapes for d in RANDOM_DTYPES}
+    extras = (uniform((333,), Stream(12)), permutation(301, Stream(13), rows=3),
+              log_uniform((77,), Stream(14), -1, 1))
+    for chunk in (1, 3, 64):
+        monkeypatch.setitem(common.CHUNK_WORDS, "cpu", chunk)
+        for (s, d), want in whole.items():
+            got = _random(s, d, 11)
+            assert got.dtype == want.dtype and torch.equal(as_bits(got), as_bits(want)), (s, d, chunk)
+        again = (uniform((333,), Stream(12)), permutation(301, Stream(13), rows=3),
+                 log_uniform((77,), Stream(14), -1, 1))
+        assert all(torch.equal(a, b) for a, b in zip(again, extras, strict=True))
+
+
+def test_chunked_generation_of_whole_cases_is_unchanged(monkeypatch):
+    defs = [gemm(), moe(), gqa_paged("prefill", 16, True), rope(), sampling()]
+    want = {d.name: generate_inputs(d, "small", seed=3) for d in defs}
+    monkeypatch.setitem(common.CHUNK_WORDS, "cpu", 5)
+    for d in defs:
+        assert same_bits(generate_inputs(d, "small", seed=3), want[d.name]), d.name
+
+
+# -- the same case on every device ----------------------------------------------------------
+def as_bits(v: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns as integers on the CPU: NaN equals the same NaN, -0.0 differs from 0.0."""
+    v = v.detach().cpu().contiguous()
+    if v.dtype == torch.bool:
+        return v.view(torch.uint8)
+    return v.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[v.element_size()])
+
+
+def same_bits(a: Inputs, b: Inputs) -> bool:
+    if list(a.values) != list(b.values) or a.axes != b.axes:
+        return False
+    for x, y in zip(a.args(), b.args(), strict=True):
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape
+                    and torch.equal(as_bits(x), as_bits(y))):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _one_per_family(defs):
+    seen = {}
+    for d in defs:
+        seen.setdefault(d.op_type, d)
+    return list(seen.values())
+
+
+DEVICE_DEFS = SYNTHETIC + _one_per_family(SHIPPED_CHEAP) + SHIPPED_MOE[:1]
+DEVICE_CASES = ([pytest.param(d, "small", None, id=f"{d.name}-small") for d in DEVICE_DEFS]
+                + [pytest.param(d, "medium", None, id=f"{d.name}-medium") for d in SYNTHETIC]
+                + [pytest.param(d, "small", c, id=f"{d.name}-{c}") for d in SYNTHETIC for c in edge_cases(d)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_counter_words_on_cuda_match_the_python_reference():
+    for key in (0, 2**63 - 1, common.stream_seed("cuda")):
+        for start in (0, 2**32 - 3, 2**62):
+            words = counter_words(key, start, 9, "cuda")
+            assert words.device.type == "cuda"
+            assert [_u64(w) for w in words.cpu().tolist()] == [mix64(key, start + i) for i in range(9)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_random_primitives_on_cuda_equal_the_cpu(monkeypatch):
+    """Every dtype path, in CUDA-sized chunks and in chunks small enough to leave ragged ends."""
+    shape = (3, 1000, 1001)  # 3 M elements: more than one chunk of 2^20 words for the 4-per-word paths
+    for chunk in (None, 1 << 18):
+        if chunk:
+            monkeypatch.setitem(common.CHUNK_WORDS, "cuda", chunk)
+        for dtype in RANDOM_DTYPES:
+            cpu = _random(shape, dtype, 21)
+            cuda = random_tensor(shape, dtype, Stream(21), scale=0.5, mean=0.25, device="cuda",
+                                 **(dict(low=-5, high=100) if not dtype.is_floating_point and dtype != torch.bool
+                                    else {}))
+            assert cuda.device.type == "cuda" and torch.equal(as_bits(cuda), as_bits(cpu)), (dtype, chunk)
+        for fn in (lambda dev: uniform((5, 999), Stream(22), device=dev),
+                   lambda dev: permutation(4097, Stream(23), rows=5, device=dev),
+                   lambda dev: randint(0, 12345, (999,), Stream(24), device=dev),
+                   lambda dev: log_uniform((999,), Stream(25), -2.5, 0.5, device=dev)):
+            assert torch.equal(as_bits(fn("cuda")), as_bits(fn("cpu")))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("d,size,case", DEVICE_CASES)
+def test_inputs_made_on_cuda_equal_the_cpu_bit_for_bit(d, size, case, monkeypatch):
+    """The replay guarantee across devices: a case made on the GPU is the case made on the CPU.
+    The large tensors are made on the GPU (they reach the builder there), not copied from a CPU."""
+    arrived = {}
+    put = common.Builder.put
+
+    def spy(self, name, value):
+        if isinstance(value, torch.Tensor):
+            arrived[name] = (value.device.type, value.numel())
+        return put(self, name, value)
+
+    monkeypatch.setattr(common.Builder, "put", spy)
+    on_cuda = generate_inputs(d, size, seed=1, case=case, device="cuda")
+    made_where = dict(arrived)
+    on_cpu = generate_inputs(d, size, seed=1, case=case, device="cpu")
+    assert on_cuda.device == "cuda" and on_cpu.device == "cpu"
+    for name, v in on_cuda.values.items():
+        if isinstance(v, torch.Tensor):
+            assert v.device.type == "cuda", name
+    assert same_bits(on_cuda, on_cpu)
+    big = {n: where for n, (where, numel) in made_where.items() if numel >= 1 << 16}
+    cpu_made = {"probs", "cos_sin_cache"}  # softmax, cos/sin: made on the CPU on purpose, then copied
+    assert all(where == "cuda" for n, where in big.items() if n not in cpu_made), big
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cache_serves_every_device_with_copies():
+    d = gqa_paged("prefill", 16, True)
+    want = generate_inputs(d, "medium", seed=4)
+    set_cache(2)
+    try:
+        a = generate_inputs(d, "medium", seed=4, device="cuda")  # made on the GPU and kept
+        b = generate_inputs(d, "medium", seed=4, device="cuda")
+        c = generate_inputs(d, "medium", seed=4, device="cpu")
+    finally:
+        set_cache(0)
+    assert a.device == b.device == "cuda" and c.device == "cpu"
+    a.values["q"].zero_()  # a kernel writing into its inputs: no other copy changes
+    assert same_bits(b, want) and same_bits(c, want)
+    assert a.values["k_cache"].data_ptr() != b.values["k_cache"].data_ptr()
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -748,6 +999,26 @@ def test_an_input_the_family_does_not_know_fails_loudly():
     inputs = {**d.as_dict["inputs"], "mystery": t(["hidden_size"], "bfloat16")}
     with pytest.raises(InputGenerationError, match="mystery"):
         generate_inputs(variant(d, inputs=inputs))
+
+
+def test_a_non_finite_value_fails_loudly_wherever_it_is(monkeypatch):
+    """The finiteness check runs in chunks (bounded temporaries for a 1 GB weight): a NaN or an
+    infinity in any chunk, the last ragged one included, is found."""
+    monkeypatch.setattr(common, "_CHECK_CHUNK", 7)
+    d = rmsnorm()
+    for index, bad in ((0, float("nan")), (255, float("inf")), (130, float("-inf"))):
+        b = common.Builder(d, "small", 0, None)
+        b.set_axis("batch_size", 4)
+        b.put_random("hidden_states")
+        b.put_random("weight")
+        b.values["hidden_states"].view(-1)[index] = bad
+        with pytest.raises(InputGenerationError, match="hidden_states.*non-finite"):
+            b.finish()
+    b = common.Builder(d, "small", 0, None)
+    b.set_axis("batch_size", 4)
+    b.put_random("hidden_states")
+    b.put_random("weight")
+    assert b.finish().values["hidden_states"].shape == (4, 64)
 
 
 def test_a_const_axis_the_generator_contradicts_fails_loudly():

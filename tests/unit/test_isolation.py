@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from flashinfer_trace.isolation import collect_files, run_isolated
+from flashinfer_trace.sweep.isolation import collect_files, run_isolated
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 from flashinfer_trace.matrix import build, diff_matrices, render_diff_md, render_md
 from flashinfer_trace.matrix.__main__ import main as matrix_main
 from flashinfer_trace.matrix.known_issues import KnownIssueError, installed_versions, load_known_issues
-from flashinfer_trace.results import SessionInfo, TestRecord, write_json, write_session
+from flashinfer_trace.sweep.results import SessionInfo, TestRecord, write_json, write_session
 
 ROOT = Path(__file__).resolve().parents[2]
 FILE = "tests/references/test_rmsnorm.py::"
@@ -244,7 +244,7 @@ def test_ci_plan_splits_gpu_and_cpu_jobs():
 
 
 def test_how_references_ran_is_labelled_from_the_manifest():
-    from flashinfer_trace.manifest import sandbox_label
+    from flashinfer_trace.sweep.manifest import sandbox_label
 
     confined = {"sandbox": {"confinement": {"complete": True, "active": {"landlock": "x"}, "missing": {}}}}
     allowed = {"sandbox": {"confinement": {"complete": False, "missing": {"landlock": "ENOSYS", "seccomp": "no lib"},
@@ -254,3 +254,14 @@ def test_how_references_ran_is_labelled_from_the_manifest():
     assert sandbox_label(allowed) == "unconfined (allowed): landlock, seccomp missing"
     assert sandbox_label(refused) == "refused: seccomp missing"
     assert sandbox_label({}) is None and sandbox_label({"sandbox": {"error": "boom"}}).startswith("unknown: boom")
+
+
+def test_a_cell_says_which_kernel_path_ran():
+    from flashinfer_trace.matrix.build import Environment, cell
+
+    api = "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)"
+    tests = [{"nodeid": f"tests/references/test_gqa_paged.py::test_matches_ground_truth[{i}]", "status": "passed",
+              "properties": {"definition": "d", "source": "flashinfer", "ground_truth": {"api": api}}}
+             for i in range(2)]
+    c = cell("d", Environment("e", "c", "sm90"), tests)
+    assert c["state"] == "pass" and c["sources"]["flashinfer"]["api"] == api

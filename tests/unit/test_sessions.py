@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from flashinfer_trace import manifest
-from flashinfer_trace.combos import load_combination
-from flashinfer_trace.install import InstallOptions, install
-from flashinfer_trace.results import SessionInfo, TestRecord, junit_xml, read_records, write_session
-from flashinfer_trace.session import EXIT_SKIPPED, run_session
+from flashinfer_trace.sweep import manifest
+from flashinfer_trace.sweep.combos import load_combination
+from flashinfer_trace.sweep.install import InstallOptions, install
+from flashinfer_trace.sweep.results import SessionInfo, TestRecord, junit_xml, read_records, write_session
+from flashinfer_trace.sweep.session import EXIT_SKIPPED, run_session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ def test_a_session_survives_a_crash_and_writes_every_file(tmp_path):
 
 
 def test_records_stream_as_tests_finish_and_resume_runs_only_the_rest(tmp_path):
-    from flashinfer_trace.session import streamed_records
+    from flashinfer_trace.sweep.session import streamed_records
 
     tree = _planted_tree(tmp_path)
     combo = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
@@ -174,3 +174,26 @@ def test_nox_lists_the_sessions_a_ci_job_needs():
     for name in ("references-cpu", "references-cuda12", "references-cuda13", "bench-cuda12", "bench-cuda13", "tests",
                  "lint", "matrix", "references-cu130-torch2.11-fi0.6.6"):
         assert f" {name} " in plain, name
+
+
+def test_large_reference_files_are_sharded_in_proportion_to_their_definitions():
+    from flashinfer_trace.sweep.session import shard
+
+    files = [f"tests/references/test_{op}.py" for op in ("gemm", "rmsnorm", "mla_paged")]
+    plan = shard(files, 8, Path("definitions"))
+    gemm = [t for t in plan if not isinstance(t, str) and t[0].endswith("test_gemm.py")]
+    assert len(gemm) >= 4 and {t[1] for t in gemm} == {("--shard", f"{i}/{len(gemm)}") for i in range(len(gemm))}
+    assert plan[0] == gemm[0]  # the biggest file's shards start first
+    assert "tests/references/test_mla_paged.py" in plan  # two definitions: one process
+    assert shard(files, 1, Path("definitions")) == files
+
+
+def test_shards_split_a_file_without_overlap_or_loss():
+    def collect(*extra):
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "tests/references/test_rope.py", *extra], capture_output=True, text=True, timeout=300)
+        return {line for line in out.stdout.splitlines() if "::" in line}
+
+    everything = collect()
+    shards = [collect("--shard", f"{i}/3") for i in range(3)]
+    assert all(shards) and sum(map(len, shards)) == len(everything) and set().union(*shards) == everything

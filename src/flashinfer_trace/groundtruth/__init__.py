@@ -76,9 +76,11 @@ class GroundTruth:
         return out if isinstance(out, tuple) else (out,)
 
 
-def get_ground_truth(source: str, definition: Definition | str, *, device: str | None = None) -> GroundTruth:
+def get_ground_truth(source: str, definition: Definition | str, *, device: str | None = None,
+                     prebuilt: bool = True) -> GroundTruth:
     """The first adapter of `source` that can run `definition` on `device`; otherwise raises
-    GroundTruthUnavailable with the most telling reason among the source's adapters."""
+    GroundTruthUnavailable with the most telling reason among the source's adapters. With
+    `prebuilt`, a module the JIT prebuild failed to build (sweep/jit.py) makes the adapter unavailable."""
     if source not in SOURCES:
         raise ValueError(f"unknown ground-truth source {source!r}; expected one of {', '.join(SOURCES)}")
     if isinstance(definition, str):
@@ -93,7 +95,7 @@ def get_ground_truth(source: str, definition: Definition | str, *, device: str |
     reasons: list[GroundTruthUnavailable] = []
     for adapter in candidates:
         try:
-            module, version = availability(adapter, definition, device)
+            module, version = availability(adapter, definition, device, prebuilt=prebuilt)
         except GroundTruthUnavailable as e:
             reasons.append(e)
             continue

@@ -30,9 +30,10 @@ SOURCES = ("flashinfer", "sglang", "torch")
 
 # Reason kinds, in the order `availability` checks them. The matrix maps them to cell states:
 # not-installed -> skip:not-installed, api-missing -> skip:api-missing, arch-unsupported ->
-# skip:arch, the rest -> skip:other.
+# skip:arch, build-failed / build-timeout (the JIT prebuild's outcome, sweep/jit.py) -> their own states,
+# the rest -> skip:other.
 REASON_KINDS = ("unsupported", "not-installed", "import-failed", "api-missing", "dtype-unsupported",
-                "no-gpu", "arch-unsupported")
+                "no-gpu", "arch-unsupported", "build-failed", "build-timeout")
 
 
 class GroundTruthUnavailable(Exception):
@@ -182,10 +183,11 @@ def float_input_dtypes(definition: Definition) -> set[str]:
 
 
 # -- the availability pipeline --------------------------------------------------------------------
-def availability(adapter: Adapter, definition: Definition, device: str | None
+def availability(adapter: Adapter, definition: Definition, device: str | None, *, prebuilt: bool = True
                  ) -> tuple[ModuleType | None, Version | None]:
     """The imported module and version if the adapter can run this definition on this device;
-    otherwise raises GroundTruthUnavailable with the first reason, in REASON_KINDS order."""
+    otherwise raises GroundTruthUnavailable with the first reason, in REASON_KINDS order.
+    `prebuilt`: also consult the JIT prebuild's report, when this process has one."""
     why = adapter.applies(definition)
     if why:
         raise GroundTruthUnavailable("unsupported", f"{adapter.api}: {why}")
@@ -218,4 +220,16 @@ def availability(adapter: Adapter, definition: Definition, device: str | None
         if (adapter.min_cc and cc < adapter.min_cc) or (adapter.max_cc and cc > adapter.max_cc):
             raise GroundTruthUnavailable(
                 "arch-unsupported", f"{adapter.api} needs {adapter.arch_range}, have sm{cc[0]}{cc[1]}")
+    if prebuilt and pkg is not None:
+        _check_prebuild(adapter, definition)
     return module, version
+
+
+def _check_prebuild(adapter: Adapter, definition: Definition) -> None:
+    """A module the prebuild could not build is not built again inside a test's time."""
+    from ..sweep.jit import prebuild_outcome
+
+    record = prebuild_outcome(definition.name, adapter.source)
+    if record is not None and record.api == adapter.api and record.status in ("build-failed", "build-timeout"):
+        detail = record.message or record.status
+        raise GroundTruthUnavailable(record.status, f"{adapter.api}: {detail}")

@@ -19,10 +19,12 @@ import torch
 from packaging.specifiers import SpecifierSet
 
 from . import semantics as sem
-from .base import Adapter, Call, Package
+from .base import Adapter, Call, GroundTruthUnavailable, Package
 
 PACKAGE = Package("flashinfer", ("flashinfer-python", "flashinfer"), "flashinfer")
-WORKSPACE_BYTES = 128 << 20
+# The wrappers' float workspace: split-kv prefill keeps its partial outputs there, and 128 MiB was too
+# little for the medium paged prefill (0.6.6 on the H100: batch_prefill_tmp_v needed 130 MiB).
+WORKSPACE_BYTES = 512 << 20
 HALF = frozenset({"bfloat16", "float16"})
 
 _workspaces: dict[str, torch.Tensor] = {}
@@ -131,12 +133,29 @@ def _lse_base2(run_fn) -> dict[str, Any]:
 
 # Each attention adapter is a plan step (the wrapper, its plan(): what a benchmark keeps outside
 # the timed region; `buffer` is the workspace the plan lives in) and a call of its run().
-def plan_gqa_decode(call: Call, buffer: torch.Tensor | None = None):
+# FlashInfer's CUDA-core decode kernel is instantiated for these query heads per kv head only
+# (DISPATCH_GQA_GROUP_SIZE); other group sizes raise "Unsupported group_size". Serving engines run
+# those on the tensor-core path (use_tensor_cores=True: the prefill kernel with one query row),
+# and so does the second decode adapter: the api recorded in each cell says which path ran.
+CUDA_CORE_GROUP_SIZES = frozenset({1, 2, 3, 4, 8})
+
+
+def group_size(d) -> int | None:
+    heads = [d.axes.get(n) for n in ("num_qo_heads", "num_kv_heads")]
+    if any(a is None or a.value is None for a in heads) or not heads[1].value:
+        return None
+    return heads[0].value // heads[1].value
+
+
+def plan_gqa_decode(call: Call, buffer: torch.Tensor | None = None, *, tensor_cores: bool = False):
     fi, x = call.module, call.inputs.values
     q, kc, vc = x["q"], x["k_cache"], x["v_cache"]
     page, indptr, indices, last = _kv_layout(call)
     cls = fi.decode.BatchDecodeWithPagedKVCacheWrapper
-    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
+    if tensor_cores and not accepts(cls.__init__, "use_tensor_cores"):
+        raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} decode has no use_tensor_cores")
+    extra_init = {"use_tensor_cores": True} if tensor_cores else {}
+    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls), **extra_init)
     w.plan(indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
            q_data_type=q.dtype, kv_data_type=kc.dtype, sm_scale=float(x["sm_scale"]))
     extra = _lse_base2(w.run)
@@ -145,6 +164,15 @@ def plan_gqa_decode(call: Call, buffer: torch.Tensor | None = None):
 
 def gqa_decode(call: Call) -> tuple:
     out, lse = plan_gqa_decode(call)()
+    return out, _empty_requests_lse(lse, call.inputs.values["kv_indptr"])
+
+
+def plan_gqa_decode_tc(call: Call, buffer: torch.Tensor | None = None):
+    return plan_gqa_decode(call, buffer, tensor_cores=True)
+
+
+def gqa_decode_tc(call: Call) -> tuple:
+    out, lse = plan_gqa_decode_tc(call)()
     return out, _empty_requests_lse(lse, call.inputs.values["kv_indptr"])
 
 
@@ -340,6 +368,24 @@ def _stage(want: str, *names: str):
     return applies
 
 
+def _decode_applies(tensor_cores: bool):
+    base = _stage("decode", "q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale")
+
+    def applies(d) -> str | None:
+        why = base(d)
+        if why:
+            return why
+        g = group_size(d)
+        cuda_core = g in CUDA_CORE_GROUP_SIZES
+        if tensor_cores and cuda_core:
+            return f"group size {g} runs on the CUDA-core decode kernel"
+        if not tensor_cores and not cuda_core:
+            return f"the CUDA-core decode kernel has no group size {g} (the tensor-core path runs it)"
+        return None
+
+    return applies
+
+
 def _rope_applies(d) -> str | None:
     missing = sem.missing_inputs(d, ("positions", "query", "key", "cos_sin_cache"))
     if missing:
@@ -371,8 +417,10 @@ ADAPTERS = [
             requires=("gemm.SegmentGEMMWrapper",), applies=lambda d: sem.missing_inputs(d, ("A", "B")),
             dtypes=HALF, needs_cuda=True, min_cc=(8, 0)),
     Adapter("flashinfer", "gqa_paged", "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper", gqa_decode,
-            requires=("decode.BatchDecodeWithPagedKVCacheWrapper",),
-            applies=_stage("decode", "q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale"), **_ATTN),
+            requires=("decode.BatchDecodeWithPagedKVCacheWrapper",), applies=_decode_applies(False), **_ATTN),
+    Adapter("flashinfer", "gqa_paged", "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)",
+            gqa_decode_tc, requires=("decode.BatchDecodeWithPagedKVCacheWrapper",), applies=_decode_applies(True),
+            **_ATTN),
     Adapter("flashinfer", "gqa_paged", "flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper",
             gqa_prefill_paged, requires=("prefill.BatchPrefillWithPagedKVCacheWrapper",),
             applies=_stage("prefill", "q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices",

@@ -1,8 +1,11 @@
 """Input generation for kernel definitions: one generator per op family, three size tiers,
 seeded and bit-reproducible, with the edge cases each family knows.
 
-    inputs = generate_inputs(definition, size="medium", seed=0)
+    inputs = generate_inputs(definition, size="medium", seed=0, device="cuda")
     out = run(*inputs.args())
+
+The tensors are made on the device asked for (common.py says how the values stay bit-identical
+on every device), so a case generated on a GPU equals the same case generated on a CPU.
 
 Every case is checked before it is returned: each tensor's shape and dtype against the
 definition, every axis bound, and all of the definition's constraints evaluated on the values.
@@ -16,12 +19,12 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from .common import SIZES, Builder, InputGenerationError, Inputs, UnsupportedOpType
 from .registry import family_for, supported_op_types
 
 if TYPE_CHECKING:
-    import torch
-
     from ..definition import Definition
 
 __all__ = [
@@ -52,7 +55,8 @@ def set_cache(maxsize: int) -> None:
     """Serve repeated cases from the last `maxsize` generated ones (0, the default: off; the kept
     cases stay until it is turned on again). The reference suite turns it on around each of its
     tests, whose order puts a case's tests together (shape, dtype, each ground truth); every call
-    still gets its own copy of the tensors, so a caller that writes into them changes nothing."""
+    still gets its own copy of the tensors, on the device it asks for (a case is the same on every
+    device, so one kept copy serves them all), and a caller that writes into them changes nothing."""
     global _cache_size
     _cache_size = max(0, int(maxsize))
     while _cache_size and len(_cache) > _cache_size:
@@ -65,10 +69,22 @@ def edge_cases(definition: Definition | str | Path) -> list[str]:
     return list(family_for(d).edge_cases(d))
 
 
+def _making_device(device: str | torch.device) -> torch.device:
+    """Where a case for `device` is made: there, on a CPU or a CUDA device; on the CPU, then moved,
+    for any other (the meta device has no values to draw; others lack integer ops)."""
+    dev = torch.device(device)
+    if dev.type not in ("cpu", "cuda"):
+        return torch.device("cpu")
+    torch.empty(0, device=dev)  # an unusable device fails here, as a copy to it would, not as a generator bug
+    return dev
+
+
 def generate_inputs(definition: Definition | str | Path, size: str = "small", seed: int = 0, *,
                     device: str | torch.device = "cpu", case: str | None = None) -> Inputs:
     """Inputs for one case of a definition: the same (definition, size, seed, case) always gives
-    bit-identical values, generated on the CPU and then moved to `device`."""
+    bit-identical values, whatever the device. The tensors are made on `device` itself (a CPU or
+    a CUDA device; on the CPU and then moved for any other), the small structural ones on the CPU
+    and then moved."""
     d = _definition(definition)
     family = family_for(d)
     if size not in SIZES:
@@ -88,8 +104,8 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
-            return hit.clone() if str(device) == "cpu" else hit.to(device)
-    builder = Builder(d, size, seed, case)
+            return hit.to(device, copy=True)
+    builder = Builder(d, size, seed, case, device=_making_device(device))
     try:
         family.generate(builder)
     except InputGenerationError:
@@ -102,7 +118,5 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
     if key is not None:
         _cache[key] = inputs
         set_cache(_cache_size)
-        inputs = inputs.clone()
-    if str(device) != "cpu":
-        inputs = inputs.to(device)
-    return inputs
+        return inputs.to(device, copy=True)
+    return inputs.to(device)

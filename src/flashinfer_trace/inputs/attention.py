@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .common import Builder, random_words32
+from .common import Builder, Stream, permutation, randint, random_words
 
 OP_TYPES = ("gqa_paged", "gqa_ragged", "mla_paged")
 CASES = ("single_token", "batch1", "uneven", "empty")
@@ -59,10 +59,10 @@ def is_prefill(definition) -> bool:
     return "qo_indptr" in definition.inputs
 
 
-def _ints(n: int, hi: list[int] | int, gen: torch.Generator) -> list[int]:
+def _ints(n: int, hi: list[int] | int, s: Stream) -> list[int]:
     """n integers, the i-th uniform on [1, hi_i] (exact integer arithmetic)."""
     his = torch.tensor([hi] * n if isinstance(hi, int) else hi, dtype=torch.int64)
-    w = random_words32(n, gen).to(torch.int64) & 0x7FFFFFFF
+    w = random_words(n, s) & 0x7FFFFFFF
     return (1 + w % his.clamp(min=1)).tolist()
 
 
@@ -88,10 +88,10 @@ def lengths(b: Builder, prefill: bool) -> tuple[list[int], list[int]]:
         kv = [tier.max_kv // 2 + n for n in _ints(1, tier.max_kv - tier.max_kv // 2, g)]
     elif case == "uneven":
         # log-uniform between 1 and max_kv; the ends pinned so both extremes are always present
-        u = ((random_words32(batch, g).to(torch.int64) & 0xFFFFFF).to(torch.float64) / 2**24).tolist()
+        u = ((random_words(batch, g) & 0xFFFFFF).to(torch.float64) / 2**24).tolist()
         kv = [max(1, min(tier.max_kv, round(tier.max_kv ** x))) for x in u]
         kv[0], kv[1] = 1, tier.max_kv
-        order = torch.randperm(batch, generator=g).tolist()
+        order = permutation(batch, g).tolist()
         kv = [kv[i] for i in order]
     else:
         kv = _ints(batch, tier.max_kv, g)
@@ -108,7 +108,7 @@ def lengths(b: Builder, prefill: bool) -> tuple[list[int], list[int]]:
                   for q, c, k in zip(qo, caps, kv, strict=True)]
 
     if case == "empty":
-        j = int(torch.randint(0, batch, (1,), generator=g))
+        j = int(randint(0, batch, (1,), g))
         if prefill:
             qo[j] = 0
         else:
@@ -183,7 +183,7 @@ def _paged_structure(b: Builder, kv_lens: list[int]) -> list[int]:
     spare = max(2, used // 4)
     num_pages = used + spare
     g = b.rng("pages")
-    indices = torch.randperm(num_pages, generator=g)[:used]
+    indices = permutation(num_pages, g)[:used]
     if used >= 2 and bool((indices[1:] > indices[:-1]).all()):
         indices[[0, 1]] = indices[[1, 0]]  # sorted by chance: a sorted list would test nothing
     b.put("kv_indptr", _indptr(pages).to(b.torch_dtype("kv_indptr")))

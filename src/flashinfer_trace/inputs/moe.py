@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .common import FP8_CODE_RMS, Builder, log_uniform, normal, randint, uniform
+from .common import FP8_CODE_RMS, Builder, log_uniform, normal, permutation, randint, uniform
 
 OP_TYPES = ("moe",)
 ROWS = {"small": 2, "medium": 8, "large": 64}
@@ -128,7 +128,7 @@ def generate(b: Builder) -> None:
     num_local = _num_local_experts(b, weights)
     if num_local < 1 or num_local > num_experts:
         raise b.error(f"{num_local} local experts of {num_experts}: cannot place them")
-    offset = num_local * int(torch.randint(0, num_experts // num_local, (1,), generator=b.rng(OFFSET)))
+    offset = num_local * int(randint(0, num_experts // num_local, (1,), b.rng(OFFSET)))
     b.put_scalar(OFFSET, offset)
     if SCALING in d.inputs:
         b.put_scalar(SCALING, ROUTED_SCALING_FACTOR)
@@ -144,7 +144,8 @@ def generate(b: Builder) -> None:
             centre = -math.log2(FP8_CODE_RMS)
             if base in weights:
                 centre -= 0.5 * math.log2(max(b.dim(base, -1), 1))
-            t = log_uniform(b.shape(name), b.rng(name), centre - SCALE_SPREAD, centre + SCALE_SPREAD)
+            t = log_uniform(b.shape(name), b.rng(name), centre - SCALE_SPREAD, centre + SCALE_SPREAD,
+                            device=b.device)
             b.put(name, t.to(b.torch_dtype(name)))
         elif name in fp8 or name in weights or name == HIDDEN:
             # fp8 codes ignore the scale (their block scales carry it); bf16 weights are N(0, 1/K)
@@ -182,9 +183,9 @@ def _routing_logits(b: Builder, rows: int, num_experts: int, offset: int, num_lo
     if not bool(steered.any()):
         steered[int(randint(0, rows, (1,), g))] = True
     n_hot = min(HOT_EXPERTS[b.size], num_local)
-    hot = offset + torch.randperm(num_local, generator=g)[:n_hot]
+    hot = offset + permutation(num_local, g)[:n_hot]
     per_token = randint(min(MIN_LOCAL_CHOICES, n_hot), min(MAX_LOCAL_CHOICES, n_hot) + 1, (rows,), g)
-    order = torch.argsort(uniform((rows, n_hot), g), dim=-1, stable=True)  # a shuffle of the hot set
+    order = permutation(n_hot, g, rows=rows)  # a shuffle of the hot set, per token
     for t in torch.arange(rows)[steered].tolist():
         chosen = hot[order[t, : int(per_token[t])]]
         boosted = logits[t, chosen] + BOOST
@@ -198,8 +199,8 @@ def _check_routing(b: Builder, offset: int, num_local: int) -> None:
     r = routing_params(b.definition)
     if r is None:
         return
-    bias = b.values.get(BIAS)
-    chosen = route(b.values[LOGITS], bias if isinstance(bias, torch.Tensor) else None, r)
+    bias = b.values.get(BIAS)  # both small: checked on the CPU, so the verdict is the same on every device
+    chosen = route(b.values[LOGITS].cpu(), bias.cpu() if isinstance(bias, torch.Tensor) else None, r)
     local = int(((chosen >= offset) & (chosen < offset + num_local)).sum())
     if b.case == "no_local_tokens" and local:
         raise b.error(f"no_local_tokens: {local} routing choice(s) still reach the local experts")

@@ -66,6 +66,6 @@ def generate(b: Builder) -> None:
     else:
         max_position = MAX_POSITION[b.size]
 
-    b.put(pos, randint(0, max_position, b.shape(pos), b.rng(pos), dtype=b.torch_dtype(pos)))
+    b.put(pos, randint(0, max_position, b.shape(pos), b.rng(pos), dtype=b.torch_dtype(pos), device=b.device))
     for name in acts:
         b.put_random(name, scale=LARGE if b.case == "large_values" else 1.0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import Builder, randint, uniform
+from .common import Builder, Stream, permutation, randint, uniform
 
 OP_TYPES = ("sampling",)
 BATCH = {"small": 2, "medium": 8, "large": 32}
@@ -32,15 +32,16 @@ def edge_cases(definition) -> list[str]:
     return [c for c, need in (("top_k_1", TOP_K), ("top_p_small", TOP_P_NAME)) if need in definition.inputs]
 
 
-def zipf_probs(batch: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+def zipf_probs(batch: int, vocab: int, gen: Stream) -> torch.Tensor:
+    """[batch, vocab] float32, made on the CPU (log and softmax are not bit-identical across devices)."""
     s = uniform((batch, 1), gen).to(torch.float64) * (ZIPF_S[1] - ZIPF_S[0]) + ZIPF_S[0]
     base = -s * torch.arange(1, vocab + 1, dtype=torch.float64).log()  # [batch, vocab], by rank
-    order = torch.argsort(uniform((batch, vocab), gen), dim=-1, stable=True)  # rank -> token
+    order = permutation(vocab, gen, rows=batch)  # rank -> token
     logits = torch.empty_like(base).scatter_(1, order, base)
     return torch.softmax(logits, dim=-1).to(torch.float32)
 
 
-def _disabled_rows(batch: int, gen: torch.Generator) -> torch.Tensor:
+def _disabled_rows(batch: int, gen: Stream) -> torch.Tensor:
     off = uniform((batch,), gen) < DISABLED_FRACTION
     if batch > 1:
         off[int(randint(0, batch, (1,), gen))] = True

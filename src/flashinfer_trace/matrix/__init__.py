@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..results import write_atomic
+from ..sweep.results import write_atomic
 from .build import STATES, SYMBOLS, build
 from .diff import MatrixDiff, diff_matrices, render_diff_md
 from .render_md import render_md

@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..manifest import sandbox_label
-from ..results import read_jsonl, read_latest
+from ..sweep.manifest import sandbox_label
+from ..sweep.results import read_jsonl, read_latest
 
 SCHEMA_VERSION = 1
 STATES = {
@@ -35,17 +35,21 @@ STATES = {
     "skip:api-missing": "this version has no such API",
     "skip:not-installed": "the ground-truth package is not installed",
     "skip:other": "skipped for another reason (see the cell)",
+    "build-failed": "the kernel's JIT module failed to compile (the prebuild's log tail is in the cell)",
+    "build-timeout": "the kernel's JIT module was not built within its prebuild budget",
     "install-failed": "the combination could not be installed",
     "xfail": "a known issue (constraints/known-issues.toml), failing as recorded",
     "xpass": "a known issue now passing: the entry should go",
     "not-run": "no result for this cell",
 }
 SYMBOLS = {"pass": "✅", "fail": "❌", "error": "💥", "timeout": "⏱", "skip:arch": "🚫", "skip:api-missing": "➖",
-           "skip:not-installed": "⬜", "skip:other": "⏭", "install-failed": "📦", "xfail": "🟡", "xpass": "⭐",
+           "skip:not-installed": "⬜", "skip:other": "⏭", "build-failed": "🔨", "build-timeout": "⌛",
+           "install-failed": "📦", "xfail": "🟡", "xpass": "⭐",
            "not-run": "·"}
 BAD = ("error", "timeout", "fail", "xpass")  # worst first
 KERNEL_SOURCES = ("flashinfer", "sglang")
-SKIP_KINDS = {"arch-unsupported": "skip:arch", "api-missing": "skip:api-missing", "not-installed": "skip:not-installed"}
+SKIP_KINDS = {"arch-unsupported": "skip:arch", "api-missing": "skip:api-missing", "not-installed": "skip:not-installed",
+              "build-failed": "build-failed", "build-timeout": "build-timeout"}
 TIMING_FIELDS = ("median_us", "q1_us", "q3_us", "iqr_us", "timer", "l2_flushed", "gb_per_s", "tflop_per_s",
                  "pct_of_peak_bandwidth", "pct_of_peak_flops", "includes_setup")
 
@@ -158,7 +162,7 @@ def environments(sessions: list[SessionData]) -> list[Environment]:
 
 
 def _references(env: Environment) -> SessionData | None:
-    refs = [s for s in env.sessions if not s.session.get("session", "").startswith("bench")]
+    refs = [s for s in env.sessions if not s.session.get("session", "").startswith(("bench", "jit"))]
     return refs[0] if refs else None
 
 
@@ -170,7 +174,7 @@ def environment_status(env: Environment) -> tuple[str, str | None]:
 def _combination_file(path: str | None) -> dict[str, Any]:
     """The combination's metadata from its constraints file, for sessions that wrote no manifest
     (an install that failed, a known-uninstallable combination)."""
-    from ..combos import CombinationError, load_combination
+    from ..sweep.combos import CombinationError, load_combination
 
     try:
         return load_combination(path).metadata() if path else {}
@@ -197,8 +201,28 @@ def environment_record(env: Environment) -> dict[str, Any]:
             "flashinfer": pins.get("flashinfer-python"), "sglang": pins.get("sglang"),
             "gpu": devices[0]["name"] if devices else None, "status": status, "reason": reason,
             "sessions": [s.session.get("session", s.folder.name) for s in env.sessions],
-            "sandbox": sandbox_label(manifest),
+            "sandbox": sandbox_label(manifest), "jit": jit_summary(env),
             "finished": ref.session.get("finished"), "manifest": manifest}
+
+
+def jit_summary(env: Environment) -> dict[str, Any] | None:
+    """The newest JIT prebuild of this environment (a references, bench or jit session's)."""
+    for s in env.sessions:
+        jit = s.session.get("jit")
+        if isinstance(jit, dict) and isinstance(jit.get("counts"), dict):
+            return {"session": s.session.get("session"), "counts": jit["counts"],
+                    "wall_seconds": jit.get("wall_seconds"), "modules_built": len(jit.get("modules_built") or []),
+                    "slowest": (jit.get("slowest") or [])[:5],
+                    "compiled_during_tests": jit.get("compiled_during_tests")}
+    return None
+
+
+def jit_label(jit: dict[str, Any] | None) -> str:
+    if not jit:
+        return "none"
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(jit["counts"].items()))
+    late = jit.get("compiled_during_tests")
+    return f"{counts} in {jit.get('wall_seconds')} s" + (f"; {len(late)} compiled during tests" if late else "")
 
 
 # -- cells ------------------------------------------------------------------------------------------
@@ -258,7 +282,9 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict
     for src, group in sorted(by_source.items()):
         states = [test_state(t) for t in group]
         state, reason = _summarise(states, [t.get("message") for t in group])
-        sources[src] = {"state": state, "counts": dict(Counter(t["status"] for t in group)), "reason": reason}
+        apis = sorted({(t.get("properties") or {}).get("ground_truth", {}).get("api") for t in group} - {None})
+        sources[src] = {"state": state, "counts": dict(Counter(t["status"] for t in group)), "reason": reason,
+                        "api": apis[0] if len(apis) == 1 else apis or None}  # which kernel path ran
     all_states = [test_state(t) for t in tests]
     worst = next((b for b in BAD if b in all_states), None)
     if worst:

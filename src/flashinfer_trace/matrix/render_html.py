@@ -50,6 +50,8 @@ from collections import Counter
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from .build import jit_label
+
 __all__ = ["SEVERITY", "SYMBOLS", "TITLE", "render_html"]
 
 TITLE = "flashinfer-trace compatibility matrix"
@@ -189,6 +191,7 @@ def _manifest_facts(env: dict) -> dict[str, str | None]:
         "sglang": sglang,
         "Python": python,
         "references ran": env.get("sandbox"),  # confined / unconfined (allowed) / refused (docs/sandbox.md)
+        "JIT prebuild": jit_label(env.get("jit")) if env.get("jit") else None,
         "git": manifest.get("git_sha"),
     }
 
@@ -214,6 +217,9 @@ def _cell_title(definition: str, env: dict, cell: dict | None, states: dict) -> 
                 text += " (" + ", ".join(f"{k} {_fmt(v)}" for k, v in counts.items()) + ")"
             if source.get("reason"):
                 text += f" — {source['reason']}"
+            api = source.get("api")
+            if api:  # which kernel path ran (e.g. the tensor-core decode)
+                text += f" via {', '.join(api) if isinstance(api, list) else api}"
             lines.append(text)
     tolerance = {k: v for k, v in _dict(cell.get("tolerance")).items() if v is not None}
     if tolerance:

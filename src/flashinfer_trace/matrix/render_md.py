@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .build import jit_label
+
 
 def _esc(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
@@ -50,11 +52,12 @@ def render_md(matrix: dict[str, Any]) -> str:
             lines.append(f"| `{d['name']}` | " + " | ".join(row) + " |")
         lines.append("")
     lines += ["## Legend", "", " · ".join(f"{symbols[s]} {s}: {text}" for s, text in matrix["states"].items()), ""]
-    lines += ["## Environments", "", "| environment | GPU | status | references ran | sessions | reason |",
-              "|---|---|---|---|---|---|"]
+    lines += ["## Environments", "",
+              "| environment | GPU | status | references ran | JIT prebuild | sessions | reason |",
+              "|---|---|---|---|---|---|---|"]
     for e in envs:
         lines.append(f"| {_esc(e['label'])} | {_esc(e.get('gpu') or '-')} | {e['status']} | "
-                     f"{_esc(e.get('sandbox') or 'not recorded')} | "
+                     f"{_esc(e.get('sandbox') or 'not recorded')} | {_esc(jit_label(e.get('jit')))} | "
                      f"{', '.join(e['sessions'])} | {_esc(e.get('reason') or '')} |")
     if matrix["problems"]:
         lines += ["", "## Problems with the inputs", ""]

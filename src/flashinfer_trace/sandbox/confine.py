@@ -150,7 +150,7 @@ def gpu_device_files() -> list[str]:
     return sorted(set(glob.glob("/dev/nvidia*")) | set(glob.glob("/dev/nvidia-caps/*")))
 
 
-def _landlock(gpu: bool, shm: bool) -> str:
+def _landlock(gpu: bool) -> str:
     """Restrict this thread and its future children; returns what was enforced."""
     from landlock import FSAccess, Ruleset
 
@@ -176,11 +176,9 @@ def _landlock(gpu: bool, shm: bool) -> str:
     if gpu:
         for p in gpu_device_files():
             allow(p, device if not os.path.isdir(p) else device | FSAccess.READ_DIR)
-    if shm and os.path.isdir("/dev/shm"):  # torch's CUDA IPC reference counters; removed by a second layer
-        allow("/dev/shm", FSAccess.READ_FILE | FSAccess.WRITE_FILE | FSAccess.READ_DIR)
     rules.apply()
     return f"ABI {abi}: reads beneath {len(read_roots())} library roots" + (", GPU device files" if gpu else "") + \
-        (", /dev/shm (setup layer)" if shm else "") + "; no writes, creation, removal or execution"
+        "; no writes, creation, removal or execution"
 
 
 # -- 3. resource limits -----------------------------------------------------------------------------
@@ -281,7 +279,7 @@ def _seccomp() -> str:
 
 
 # -- the whole ---------------------------------------------------------------------------------------
-def apply(*, memory_bytes: int | None, gpu: bool, shm_layer: bool = False, disable=()) -> Confinement:
+def apply(*, memory_bytes: int | None, gpu: bool, disable=()) -> Confinement:
     """Confine this process; what could not be applied is reported, never raised. `disable`: mechanisms
     the user turned off (FLASHINFER_TRACE_SANDBOX_DISABLE), reported as missing."""
     c = Confinement(disabled=tuple(disable))
@@ -290,7 +288,7 @@ def apply(*, memory_bytes: int | None, gpu: bool, shm_layer: bool = False, disab
         c.missing["landlock"] = "disabled by the user"
     else:
         try:
-            c.active["landlock"] = _landlock(gpu, shm=shm_layer)
+            c.active["landlock"] = _landlock(gpu)
         except Exception as e:
             c.missing["landlock"] = f"{type(e).__name__}: {e}"
     try:
@@ -300,14 +298,8 @@ def apply(*, memory_bytes: int | None, gpu: bool, shm_layer: bool = False, disab
     return c
 
 
-def finish(c: Confinement, *, gpu: bool, shm_layer: bool) -> Confinement:
-    """The last steps, after CUDA is up: drop the setup-only /dev/shm access, then seccomp."""
-    if shm_layer and "landlock" in c.active and "landlock" not in c.disabled:
-        try:
-            _landlock(gpu, shm=False)
-            c.active["landlock"] = c.active["landlock"].replace(", /dev/shm (setup layer)", "")
-        except Exception as e:
-            c.missing["landlock"] = f"second layer: {type(e).__name__}: {e}"
+def finish(c: Confinement) -> Confinement:
+    """The last step: seccomp."""
     if "seccomp" in c.disabled:
         c.missing["seccomp"] = "disabled by the user"
         return c

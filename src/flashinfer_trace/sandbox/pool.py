@@ -211,8 +211,17 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
+_starts = 0  # workers started by this process (a test records how many it cost)
+
+
+def worker_starts() -> int:
+    return _starts
+
+
 class _Worker:
     def __init__(self, key: tuple[str, str], device: str, pool: _Pool, definition: str) -> None:
+        global _starts
+        _starts += 1
         self.key, self.device = key, device
         self.zygote = _fork_server()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -244,7 +253,9 @@ class _Worker:
                                          "untrusted references without it; the results record that you did.")
         if "ready" not in answer or not isinstance(answer["ready"], dict):
             self.kill()
-            raise ReferenceFailure(definition, "crash", f"the worker did not start: {str(answer)[:500]}")
+            error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
+            why = str(error.get("message") or answer).strip()  # a traceback ends with what went wrong
+            raise ReferenceFailure(definition, "crash", f"the worker did not start: {why[-800:]}")
         self.status = answer["ready"]
         self.compiled: set[int] = set()
 

@@ -132,13 +132,19 @@ class _Server:
         self.buffers: dict[str, torch.Tensor] = {}
         self.state = _State()
         self.state.restore(0)  # whatever it imports lazily, it imports before the file system closes
-        self.confinement = confine.apply(memory_bytes=settings.get("memory_bytes"), gpu=self.gpu,
-                                         shm_layer=self.gpu, disable=settings.get("disable", ()))
         if self.gpu:
-            torch.cuda.set_device(torch.device(self.device))
-            torch.zeros(1, device=self.device)  # the context, before seccomp and the last Landlock layer
+            # CUDA comes up before any confinement: its driver fails to initialise under Landlock (error
+            # 304, "OS call failed", seen on the H100 with reads of / and the device files allowed), and
+            # once up it needs no new files. The arena arrives by CUDA IPC now too, and a first matmul
+            # loads cuBLAS; no definition code has run yet.
+            torch.cuda.set_device(torch.device(self.device).index or 0)
+            probe = torch.ones(8, 8, device=self.device)
+            (probe @ probe).sum().item()
             self.buffers["cuda"] = pickle.loads(conn.recv_bytes(MAX_MESSAGE))
-        confine.finish(self.confinement, gpu=self.gpu, shm_layer=self.gpu)
+            torch.cuda.synchronize()
+        self.confinement = confine.apply(memory_bytes=settings.get("memory_bytes"), gpu=self.gpu,
+                                         disable=settings.get("disable", ()))
+        confine.finish(self.confinement)
 
     def map_cpu(self, size: int) -> None:
         if size > self.cpu_size:

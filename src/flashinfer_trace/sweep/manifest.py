@@ -96,8 +96,8 @@ def sandbox_info() -> dict[str, Any]:
     """How references are confined here (a worker is started to find out): the mechanisms active and
     missing, and whether the user allowed running without the missing ones."""
     try:
-        from .sandbox import status
-        from .sandbox.pool import describe_settings
+        from ..sandbox import status
+        from ..sandbox.pool import describe_settings
 
         return {"confinement": status(probe=True), "settings": describe_settings()}
     except Exception as e:  # noqa: BLE001 - a manifest records what it could not find out
@@ -161,5 +161,5 @@ def finish(manifest: dict) -> dict:
     return {**manifest, "clocks_end": gpu_snapshot(), "finished": now()}
 
 
-if __name__ == "__main__":  # python -m flashinfer_trace.manifest: print this environment's manifest
+if __name__ == "__main__":  # python -m flashinfer_trace.sweep.manifest: print this environment's manifest
     print(json.dumps(finish(collect()), indent=2, default=str))

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .definition import Definition, TensorSpec
-    from .inputs import Inputs
+    from ..definition import Definition, TensorSpec
+    from ..inputs import Inputs
 
 __all__ = ["PEAKS", "Peak", "Work", "element_bytes", "peak_for", "rates", "visible_pairs", "work"]
 
@@ -84,7 +84,7 @@ class Work:
 def element_bytes(dtype: Any) -> float:
     """Bytes per element of a format dtype (a DType or its name): torch's itemsize, except the
     packed float4, which holds two elements per byte."""
-    from .dtypes import DType, torch_dtype
+    from ..dtypes import DType, torch_dtype
 
     name = DType(dtype).value
     if name == "float4_e2m1":
@@ -152,7 +152,7 @@ def _qo_lengths(values: Mapping[str, Any], batch: int) -> list[int]:
 
 
 def _is_causal(definition: Definition) -> bool:
-    from .groundtruth import semantics as sem
+    from ..groundtruth import semantics as sem
 
     return sem.is_causal(definition)
 
@@ -161,9 +161,9 @@ def _is_causal(definition: Definition) -> bool:
 def _moe_active_experts(definition: Definition, values: Mapping[str, Any], num_local: int
                         ) -> tuple[int, int, str]:
     """(local experts with >= 1 token, routed (token, local expert) pairs, how it was decided)."""
-    from .groundtruth import semantics as sem
-    from .groundtruth.base import GroundTruthUnavailable
-    from .groundtruth.torch_ref import route
+    from ..groundtruth import semantics as sem
+    from ..groundtruth.base import GroundTruthUnavailable
+    from ..groundtruth.torch_ref import route
 
     try:
         r = sem.moe_routing(definition)

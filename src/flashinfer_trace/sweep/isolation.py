@@ -47,7 +47,10 @@ def collect_files(paths: list[str]) -> list[str]:
     return files
 
 
-def run_isolated(targets: list[str], pytest_args: list[str], *, python: str = sys.executable,
+Target = str | tuple[str, tuple[str, ...]]  # a path or nodeid, or one with pytest arguments of its own
+
+
+def run_isolated(targets: list[Target], pytest_args: list[str], *, python: str = sys.executable,
                  env: dict[str, str] | None = None, cwd: str | None = None, test_timeout: float = 900.0,
                  jobs: int = 1, log_dir: str | Path | None = None,
                  on_record: Callable[[TestRecord], None] | None = None, skip: Collection[str] = ()) -> list[TestRecord]:
@@ -65,11 +68,12 @@ def run_isolated(targets: list[str], pytest_args: list[str], *, python: str = sy
         logs.mkdir(parents=True, exist_ok=True)
         stop = threading.Event()
 
-        def one(i: int, target: str) -> list[TestRecord]:
-            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", target)[-80:].strip("_.") or "target"
-            return _run_target(target, pytest_args, python=python, env=env, cwd=cwd, test_timeout=test_timeout,
-                               stem=logs / f"{i:03d}-{slug}", stop=stop, on_record=on_record or _ignore,
-                               skip=frozenset(skip))
+        def one(i: int, target: Target) -> list[TestRecord]:
+            path, own = (target, ()) if isinstance(target, str) else target
+            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", " ".join((path, *own)))[-80:].strip("_.") or "target"
+            return _run_target(path, [*pytest_args, *own], python=python, env=env, cwd=cwd,
+                               test_timeout=test_timeout, stem=logs / f"{i:03d}-{slug}", stop=stop,
+                               on_record=on_record or _ignore, skip=frozenset(skip))
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = [pool.submit(one, i, t) for i, t in enumerate(targets)]
@@ -212,8 +216,8 @@ def _run_child(target: str, pytest_args: list[str], *, python: str, env: dict[st
     stream.unlink(missing_ok=True)
     child_env = dict(os.environ if env is None else env)
     child_env.update({STREAM_ENV: str(stream), DESELECT_ENV: str(deselect), "PYTHONUNBUFFERED": "1"})
-    cmd = [python, "-m", "pytest", target, "-p", "flashinfer_trace._stream_plugin", "-p", "no:cacheprovider", "-q",
-           *pytest_args]
+    cmd = [python, "-m", "pytest", target, "-p", "flashinfer_trace.sweep._stream_plugin", "-p", "no:cacheprovider",
+           "-q", *pytest_args]
     attempt = _Attempt(on_record)
     killed: str | None = None
     with open(log, "wb") as out:

@@ -45,7 +45,8 @@ DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version < '3.11'", "pytest", "pytest-timeout",
                         "pytest-benchmark", "landlock>=1.0.0.dev5; sys_platform == 'linux'",
                         "pyseccomp>=0.1.2; sys_platform == 'linux'")
-SESSION_FLAGS = ("--wheelhouse", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout", "--resume")
+SESSION_FLAGS = ("--wheelhouse", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout", "--resume",
+                 "--jit-budget")
 
 
 @dataclass
@@ -55,6 +56,7 @@ class InstallOptions:
     torch_index: str | None = None
     jobs: int | None = None
     test_timeout: float | None = None
+    jit_budget: float | None = None  # seconds per JIT prebuild job
     resume: bool = False  # keep the tests a killed or interrupted run streamed, run the rest
 
     @property
@@ -124,6 +126,8 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             opts.jobs = int(value)
         elif name == "--test-timeout":
             opts.test_timeout = float(value)
+        elif name == "--jit-budget":
+            opts.jit_budget = float(value)
     if opts.wheelhouse is not None and not opts.wheelhouse.is_dir():
         raise ValueError(f"--wheelhouse {opts.wheelhouse}: not a folder")
     return opts, rest

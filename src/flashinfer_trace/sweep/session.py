@@ -1,11 +1,12 @@
 """One matrix session, run inside its environment after the install:
 
-    python -m flashinfer_trace.session references|bench --combination constraints/X.toml --session NAME
+    python -m flashinfer_trace.sweep.session references|bench|jit --combination constraints/X.toml --session NAME
         --results results/NAME [--arch sm90|auto] [--install-json FILE] [--jobs N] [--test-timeout S]
         [-- PYTEST-ARGS]
 
 A pipeline of plain steps: check the GPU against the combination (a mismatch is recorded and the
-session skips), collect the manifest, run the tests with every file in its own process
+session skips), collect the manifest, build the JIT modules the selected tests need (jit.py, in
+parallel, each with its own budget; a `jit` session stops there), run the tests with every file in its own process
 (isolation.py: a crash or a hang fails one test, the rest still run), sample the clocks again,
 write results/<session>/ (results.py). Exit status: 0 when everything ran and passed, 1 on test
 failures, 3 when the session was skipped (arch mismatch, no GPU).
@@ -21,6 +22,8 @@ import time
 from pathlib import Path
 
 from .combos import Combination, arch_of, load_combination
+from .isolation import Target
+from .jit import REPORT_ENV
 from .results import JsonlStream, SessionInfo, TestRecord, from_fields, read_latest, write_session
 
 EXIT_SKIPPED = 3
@@ -64,13 +67,14 @@ def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str]) 
 
 def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
                 install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
-                extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False) -> int:
+                extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False,
+                jit_budget: float | None = None) -> int:
     from . import manifest as mf
     from .isolation import collect_files, run_isolated
 
     started, t0 = mf.now(), time.monotonic()
     if "--allow-unconfined-references" in (extra or []):  # the manifest records it; the children inherit it
-        from .sandbox import configure
+        from ..sandbox import configure
 
         configure(allow_unconfined=True)
     info = SessionInfo(session, combo.id, install_mode=(install or {}).get("mode"), constraints_file=str(combo.path),
@@ -88,9 +92,24 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         info.reason = "; ".join(install["differences"])
     folder = BENCH_TESTS if kind == "bench" else REFERENCE_TESTS
     targets = collect_files([str((cwd or Path(".")) / folder)])
+    if kind == "references":
+        targets = shard(targets, jobs, (cwd or Path(".")) / "definitions")
     earlier = streamed_records(results) if resume else []
     info.status = "running"  # until the end: a session killed outright is read as partial, from tests.jsonl
     write_session(results, info, manifest=manifest)
+    built_before = None
+    if combo.gpu:
+        info.jit, built_before = prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget)
+        write_session(results, info, manifest=manifest)
+        os.environ[REPORT_ENV] = str(results / JIT_STREAM)  # the tests skip what could not be built
+    if kind == "jit":
+        bad = {k: v for k, v in info.jit["counts"].items() if k in ("build-failed", "build-timeout")}
+        info.status, info.reason = "ok", ", ".join(f"{k} {v}" for k, v in bad.items()) or None
+        info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
+        write_session(results, info, manifest=mf.finish(manifest))
+        print(f"{session}: prebuild: " + ", ".join(f"{k} {v}" for k, v in info.jit["counts"].items())
+              + f" in {info.jit['wall_seconds']} s", file=sys.stderr)
+        return 1 if bad else 0
     try:
         with JsonlStream(results / STREAM, append=resume) as stream:
             records: list[TestRecord] = earlier + run_isolated(
@@ -107,6 +126,8 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         return 130
     bad = [r for r in records if r.status in ("failed", "error", "timeout", "xpassed")]
     info.status = "tests-failed" if bad else "ok"
+    if built_before is not None:
+        info.jit["compiled_during_tests"] = compiled_since(built_before)
     info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
     write_session(results, info, records=records, manifest=mf.finish(manifest))
     print(f"{session}: {info.status}: " + ", ".join(f"{k} {v}" for k, v in info.counts.items())
@@ -115,6 +136,58 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
 
 
 STREAM = "tests.jsonl"
+JIT_STREAM = "jit.jsonl"
+
+
+def shard(files: list[str], jobs: int, definitions: Path) -> list[Target]:
+    """Test files split into shards that run side by side: about 2 x jobs processes in all, each file's
+    share in proportion to its definitions (test_<op>.py: definitions/<op>/). On the H100 the GEMM
+    file's 27 definitions in one process (234 s) were the whole session's critical path."""
+    if jobs <= 1:
+        return list(files)
+    counts = {f: max(1, len(list((definitions / Path(f).stem.removeprefix("test_")).glob("*.json")))) for f in files}
+    total = sum(counts.values())
+    out: list[Target] = []
+    for f in sorted(files, key=lambda f: -counts[f]):  # the big files first: their shards start early
+        n = max(1, min(counts[f], round(2 * jobs * counts[f] / total)))
+        out += [f] if n == 1 else [(f, ("--shard", f"{i}/{n}")) for i in range(n)]
+    return out
+
+
+def k_expression(pytest_args: list[str]) -> str | None:
+    """The -k expression among pytest arguments (the prebuild builds only for the tests it keeps)."""
+    for i, a in enumerate(pytest_args):
+        if a == "-k" and i + 1 < len(pytest_args):
+            return pytest_args[i + 1]
+        if a.startswith("-k") and len(a) > 2:
+            return a[2:].lstrip("=")
+    return None
+
+
+def prebuild(results: Path, pytest_args: list[str], *, cwd: Path | None = None, resume: bool = False,
+             budget: float | None = None) -> tuple[dict, dict[str, float]]:
+    """Build every module the selected tests' kernels need; (summary, the cache's libraries after it)."""
+    from ..check import CheckConfig, discover
+    from ..dataset import definitions_dir
+    from . import jit
+
+    t0 = time.monotonic()
+    config = jit.JitConfig(report=str(results / JIT_STREAM), log_dir=str(results / "jit-logs"), resume=resume,
+                           select=jit.select_k(k_expression(pytest_args)), budget=budget or jit.DEFAULT_BUDGET)
+    found = discover([str(definitions_dir(cwd / "definitions" if cwd else None))], CheckConfig())
+    records = list(jit.run(jit.plan(found.definitions, config), config))
+    summary = jit.summarise(records) | {"wall_seconds": round(time.monotonic() - t0, 1), "report": JIT_STREAM}
+    print(f"prebuild: {len(records)} job(s): " + ", ".join(f"{k} {v}" for k, v in summary["counts"].items())
+          + f" in {summary['wall_seconds']} s", file=sys.stderr)
+    return summary, jit.libraries(jit.cache_roots())
+
+
+def compiled_since(before: dict[str, float]) -> list[str]:
+    """Modules compiled while the tests ran: the prebuild should have left none."""
+    from . import jit
+
+    after = jit.libraries(jit.cache_roots())
+    return sorted(Path(p).stem for p, m in after.items() if before.get(p) != m)
 
 
 def streamed_records(results: Path) -> list[TestRecord]:
@@ -123,8 +196,8 @@ def streamed_records(results: Path) -> list[TestRecord]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashinfer_trace.session", description=__doc__.split("\n\n")[0])
-    p.add_argument("kind", choices=("references", "bench"))
+    p = argparse.ArgumentParser(prog="python -m flashinfer_trace.sweep.session", description=__doc__.split("\n\n")[0])
+    p.add_argument("kind", choices=("references", "bench", "jit"))
     p.add_argument("--combination", required=True)
     p.add_argument("--session", required=True)
     p.add_argument("--results", required=True)
@@ -133,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--test-timeout", type=float, default=900.0)
     p.add_argument("--resume", action="store_true", help="keep the tests already in tests.jsonl, run the rest")
+    p.add_argument("--jit-budget", type=float, help="seconds per prebuild job (default 600)")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
@@ -140,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     install = json.loads(Path(args.install_json).read_text()) if args.install_json else None
     return run_session(args.kind, load_combination(args.combination), args.session, Path(args.results),
                        arch=args.arch, install=install, jobs=args.jobs, test_timeout=args.test_timeout,
-                       extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume)
+                       extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume, jit_budget=args.jit_budget)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
                     arch-mismatch / no-gpu / uninstallable; running until it ends, interrupted), reason,
                     install mode, constraints hash
     env.json        the environment manifest (manifest.py)
+    jit.jsonl       the JIT prebuild, one record per (definition, kernel source) as each ends (jit.py)
     tests.jsonl     one record per test as it finishes (fsynced): what a killed session leaves
     tests.json      one record per test: status, skip reason, tolerance, error summary, seed, ...
     junit.xml       the same records as JUnit XML
@@ -67,6 +68,7 @@ class SessionInfo:
     wall_seconds: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
     log_tail: str | None = None
+    jit: dict[str, Any] | None = None  # the JIT prebuild: counts, seconds, modules, compiled during tests
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):

@@ -1,0 +1,162 @@
+"""The JIT prebuild: job selection, ordering, the worker pool (timeouts, resume, streaming), how a
+build failure is told from a kernel error, and how its outcome reaches the tests and the matrix.
+
+On this CPU machine the pool runs the torch ground truth (nothing to compile: `cached`); the
+same machinery builds FlashInfer's modules on a GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from flashinfer_trace.cli import main
+from flashinfer_trace.dataset import load_definition
+from flashinfer_trace.groundtruth import GroundTruthUnavailable, get_ground_truth
+from flashinfer_trace.matrix.build import jit_label
+from flashinfer_trace.matrix.build import test_state as state_of
+from flashinfer_trace.sweep import jit
+from flashinfer_trace.sweep.session import k_expression
+
+
+def _job(name: str, source: str = "torch", budget: float = 120.0) -> jit.Job:
+    d = load_definition(name)
+    return jit.Job(d.name, str(d.source), d.op_type, source, f"{source}:{d.op_type}", budget)
+
+
+def _raise_from(filename: str, exc: BaseException) -> BaseException:
+    code = compile("def build():\n    raise exc\n", filename, "exec")
+    scope = {"exc": exc}
+    exec(code, scope)  # noqa: S102 - a frame that claims to live in another package's file
+    try:
+        scope["build"]()
+    except BaseException as e:  # noqa: BLE001
+        return e
+    raise AssertionError("did not raise")
+
+
+def test_a_failure_inside_the_jit_package_is_a_build_failure():
+    assert jit.is_build_failure(_raise_from("/site/flashinfer/jit/core.py", RuntimeError("nvcc exited 1")))
+    assert jit.is_build_failure(subprocess.CalledProcessError(1, ["ninja"]))
+    try:
+        try:
+            raise subprocess.CalledProcessError(2, ["nvcc"])
+        except subprocess.CalledProcessError as inner:
+            raise RuntimeError("could not load the module") from inner
+    except RuntimeError as outer:
+        assert jit.is_build_failure(outer)
+
+
+def test_a_kernel_error_is_not_a_build_failure():
+    kernel_error = RuntimeError("Unsupported group_size: 5")
+    assert not jit.is_build_failure(_raise_from("/site/flashinfer/decode.py", kernel_error))
+    assert not jit.is_build_failure(ValueError("shape mismatch"))
+
+
+def test_select_k_keeps_what_the_tests_keep():
+    keep = jit.select_k("not (moe and flashinfer)")
+    fi = _job("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "flashinfer")
+    sgl = _job("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "sglang")
+    norm = _job("rmsnorm_h4096", "flashinfer")
+    assert [keep(j) for j in (fi, sgl, norm)] == [False, True, True]
+    assert jit.select_k(None) is None
+    assert jit.select_k("rmsnorm_h4096")(norm) and not jit.select_k("rmsnorm_h4096")(fi)
+
+
+def test_order_puts_the_longest_first():
+    norm, moe = _job("rmsnorm_h4096"), jit.Job("m", "m", "moe", "flashinfer", "x", 1.0)
+    assert jit.order([norm, moe]) == [moe, norm]
+    earlier = [jit.BuildRecord("rmsnorm_h4096", "torch", "built", seconds=900.0)]
+    assert jit.order([norm, moe], earlier) == [norm, moe]  # the recorded time beats the guess
+
+
+def test_the_pool_runs_every_job_and_streams_each_record(tmp_path):
+    report = tmp_path / "jit.jsonl"
+    config = jit.JitConfig(device="cpu", workers=2, report=str(report), log_dir=str(tmp_path / "logs"))
+    jobs = [_job("rmsnorm_h4096"), _job("silu_and_mul_i256")]
+    records = list(jit.run(jobs, config))
+    assert sorted(r.key for r in records) == sorted(j.key for j in jobs)
+    assert {r.status for r in records} == {"cached"}, [r.message for r in records]
+    assert all(r.seconds > 0 and r.budget == 120.0 for r in records)
+    assert sorted(tuple(json.loads(line)[k] for k in ("definition", "source"))
+                  for line in report.read_text().splitlines()) == sorted(j.key for j in jobs)
+    # resumed: nothing runs again, the recorded results come back
+    size = report.stat().st_size
+    again = list(jit.run(jobs, jit.JitConfig(device="cpu", workers=2, report=str(report), resume=True)))
+    assert sorted(r.key for r in again) == sorted(j.key for j in jobs) and report.stat().st_size == size
+
+
+def test_a_job_past_its_budget_is_killed_and_the_next_one_still_runs(tmp_path):
+    slow, same_api, other = _job("rmsnorm_h4096", budget=0.01), _job("rmsnorm_h7168"), _job("silu_and_mul_i256")
+    config = jit.JitConfig(device="cpu", workers=1, log_dir=str(tmp_path))
+    records = {r.definition: r for r in jit.run([slow, same_api, other], config)}
+    assert records["rmsnorm_h4096"].status == "build-timeout"
+    assert "budget of 0.01 s" in records["rmsnorm_h4096"].message
+    assert records["silu_and_mul_i256"].status == "cached"  # a new worker took the next job
+    # the same API's other job would wait for the same module: not tried, and it says why
+    assert records["rmsnorm_h7168"].status == "build-timeout"
+    assert records["rmsnorm_h7168"].message.startswith("not tried: rmsnorm_h4096's build")
+
+
+def test_one_job_per_api_goes_first_and_the_rest_wait_for_it():
+    jobs = [_job(n) for n in ("rmsnorm_h4096", "rmsnorm_h7168", "silu_and_mul_i256", "silu_and_mul_i2304")]
+    schedule = jit._Schedule(jobs)
+    first, second = schedule.take(), schedule.take()
+    assert {first.definition, second.definition} == {"rmsnorm_h4096", "silu_and_mul_i256"}
+    assert not schedule.ready  # the followers wait for their leaders
+    assert schedule.done(first, jit.BuildRecord(first.definition, "torch", "built")) == []
+    follower = {"rmsnorm_h4096": "rmsnorm_h7168", "silu_and_mul_i256": "silu_and_mul_i2304"}[first.definition]
+    assert schedule.take().definition == follower
+
+
+def test_a_failed_build_makes_the_ground_truth_unavailable(tmp_path, monkeypatch):
+    d = load_definition("rmsnorm_h4096")
+    report = tmp_path / "jit.jsonl"
+    adapter_api = "torch"  # the torch adapter needs no package: the prebuild is never consulted for it
+    report.write_text(json.dumps(jit.BuildRecord(d.name, "torch", "build-failed", api=adapter_api,
+                                                 message="nvcc: out of memory").as_dict()) + "\n")
+    monkeypatch.setenv(jit.REPORT_ENV, str(report))
+    jit._report.cache_clear()
+    get_ground_truth("torch", d, device="cpu")  # a source without a package has nothing to build
+
+    from flashinfer_trace.groundtruth import base
+
+    fake = base.Adapter("flashinfer", "rmsnorm", "flashinfer.norm.rmsnorm", lambda call: (),
+                        package=base.Package("json", ("nonexistent-dist",), "json"))
+    report.write_text(json.dumps(jit.BuildRecord(d.name, "flashinfer", "build-timeout", api=fake.api,
+                                                 message="not built within its budget of 600 s").as_dict()) + "\n")
+    jit._report.cache_clear()
+    with pytest.raises(GroundTruthUnavailable) as e:
+        base._check_prebuild(fake, d)
+    assert e.value.kind == "build-timeout" and "600 s" in str(e.value)
+    jit._report.cache_clear()
+
+
+def test_build_states_reach_the_matrix():
+    skipped = {"nodeid": "t::x", "status": "skipped", "message": "build-failed: flashinfer.norm.rmsnorm: nvcc",
+               "properties": {"skip_kind": "build-failed"}}
+    assert state_of(skipped) == "build-failed"
+    assert state_of({**skipped, "properties": {"skip_kind": "build-timeout"}}) == "build-timeout"
+    summary = {"counts": {"built": 3, "cached": 70}, "wall_seconds": 95.0, "compiled_during_tests": ["x"]}
+    label = jit_label(summary)
+    assert label == "built 3, cached 70 in 95.0 s; 1 compiled during tests"
+
+
+def test_k_expression_is_found_in_pytest_arguments():
+    assert k_expression(["-q", "-k", "not moe", "-x"]) == "not moe"
+    assert k_expression(["-knorm"]) == "norm"
+    assert k_expression(["-q"]) is None
+
+
+def test_cli_rejects_a_malformed_budget(capsys):
+    assert main(["jit", "build", "--budget-for", "moe", "--no-progress", "--report", ""]) == 2
+    assert "NAME=SECONDS" in capsys.readouterr().err
+
+
+def test_cli_on_a_machine_without_gpu_plans_nothing(tmp_path, capsys):
+    # every kernel ground truth needs CUDA: nothing to build, nothing failed
+    assert main(["jit", "build", "rmsnorm_h4096", "--device", "cpu", "--no-progress",
+                 "--report", str(tmp_path / "r.jsonl"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["records"] == [] and out["summary"]["jobs"] == 0
