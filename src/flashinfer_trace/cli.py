@@ -332,15 +332,8 @@ def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> in
     report = str(Path(args.results).with_name("jit.jsonl")) if args.results else None
     config = jit.JitConfig(sources=sources, device=device, report=report, resume=args.resume,
                            log_dir=str(Path(report).with_name("jit-logs")) if report else None)
-    jobs = jit.plan(definitions, config)
-    records = []
-    try:
-        with _progress(len(jobs), enabled=not args.no_progress) as advance:
-            for r in jit.run(jobs, config):
-                records.append(r)
-                advance(f"build {r.definition} {r.source}")
-    except KeyboardInterrupt:
-        _err.print(f"interrupted while building ({len(records)} of {len(jobs)} job(s) done)", style="yellow")
+    records = _run_builds(jit.plan(definitions, config), config, progress=not args.no_progress)
+    if records is None:
         return 130
     counts = jit.summarise(records)["counts"]
     if records:
@@ -351,6 +344,25 @@ def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> in
 
 
 # -- jit ----------------------------------------------------------------------------------------
+def _run_builds(jobs, config, *, progress: bool, on_record=None) -> list | None:
+    """The prebuild's records as each job ends, under a progress bar; None when interrupted."""
+    from .sweep import jit
+
+    records = []
+    try:
+        with _progress(len(jobs), enabled=progress) as advance:
+            for r in jit.run(jobs, config):
+                records.append(r)
+                advance(f"build {r.definition} {r.source}")
+                if on_record:
+                    on_record(r)
+    except KeyboardInterrupt:
+        _err.print(f"interrupted after {len(records)} of {len(jobs)} build job(s); the finished ones are in "
+                   f"{config.report} (--resume goes on; ninja keeps finished objects)", style="yellow")
+        return None
+    return records
+
+
 def cmd_jit_build(args: argparse.Namespace) -> int:
     """Build every kernel module the ground truths need, in parallel; the tests then never compile."""
     from .check import CheckConfig, discover
@@ -374,20 +386,16 @@ def cmd_jit_build(args: argparse.Namespace) -> int:
                            log_dir=args.log_dir or None, resume=args.resume, select=jit.select_k(args.k))
     targets = args.targets or [str(definitions_dir(args.definitions))]
     jobs = jit.plan(discover(targets, CheckConfig(definitions_dir=args.definitions)).definitions, config)
-    records = []
-    try:
-        with _progress(len(jobs), enabled=not args.no_progress) as advance:
-            for r in jit.run(jobs, config):
-                records.append(r)
-                advance(f"{r.definition} {r.source}")
-                if not args.json and r.status != "cached":
-                    colour = {"built": "green", "error": "yellow"}.get(r.status, "red")
-                    mods = f" ({', '.join(r.modules)})" if r.modules else ""
-                    _out.print(f"[{colour}]{r.status}[/] {escape(r.definition)} {r.source} {r.seconds:.1f} s"
-                               f"{escape(mods)}{': ' + escape(r.message) if r.message else ''}", highlight=False)
-    except KeyboardInterrupt:
-        _err.print(f"interrupted after {len(records)} of {len(jobs)} job(s); finished ones are in {args.report} "
-                   "(--resume goes on; ninja keeps finished objects)", style="yellow")
+
+    def show(r) -> None:
+        if not args.json and r.status != "cached":
+            colour = {"built": "green", "error": "yellow"}.get(r.status, "red")
+            mods = f" ({', '.join(r.modules)})" if r.modules else ""
+            _out.print(f"[{colour}]{r.status}[/] {escape(r.definition)} {r.source} {r.seconds:.1f} s"
+                       f"{escape(mods)}{': ' + escape(r.message) if r.message else ''}", highlight=False)
+
+    records = _run_builds(jobs, config, progress=not args.no_progress, on_record=show)
+    if records is None:
         return 130
     summary = jit.summarise(records)
     if args.json:

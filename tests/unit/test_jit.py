@@ -7,6 +7,7 @@ same machinery builds FlashInfer's modules on a GPU."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -160,3 +161,15 @@ def test_cli_on_a_machine_without_gpu_plans_nothing(tmp_path, capsys):
                  "--report", str(tmp_path / "r.jsonl"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["records"] == [] and out["summary"]["jobs"] == 0
+
+
+def test_check_builds_before_it_checks(tmp_path, monkeypatch):
+    """check's prebuild stage writes its report beside --results and points the ground truths at it."""
+    import argparse
+
+    from flashinfer_trace import cli
+
+    monkeypatch.setenv(jit.REPORT_ENV, "")  # restored after the test: _prebuild sets it for the process
+    args = argparse.Namespace(results=str(tmp_path / "check.jsonl"), resume=False, no_progress=True)
+    assert cli._prebuild([load_definition("rmsnorm_h4096")], ("flashinfer",), "cpu", args) == 0
+    assert os.environ[jit.REPORT_ENV] == str(tmp_path / "jit.jsonl")
