@@ -177,12 +177,16 @@ class DiffReport:
 def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output", *,
          scale: torch.Tensor | None = None, error_model: str | None = None) -> DiffReport:
     """Compare one output; both are upcast to float64 (non-float values compare exactly). `scale`:
-    the element-wise magnitude rtol multiplies where it is larger than |expected| (errormodel.py)."""
-    a = torch.as_tensor(actual).detach().cpu()
-    e = torch.as_tensor(expected).detach().cpu()
+    the element-wise magnitude rtol multiplies where it is larger than |expected| (errormodel.py).
+    Computed where both tensors are (a GPU's float64 is fast; eight test processes comparing on one
+    node's CPU cores are not), on the CPU when they are on different devices."""
+    a = torch.as_tensor(actual).detach()
+    e = torch.as_tensor(expected).detach()
+    if a.device != e.device:
+        a, e = a.cpu(), e.cpu()
     report = DiffReport(name, list(a.shape), tolerance=tolerance.as_dict())
     if scale is not None:
-        scale = torch.as_tensor(scale).detach().cpu()
+        scale = torch.as_tensor(scale).detach().to(e.device)
         if scale.shape != e.shape:
             scale = None
         else:

@@ -197,3 +197,14 @@ def test_shards_split_a_file_without_overlap_or_loss():
     everything = collect()
     shards = [collect("--shard", f"{i}/3") for i in range(3)]
     assert all(shards) and sum(map(len, shards)) == len(everything) and set().union(*shards) == everything
+
+
+def test_parallel_test_processes_share_the_cores(monkeypatch):
+    from flashinfer_trace.sweep import session
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(session.os, "cpu_count", lambda: 16)
+    assert session.child_environment(8)["OMP_NUM_THREADS"] == "2"
+    assert session.child_environment(1)["OMP_NUM_THREADS"] == "16"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stands
+    assert session.child_environment(8)["OMP_NUM_THREADS"] == "3"

@@ -113,7 +113,8 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     try:
         with JsonlStream(results / STREAM, append=resume) as stream:
             records: list[TestRecord] = earlier + run_isolated(
-                targets, pytest_args(kind, combo, results, extra or []), python=sys.executable, env=dict(os.environ),
+                targets, pytest_args(kind, combo, results, extra or []), python=sys.executable,
+                env=child_environment(1 if kind == "bench" else jobs),
                 cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
                 log_dir=results / "logs", on_record=lambda r: stream.write(r.as_dict()),
                 skip={r.nodeid for r in earlier})
@@ -137,6 +138,16 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
 
 STREAM = "tests.jsonl"
 JIT_STREAM = "jit.jsonl"
+
+
+def child_environment(jobs: int) -> dict[str, str]:
+    """The test processes' environment: each gets its share of the cores for torch's CPU threads
+    (the comparisons run in float64 on the CPU). Left alone, each of N processes starts one thread
+    per core, N x cores threads in all, and OpenMP's spinning threads then slow every CPU op."""
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    return env
 
 
 def shard(files: list[str], jobs: int, definitions: Path) -> list[Target]:
