@@ -208,3 +208,12 @@ def test_parallel_test_processes_share_the_cores(monkeypatch):
     assert session.child_environment(1)["OMP_NUM_THREADS"] == "16"
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stands
     assert session.child_environment(8)["OMP_NUM_THREADS"] == "3"
+
+
+def test_the_session_sums_where_the_tests_spent_their_time():
+    from flashinfer_trace.sweep.session import phase_totals
+
+    records = [TestRecord("a", "passed", 1.0, properties={"phases": {"inputs": 0.3, "reference": 0.5}}),
+               TestRecord("b", "passed", 1.0, properties={"phases": {"reference": 1.25, "worker_starts": 1}}),
+               TestRecord("c", "skipped", 0.0)]
+    assert phase_totals(records) == {"inputs": 0.3, "reference": 1.8, "worker_starts": 1}

@@ -69,6 +69,7 @@ class SessionInfo:
     counts: dict[str, int] = field(default_factory=dict)
     log_tail: str | None = None
     jit: dict[str, Any] | None = None  # the JIT prebuild: counts, seconds, modules, compiled during tests
+    phases: dict[str, float] | None = None  # the tests' time summed by phase (inputs, reference, ...)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):

@@ -127,6 +127,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         return 130
     bad = [r for r in records if r.status in ("failed", "error", "timeout", "xpassed")]
     info.status = "tests-failed" if bad else "ok"
+    info.phases = phase_totals(records)
     if built_before is not None:
         info.jit["compiled_during_tests"] = compiled_since(built_before)
     info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
@@ -138,6 +139,17 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
 
 STREAM = "tests.jsonl"
 JIT_STREAM = "jit.jsonl"
+
+
+def phase_totals(records: list[TestRecord]) -> dict[str, float]:
+    """Where the tests' time went, summed over every test (each records its `phases`)."""
+    totals: dict[str, float] = {}
+    for r in records:
+        phases = r.properties.get("phases")
+        for k, v in (phases.items() if isinstance(phases, dict) else ()):
+            if isinstance(v, (int, float)):
+                totals[k] = totals.get(k, 0.0) + v
+    return {k: round(v, 1) for k, v in totals.items()}
 
 
 def child_environment(jobs: int) -> dict[str, str]:
