@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The evidence runs on an offline GPU node (../shared/GPU-NODE.md), step by step, from the repository
+# root, with a wheelhouse in .whl/ (flashinfer-python 0.6.6, apache-tvm-ffi, nvidia-cudnn-frontend,
+# cupti-python, pydantic + pydantic-core + annotated-types + typing-inspection, landlock, pyseccomp,
+# nox and its dependencies: ../shared/tools/gpu-wheelhouse):
+#
+#   scripts/node-steps.sh unit cold warm mutants bench overhead ncu moe-bg moe-wait
+#
+# unit: the GPU unit tests (confined CUDA worker, cupti timer); cold / warm: nox -s references-cuda13
+# (the first run of a machine is cold: prebuild included); mutants: planted bugs against FlashInfer in
+# that session's environment and JIT cache; bench: nox -s bench-cuda13; overhead: the confined
+# worker's per-call cost; ncu: scripts/ncu-validate.py; moe-bg / moe-wait: the fp8 MoE prebuild in the
+# background (setsid: it outlives the call while the machine stays warm) and waiting for it.
+# Each step's summary goes to $OUT/log.txt and its results to $OUT/<step>.tgz (OUT: results/node).
+# T: a nox step's time limit (s), TM: the mutants' (SIGINT first: finished results are kept).
+set -u
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
+OUT=${OUT:-results/node}
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+step() { echo "=== $* $(date +%T)" | tee -a "$LOG"; }
+nox_env() {  # nox in a venv of its own: nothing leaks into the sessions' environments
+  [ -x /tmp/noxenv/bin/nox ] && return
+  python3 -m venv --without-pip /tmp/noxenv && \
+    python3 -m pip --python /tmp/noxenv/bin/python install -q --no-index --find-links .whl nox >/dev/null
+}
+unit_env() {  # the package's own dependencies for plain pytest runs (no flashinfer)
+  [ -d /tmp/unit ] && return
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/unit .whl/pydantic*.whl \
+    .whl/annotated_types*.whl .whl/typing_inspection*.whl .whl/landlock*.whl .whl/pyseccomp*.whl .whl/cupti*.whl >/dev/null
+}
+fi_env() {  # flashinfer 0.6.6 for plain runs
+  [ -d /tmp/fi066 ] && return
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi066 .whl/flashinfer_python-0.6.6-*.whl \
+    .whl/apache_tvm_ffi*.whl .whl/nvidia_cudnn_frontend*.whl >/dev/null
+}
+keep() { tar czf "$OUT/$1.tgz" -C results "${@:2}" 2>/dev/null; }
+NOXARGS=(--wheelhouse .whl --preinstalled-torch --jobs 8)
+for s in "$@"; do
+  case $s in
+    unit) step unit; unit_env
+      PYTHONPATH=src:/tmp/unit timeout 300 python3 -m pytest -p no:cacheprovider -q -rs \
+        tests/unit/test_sandbox_confinement.py tests/unit/test_bench.py -k "cuda or gpu" 2>&1 | tail -25 | tee -a "$LOG" ;;
+    cold|warm) step "references $s"; nox_env; start=$SECONDS
+      timeout -s INT -k 30 ${T:-330} /tmp/noxenv/bin/nox -s references-cuda13 -- "${NOXARGS[@]}" -k "not (moe and flashinfer)" 2>&1 | tail -12 | tee -a "$LOG"
+      echo "references $s: $((SECONDS - start)) s wall" | tee -a "$LOG"; keep "references-$s" references-cuda13
+      python3 -c "import json; s=json.load(open('results/references-cuda13/session.json')); print(s['status'], s.get('reason'), s['counts'], s['wall_seconds'], {k: v for k, v in (s.get('jit') or {}).items() if k != 'slowest'})" 2>&1 | tee -a "$LOG"
+      [ -f results/references-cuda13/install.log ] && grep -i -m3 "error" results/references-cuda13/install.log | tee -a "$LOG" ;;
+    moe-bg) step "moe prebuild in the background"; nox_env
+      setsid nohup /tmp/noxenv/bin/nox -s jit-cuda13 -- "${NOXARGS[@]}" -k moe --jit-budget 1500 > /tmp/moe-jit.log 2>&1 < /dev/null & ;;
+    moe-wait) step "waiting for the moe prebuild"; while pgrep -f "jit-cuda13" >/dev/null; do sleep 5; done
+      tail -5 /tmp/moe-jit.log | tee -a "$LOG"; keep jit jit-cuda13 ;;
+    bench) step bench; nox_env; start=$SECONDS
+      timeout -s INT -k 30 ${T:-300} /tmp/noxenv/bin/nox -s bench-cuda13 -- "${NOXARGS[@]}" -k "not moe" 2>&1 | tail -12 | tee -a "$LOG"
+      echo "bench: $((SECONDS - start)) s wall" | tee -a "$LOG"; keep bench bench-cuda13 ;;
+    ncu) step ncu; unit_env; fi_env
+      PYTHONPATH=src:/tmp/unit:/tmp/fi066 timeout 400 python3 scripts/ncu-validate.py all --workdir /tmp/ncu \
+        --out "$OUT/ncu-validate.json" 2>&1 | tail -40 | tee -a "$LOG" ;;
+    overhead) step overhead; unit_env
+      PYTHONPATH=src:/tmp/unit timeout 300 python3 -m pytest -p no:cacheprovider -q tests/bench/test_sandbox_overhead.py \
+        -k cuda --benchmark-columns=median,iqr,rounds 2>&1 | tail -40 | tee -a "$LOG" ;;
+    mutants) step mutants  # through the references session's environment and JIT cache: nothing rebuilds
+      FLASHINFER_WORKSPACE_BASE=$HOME/.cache/flashinfer-trace/jit/cu130-torch2.11-fi0.6.6 timeout ${TM:-150} \
+        .nox/references-cuda13/bin/python -m flashinfer_trace.cli mutants --ground-truth flashinfer --device cuda \
+        --json > "$OUT/mutants-flashinfer.json" 2> /tmp/mutants.err; echo "mutants rc $?" | tee -a "$LOG"
+      tail -5 /tmp/mutants.err | tee -a "$LOG" ;;
+    *) echo "unknown step $s" | tee -a "$LOG" ;;
+  esac
+done
