@@ -173,3 +173,15 @@ def test_check_builds_before_it_checks(tmp_path, monkeypatch):
     args = argparse.Namespace(results=str(tmp_path / "check.jsonl"), resume=False, no_progress=True)
     assert cli._prebuild([load_definition("rmsnorm_h4096")], ("flashinfer",), "cpu", args) == 0
     assert os.environ[jit.REPORT_ENV] == str(tmp_path / "jit.jsonl")
+
+
+def test_a_worker_that_cannot_start_is_a_record_not_a_hang(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("fork failed")
+
+    monkeypatch.setattr(jit, "_Worker", refuse)
+    jobs = [_job("rmsnorm_h4096"), _job("rmsnorm_h7168"), _job("silu_and_mul_i256")]
+    records = list(jit.run(jobs, jit.JitConfig(device="cpu", workers=2)))
+    assert sorted(r.key for r in records) == sorted(j.key for j in jobs)
+    assert {r.status for r in records} == {"error"}
+    assert all("the prebuild worker failed: OSError: fork failed" in r.message for r in records)

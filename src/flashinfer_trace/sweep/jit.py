@@ -262,10 +262,14 @@ def _drive(pending: _Schedule, results: queue.Queue, config: JitConfig, max_jobs
             job = pending.take()
             if job is None:
                 return
-            if worker is None or not worker.alive():
-                worker = _Worker(config, max_jobs)
-            record = worker.run(job, config)
-            if record.status == "build-timeout" or not worker.alive():
+            try:
+                if worker is None or not worker.alive():
+                    worker = _Worker(config, max_jobs)
+                record = worker.run(job, config)
+            except Exception as e:  # noqa: BLE001 - a worker that cannot start: this job's record; the pool goes on
+                record = BuildRecord(job.definition, job.source, "error", api=job.api, op_type=job.op_type,
+                                     budget=job.budget, message=f"the prebuild worker failed: {type(e).__name__}: {e}")
+            if worker is not None and (record.status == "build-timeout" or not worker.alive()):
                 worker.kill()
                 worker = None
             results.put(record)
