@@ -217,3 +217,10 @@ def test_the_session_sums_where_the_tests_spent_their_time():
                TestRecord("b", "passed", 1.0, properties={"phases": {"reference": 1.25, "worker_starts": 1}}),
                TestRecord("c", "skipped", 0.0)]
     assert phase_totals(records) == {"inputs": 0.3, "reference": 1.8, "worker_starts": 1}
+
+
+def test_a_jit_session_of_a_cpu_combination_has_nothing_to_build(tmp_path):
+    combo = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
+    assert run_session("jit", combo, "jit-cpu", tmp_path, cwd=ROOT) == 0
+    info = json.loads((tmp_path / "session.json").read_text())
+    assert info["status"] == "ok" and info["jit"]["counts"] == {} and "no GPU" in info["jit"]["note"]

@@ -6,8 +6,9 @@
 
 A pipeline of plain steps: check the GPU against the combination (a mismatch is recorded and the
 session skips), collect the manifest, build the JIT modules the selected tests need (jit.py, in
-parallel, each with its own budget; a `jit` session stops there), run the tests with every file in its own process
-(isolation.py: a crash or a hang fails one test, the rest still run), sample the clocks again,
+parallel, each with its own budget; a `jit` session stops there), run the tests with every file
+(or shard of one) in its own process (isolation.py: a crash or a hang fails one test, the rest
+still run), sample the clocks again,
 write results/<session>/ (results.py). Exit status: 0 when everything ran and passed, 1 on test
 failures, 3 when the session was skipped (arch mismatch, no GPU).
 """
@@ -103,6 +104,8 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         write_session(results, info, manifest=manifest)
         os.environ[REPORT_ENV] = str(results / JIT_STREAM)  # the tests skip what could not be built
     if kind == "jit":
+        if info.jit is None:
+            info.jit = {"counts": {}, "wall_seconds": 0.0, "note": f"{combo.id} has no GPU: nothing to build"}
         bad = {k: v for k, v in info.jit["counts"].items() if k in ("build-failed", "build-timeout")}
         info.status, info.reason = "ok", ", ".join(f"{k} {v}" for k, v in bad.items()) or None
         info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
