@@ -126,8 +126,8 @@ def _case_key(item: pytest.Item) -> tuple:
     """(module, definition, size, seed, case): a definition's tests run together, case by case, so
     the input cache serves them all from one generation."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    name = params.get("definition") or params.get("name")
-    if not isinstance(name, str) or "record_case" not in getattr(item, "fixturenames", ()):
+    name = _definition_of(item)
+    if name is None:
         return (str(getattr(item, "path", "")), "", 3, 0, "")  # not a reference test: order kept
     seed = params.get("seed", 0)
     return (str(getattr(item, "path", "")), name, SIZE_ORDER.get(params.get("size", "small"), 3),
@@ -153,21 +153,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     versions = installed_versions({n for i in issues for n in i.packages})
     arch = _device_arch(config)
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        name = params.get("definition") or params.get("name")
-        if not isinstance(name, str) or "record_case" not in getattr(item, "fixturenames", ()):
+        name = _definition_of(item)
+        if name is None:
             continue  # not a reference test
+        source = getattr(getattr(item, "callspec", None), "params", {}).get("source")
         for issue in issues:
-            if issue.applies(name, params.get("source"), versions, arch):
+            if issue.applies(name, source, versions, arch):
                 item.add_marker(pytest.mark.xfail(strict=True, run=issue.run, reason=issue.describe()))
                 item.user_properties.append(("known_issue", issue.id))
                 break
 
 
 def _definition_of(item: pytest.Item) -> str | None:
+    """The definition a reference test checks; None for any other test."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     name = params.get("definition") or params.get("name")
-    return name if isinstance(name, str) else None
+    return name if isinstance(name, str) and "record_case" in getattr(item, "fixturenames", ()) else None
 
 
 def _keep_shard(config: pytest.Config, items: list[pytest.Item], shard: str) -> None:

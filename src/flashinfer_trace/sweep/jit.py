@@ -171,10 +171,10 @@ def run(jobs: list[Job], config: JitConfig) -> Iterator[BuildRecord]:
     from .results import JsonlStream
 
     done = {r.key: r for r in read_report(config.report)} if (config.resume and config.report) else {}
-    todo = [j for j in order(jobs, done.values()) if done.get(j.key, None) is None
-            or done[j.key].status not in ("built", "cached")]
+    kept = {k for k, r in done.items() if r.status in ("built", "cached")}
+    todo = [j for j in order(jobs, done.values()) if j.key not in kept]
     for j in jobs:
-        if j not in todo:
+        if j.key in kept:
             yield done[j.key]
     if not todo:
         return
@@ -402,6 +402,11 @@ def libraries(roots: list[Path]) -> dict[str, float]:
     return found
 
 
+def new_modules(before: dict[str, float], after: dict[str, float]) -> list[str]:
+    """Modules whose library appeared or was rebuilt between two `libraries` readings."""
+    return sorted(Path(p).stem for p, m in after.items() if before.get(p) != m)
+
+
 def cache_roots() -> list[Path]:
     """Where the installed kernel packages keep their JIT builds."""
     roots = []
@@ -475,8 +480,7 @@ def worker_main(answer_fd: int, device: str) -> int:
             roots = cache_roots()
         before = libraries(roots)
         status, message = _warm(job, device)
-        after = libraries(roots)
-        modules = sorted(Path(p).stem for p, m in after.items() if before.get(p) != m)
+        modules = new_modules(before, libraries(roots))
         if status == "ok":
             status = "built" if modules else "cached"
         answer = {"definition": job["definition"], "source": job["source"], "api": job["api"],

@@ -212,8 +212,7 @@ def compiled_since(before: dict[str, float]) -> list[str]:
     """Modules compiled while the tests ran: the prebuild should have left none."""
     from . import jit
 
-    after = jit.libraries(jit.cache_roots())
-    return sorted(Path(p).stem for p, m in after.items() if before.get(p) != m)
+    return jit.new_modules(before, jit.libraries(jit.cache_roots()))
 
 
 def streamed_records(results: Path) -> list[TestRecord]:
