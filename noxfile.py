@@ -90,7 +90,8 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
                 "--results", str(out), "--arch", arch or "auto", "--install-json", str(out / "install.json"),
                 "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900),
                 *(["--resume"] if opts.resume else []),
-                *(["--jit-budget", str(opts.jit_budget)] if opts.jit_budget else []), "--", *pytest_args,
+                *(["--jit-budget", str(opts.jit_budget)] if opts.jit_budget else []),
+                *([] if opts.mps else ["--no-mps"]), "--", *pytest_args,
                 env=env, success_codes=[0, 3])
     status = json.loads((out / "session.json").read_text())["status"]
     if status in ("no-gpu", "arch-mismatch"):

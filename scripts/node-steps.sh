@@ -4,13 +4,16 @@
 # cupti-python, pydantic + pydantic-core + annotated-types + typing-inspection, landlock, pyseccomp,
 # nox and its dependencies: ../shared/tools/gpu-wheelhouse):
 #
-#   scripts/node-steps.sh unit cold warm mutants bench overhead ncu moe-bg moe-wait
+#   scripts/node-steps.sh unit cold warm mutants bench overhead ncu moe-bg moe-wait moe
+#   scripts/node-steps.sh probe alone mps-on mps-off        (diagnostics)
 #
 # unit: the GPU unit tests (confined CUDA worker, cupti timer); cold / warm: nox -s references-cuda13
 # (the first run of a machine is cold: prebuild included); mutants: planted bugs against FlashInfer in
 # that session's environment and JIT cache; bench: nox -s bench-cuda13; overhead: the confined
 # worker's per-call cost; ncu: scripts/ncu-validate.py; moe-bg / moe-wait: the fp8 MoE prebuild in the
-# background (setsid: it outlives the call while the machine stays warm) and waiting for it.
+# background (setsid: it outlives the call while the machine stays warm) and waiting for it; moe: the
+# MoE tests against FlashInfer added to the references session (--resume). probe: the GPU, its clocks
+# and MPS; alone: one test process (K: its -k); mps-on / mps-off: a system MPS daemon by hand.
 # Each step's summary goes to $OUT/log.txt and its results to $OUT/<step>.tgz (OUT: results/node).
 # T: a nox step's time limit (s), TM: the mutants' (SIGINT first: finished results are kept).
 set -u
@@ -35,7 +38,8 @@ fi_env() {  # flashinfer 0.6.6 for plain runs
     .whl/apache_tvm_ffi*.whl .whl/nvidia_cudnn_frontend*.whl >/dev/null
 }
 keep() { tar czf "$OUT/$1.tgz" -C results "${@:2}" 2>/dev/null; }
-NOXARGS=(--wheelhouse .whl --preinstalled-torch --jobs 8)
+JITC=$HOME/.cache/flashinfer-trace/jit/cu130-torch2.11-fi0.6.6  # the references session's JIT cache
+NOXARGS=(--wheelhouse .whl --preinstalled-torch --jobs ${J:-8})  # J: test processes
 for s in "$@"; do
   case $s in
     unit) step unit; unit_env
@@ -43,13 +47,27 @@ for s in "$@"; do
         tests/unit/test_sandbox_confinement.py tests/unit/test_bench.py -k "cuda or gpu" 2>&1 | tail -25 | tee -a "$LOG" ;;
     cold|warm) step "references $s"; nox_env; start=$SECONDS
       timeout -s INT -k 30 ${T:-330} /tmp/noxenv/bin/nox -s references-cuda13 -- "${NOXARGS[@]}" -k "not (moe and flashinfer)" 2>&1 | tail -12 | tee -a "$LOG"
-      echo "references $s: $((SECONDS - start)) s wall" | tee -a "$LOG"; keep "references-$s" references-cuda13
-      python3 -c "import json; s=json.load(open('results/references-cuda13/session.json')); print(s['status'], s.get('reason'), s['counts'], s['wall_seconds'], {k: v for k, v in (s.get('jit') or {}).items() if k != 'slowest'})" 2>&1 | tee -a "$LOG"
+      echo "references $s: $((SECONDS - start)) s wall" | tee -a "$LOG"; keep "references-$s${J:+-j$J}" references-cuda13
+      python3 -c "import json; s=json.load(open('results/references-cuda13/session.json')); print(s['status'], s.get('reason'), s['counts'], s['wall_seconds'], {k: v for k, v in (s.get('jit') or {}).items() if k not in ('slowest', 'modules_built')}, s.get('phases'), s.get('mps'))" 2>&1 | tee -a "$LOG"
       [ -f results/references-cuda13/install.log ] && grep -i -m3 "error" results/references-cuda13/install.log | tee -a "$LOG" ;;
+    alone) step "alone: ${K:-rmsnorm and medium}"  # one test process: a test's own time, without the others'
+      FLASHINFER_WORKSPACE_BASE=$JITC .nox/references-cuda13/bin/python -m flashinfer_trace.sweep.session references \
+        --combination constraints/cu130-torch2.11-fi0.6.6.toml --session alone --results results/alone --jobs 1 \
+        -- -k "${K:-rmsnorm and medium}" 2>&1 | tail -3 | tee -a "$LOG"; keep alone alone ;;
+    mps-on) step "MPS on"; nvidia-cuda-mps-control -d 2>&1 | tee -a "$LOG" ;;
+    mps-off) step "MPS off"; echo quit | nvidia-cuda-mps-control 2>&1 | tee -a "$LOG" ;;
+    probe) step probe; nvidia-smi --query-gpu=name,compute_mode,clocks.sm,clocks.max.sm --format=csv | tee -a "$LOG"
+      command -v nvidia-cuda-mps-control | tee -a "$LOG"; nproc | tee -a "$LOG"
+      echo "autogroup: $(cat /proc/sys/kernel/sched_autogroup_enabled 2>&1)" | tee -a "$LOG" ;;
     moe-bg) step "moe prebuild in the background"; nox_env
       setsid nohup /tmp/noxenv/bin/nox -s jit-cuda13 -- "${NOXARGS[@]}" -k moe --jit-budget 1500 > /tmp/moe-jit.log 2>&1 < /dev/null & ;;
     moe-wait) step "waiting for the moe prebuild"; while pgrep -f "jit-cuda13" >/dev/null; do sleep 5; done
       tail -5 /tmp/moe-jit.log | tee -a "$LOG"; keep jit jit-cuda13 ;;
+    moe) step "references: the fp8 MoE against FlashInfer, added to the session's results (--resume)"; nox_env
+      start=$SECONDS
+      timeout -s INT -k 30 ${T:-300} /tmp/noxenv/bin/nox -s references-cuda13 -- "${NOXARGS[@]}" --resume \
+        -k "moe and flashinfer" 2>&1 | tail -6 | tee -a "$LOG"
+      echo "references moe: $((SECONDS - start)) s wall" | tee -a "$LOG"; keep references-all references-cuda13 ;;
     bench) step bench; nox_env; start=$SECONDS
       timeout -s INT -k 30 ${T:-300} /tmp/noxenv/bin/nox -s bench-cuda13 -- "${NOXARGS[@]}" -k "not moe" 2>&1 | tail -12 | tee -a "$LOG"
       echo "bench: $((SECONDS - start)) s wall" | tee -a "$LOG"; keep bench bench-cuda13 ;;
@@ -60,7 +78,7 @@ for s in "$@"; do
       PYTHONPATH=src:/tmp/unit timeout 300 python3 -m pytest -p no:cacheprovider -q tests/bench/test_sandbox_overhead.py \
         -k cuda --benchmark-columns=median,iqr,rounds 2>&1 | tail -40 | tee -a "$LOG" ;;
     mutants) step mutants  # through the references session's environment and JIT cache: nothing rebuilds
-      FLASHINFER_WORKSPACE_BASE=$HOME/.cache/flashinfer-trace/jit/cu130-torch2.11-fi0.6.6 timeout ${TM:-150} \
+      FLASHINFER_WORKSPACE_BASE=$JITC timeout ${TM:-150} \
         .nox/references-cuda13/bin/python -m flashinfer_trace.cli mutants --ground-truth flashinfer --device cuda \
         --json > "$OUT/mutants-flashinfer.json" 2> /tmp/mutants.err; echo "mutants rc $?" | tee -a "$LOG"
       tail -5 /tmp/mutants.err | tee -a "$LOG" ;;

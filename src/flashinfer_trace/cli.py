@@ -331,7 +331,8 @@ def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> in
 
     report = str(Path(args.results).with_name("jit.jsonl")) if args.results else None
     config = jit.JitConfig(sources=sources, device=device, report=report, resume=args.resume,
-                           log_dir=str(Path(report).with_name("jit-logs")) if report else None)
+                           log_dir=str(Path(report).with_name("jit-logs")) if report else None,
+                           stamps=jit.default_stamps())
     records = _run_builds(jit.plan(definitions, config), config, progress=not args.no_progress)
     if records is None:
         return 130
@@ -383,7 +384,8 @@ def cmd_jit_build(args: argparse.Namespace) -> int:
     sources = jit.KERNEL_SOURCES if args.source == "all" else (args.source,)
     config = jit.JitConfig(sources=sources, device=args.device, workers=args.workers, max_jobs=args.max_jobs,
                            budget=args.budget, budgets=budgets, report=args.report or None,
-                           log_dir=args.log_dir or None, resume=args.resume, select=jit.select_k(args.k))
+                           log_dir=args.log_dir or None, resume=args.resume, select=jit.select_k(args.k),
+                           stamps=jit.default_stamps(), recheck=args.recheck)
     targets = args.targets or [str(definitions_dir(args.definitions))]
     jobs = jit.plan(discover(targets, CheckConfig(definitions_dir=args.definitions)).definitions, config)
 
@@ -669,6 +671,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each job's record appended here as it ends, fsynced ('' to disable)")
     s.add_argument("--log-dir", default="results/jit-logs", metavar="DIR", help="one compiler log per job")
     s.add_argument("--resume", action="store_true", help="skip the jobs already built or cached in --report")
+    s.add_argument("--recheck", action="store_true",
+                   help="run every job, also those whose stamp says nothing changed since they last ran")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(func=cmd_jit_build)
 

@@ -111,6 +111,16 @@ def test_one_job_per_api_goes_first_and_the_rest_wait_for_it():
     assert schedule.take().definition == follower
 
 
+def test_apis_of_one_module_are_one_group():
+    def key(api: str) -> tuple[str, str]:
+        return jit.group_key(jit.Job("d", "d", "x", "flashinfer", api, 1.0))
+
+    assert key("flashinfer.sampling.top_k_sampling_from_probs") == key("flashinfer.sampling.top_p_sampling_from_probs")
+    assert key("flashinfer.norm.rmsnorm") == key("flashinfer.norm.fused_add_rmsnorm") != key("flashinfer.rope.x")
+    assert key("flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)") == \
+        key("flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper") == ("flashinfer", "flashinfer.decode")
+
+
 def test_a_failed_build_makes_the_ground_truth_unavailable(tmp_path, monkeypatch):
     d = load_definition("rmsnorm_h4096")
     report = tmp_path / "jit.jsonl"
@@ -185,3 +195,41 @@ def test_a_worker_that_cannot_start_is_a_record_not_a_hang(monkeypatch):
     assert sorted(r.key for r in records) == sorted(j.key for j in jobs)
     assert {r.status for r in records} == {"error"}
     assert all("the prebuild worker failed: OSError: fork failed" in r.message for r in records)
+
+
+def test_a_stamped_job_is_not_run_again_until_something_changes(tmp_path):
+    stamps, lib = tmp_path / "stamps.json", tmp_path / "cache" / "norm.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"\x7fELF")
+    config = jit.JitConfig(device="cpu", workers=1, stamps=str(stamps))
+    job = _job("rmsnorm_h4096")
+    first = list(jit.run([job], config))
+    assert [(r.status, r.checked_by) for r in first] == [("cached", "warm-up")]
+    assert json.loads(stamps.read_text())["torch:rmsnorm_h4096"]["libraries"] == {}  # torch loads no JIT module
+    again = list(jit.run([job], config))
+    assert [(r.status, r.checked_by, r.seconds) for r in again] == [("cached", "stamp", 0.0)]
+    assert "not run again" in again[0].message and jit.summarise(again)["stamped"] == 1
+    # a library it loaded changed: the stamp no longer holds, the job runs
+    entry = json.loads(stamps.read_text())
+    entry["torch:rmsnorm_h4096"]["libraries"] = {str(lib): lib.stat().st_mtime - 1}
+    stamps.write_text(json.dumps(entry))
+    assert [r.checked_by for r in jit.run([job], config)] == ["warm-up"]
+    # another definition file (another fingerprint) is not covered by this one's stamp
+    other = jit.Job(job.definition, str(tmp_path / "copy.json"), job.op_type, job.source, job.api, job.budget)
+    (tmp_path / "copy.json").write_text("{}")
+    assert jit.Stamps(stamps).fresh(other) is None and jit.Stamps(stamps).fresh(job) is not None
+    # --recheck runs it anyway
+    recheck = jit.JitConfig(device="cpu", workers=1, stamps=str(stamps), recheck=True)
+    assert [r.checked_by for r in jit.run([job], recheck)] == ["warm-up"]
+
+
+def test_a_job_names_the_libraries_its_own_process_loaded(tmp_path):
+    root = tmp_path / "cache"
+    (root / "a").mkdir(parents=True)
+    mine, other = root / "a" / "norm.so", root / "a" / "gemm_sm90.so"
+    mine.write_bytes(b"x")
+    other.write_bytes(b"y")
+    maps = tmp_path / "maps"
+    maps.write_text(f"7f00-7f10 r-xp 00000000 08:01 42 {mine}\n7f10-7f20 r--p 00001000 08:01 42 {mine}\n"
+                    f"7f20-7f30 r-xp 00000000 08:01 43 /usr/lib/libc.so.6\n7f30-7f40 rw-p 00000000 00:00 0\n")
+    assert jit.loaded_libraries([root], str(maps)) == {str(mine): mine.stat().st_mtime}

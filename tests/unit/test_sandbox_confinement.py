@@ -24,7 +24,7 @@ from flashinfer_trace.sandbox import (
     status,
 )
 from flashinfer_trace.sandbox.confine import landlock_abi, scrubbed_environment
-from flashinfer_trace.sandbox.pool import _compile_as_escaped
+from flashinfer_trace.sandbox.pool import _compile_as_escaped, canonical_device, worker_starts
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="unsupported: the worker's confinement is Linux's")
 SECRET = "MY_SERVICE_API_TOKEN"
@@ -299,9 +299,11 @@ def test_worker_death_signal_names():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no-gpu: torch sees no CUDA device")
 def test_cuda_worker_shares_the_arena_and_is_confined(tmp_path):
     x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    starts = worker_starts()
     ref = compile_reference("import torch\ndef run(x):\n    return (x.float() * 2).to(x.dtype), x.device.type\n",
                             device="cuda")
-    out, where = ref(x)
+    out, where = ref(x)  # compiled for "cuda", called with "cuda:0" tensors: the same worker
+    assert worker_starts() - starts == 1
     assert where == "cuda" and out.is_cuda and torch.equal(out, (x.float() * 2).to(x.dtype))
     s = status()
     assert s["complete"] and s["device"].startswith("cuda"), s
@@ -312,3 +314,9 @@ def test_cuda_worker_shares_the_arena_and_is_confined(tmp_path):
     refused = _compile_as_escaped(f"def run():\n    open({str(tmp_path / 'p')!r}, 'w')\n", device="cuda")
     with pytest.raises(ReferenceFailure, match="PermissionError"):
         refused()
+
+
+def test_one_device_has_one_name():
+    assert canonical_device("cpu") == "cpu" and canonical_device(torch.device("cpu")) == "cpu"
+    if torch.cuda.is_available():
+        assert canonical_device("cuda") == canonical_device("cuda:0") == "cuda:0"

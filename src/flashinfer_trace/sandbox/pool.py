@@ -436,11 +436,19 @@ def status(*, probe: bool = False) -> dict | None:
 
 
 # -- references --------------------------------------------------------------------------------------
+def canonical_device(device: str | torch.device) -> str:
+    """"cpu" or "cuda:N": a worker (and its arena) is kept per device, and "cuda" and "cuda:0" are
+    one device (compiled for "cuda", called with "cuda:0", each definition started two workers)."""
+    d = torch.device(device)
+    if d.type != "cuda":
+        return d.type
+    return f"cuda:{d.index if d.index is not None else torch.cuda.current_device()}"
+
+
 def _device_of(args: Any) -> str:
     from .transport import _tensors
 
-    devices = {f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
-               if t.device.type == "cuda" else t.device.type for t in _tensors(list(args))}
+    devices = {canonical_device(t.device) for t in _tensors(list(args))}
     if len(devices) > 1:
         raise ValueError(f"a reference's tensors must be on one device, got {', '.join(sorted(devices))}")
     return devices.pop() if devices else "cpu"
@@ -482,7 +490,7 @@ class ConfinedReference:
 
     def compile(self, device: str = "cpu") -> ConfinedReference:
         with _pool.lock:
-            self._worker(device)
+            self._worker(canonical_device(device))
         return self
 
     def call(self, args: tuple | list, *, seed: int | None = None) -> Any:

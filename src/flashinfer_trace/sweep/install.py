@@ -46,7 +46,7 @@ PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version 
                         "pytest-benchmark", "landlock>=1.0.0.dev5; sys_platform == 'linux'",
                         "pyseccomp>=0.1.2; sys_platform == 'linux'")
 SESSION_FLAGS = ("--wheelhouse", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout", "--resume",
-                 "--jit-budget")
+                 "--jit-budget", "--no-mps")
 
 
 @dataclass
@@ -58,6 +58,7 @@ class InstallOptions:
     test_timeout: float | None = None
     jit_budget: float | None = None  # seconds per JIT prebuild job
     resume: bool = False  # keep the tests a killed or interrupted run streamed, run the rest
+    mps: bool = True  # GPU sessions: a CUDA MPS daemon of their own where one can start (sweep/mps.py)
 
     @property
     def mode(self) -> str:
@@ -104,8 +105,9 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             rest.append(a)
             i += 1
             continue
-        if name == "--resume":
-            opts.resume = True
+        if name in ("--resume", "--no-mps"):
+            opts.resume = opts.resume or name == "--resume"
+            opts.mps = opts.mps and name != "--no-mps"
             i += 1
             continue
         takes_value = name != "--preinstalled-torch" or bool(eq) or (

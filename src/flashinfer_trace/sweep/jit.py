@@ -11,8 +11,10 @@ Here they run first, in parallel, each with its own time budget, and every outco
 
 A job is a warm-up call of the ground truth on the definition's small inputs in a worker process,
 so whatever modules that call needs get built, whichever FlashInfer version is installed (no
-dependence on its internal JIT API). The modules are named by the shared libraries that appear in
-the JIT cache during the job. A job that runs past its budget has its whole process group killed;
+dependence on its internal JIT API). A job's modules are the JIT cache's libraries its call loaded
+(/proc/self/maps); those that appeared or changed during the job are the ones it built. A stamp
+file beside the cache remembers them: on a warm machine a job whose inputs and libraries are
+unchanged is `cached` without running. A job that runs past its budget has its whole process group killed;
 ninja keeps the finished objects, so the next build resumes where it stopped.
 
 Statuses: `built` (new modules appeared), `cached` (nothing to build), `build-failed` (the
@@ -50,8 +52,9 @@ REPORT_ENV = "FLASHINFER_TRACE_JIT_REPORT"
 DEFAULT_BUDGET = 600.0
 # First guesses of a job's cost (seconds, cold, measured on an H100 with 0.6.6/0.7.2), used only to
 # start the long jobs first when no earlier report says better.
-GUESS = {"moe": 450, "gqa_ragged": 85, "gqa_paged": 60, "mla_paged": 25, "gemm": 130, "sampling": 120, "rope": 75,
-         "rmsnorm": 50, "activation": 30}
+GUESS = {"moe": 450, "gemm": 176, "sampling": 146, "gqa_ragged": 68, "gqa_paged": 68, "rope": 59, "rmsnorm": 35,
+         "mla_paged": 26, "activation": 8}
+NVCC_GB = 4  # memory one nvcc of a CUTLASS kernel can take: bounds the compilers a job may run
 LOG_TAIL = 4000
 
 
@@ -78,10 +81,14 @@ class BuildRecord:
     op_type: str | None = None
     seconds: float = 0.0
     budget: float | None = None
-    modules: list[str] = field(default_factory=list)  # modules whose library appeared during this job
+    modules: list[str] = field(default_factory=list)  # modules this job's call loaded that it built
+    uses: list[str] = field(default_factory=list)  # every JIT module the call loaded, built or not
+    checked_by: str = "warm-up"  # or "stamp": unchanged since its last warm-up, not run (Stamps)
     message: str | None = None
     log_tail: str | None = None
     log: str | None = None  # the job's full compiler log, when kept
+    libraries: dict[str, float] | None = field(default=None, repr=False, compare=False)  # for the stamps only
+    job: Job | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -92,7 +99,7 @@ class BuildRecord:
         return (self.definition, self.source)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in ("libraries", "job")}
 
 
 @dataclass
@@ -107,16 +114,24 @@ class JitConfig:
     log_dir: str | None = None  # one compiler log per job
     resume: bool = False  # keep built/cached records of the report, run the rest
     select: Callable[[Job], bool] | None = None  # e.g. a pytest -k expression over the job's keywords
+    stamps: str | None = None  # the stamp file (`default_stamps()`: beside the JIT cache); None keeps none
+    recheck: bool = False  # run every job even where its stamp says nothing changed
+
+    def stamp_path(self) -> Path | None:
+        return Path(self.stamps) if self.stamps else None
 
     def budget_for(self, definition: Definition) -> float:
         return float(self.budgets.get(definition.name, self.budgets.get(definition.op_type, self.budget)))
 
     def pool_size(self) -> tuple[int, int]:
-        """(workers, nvcc jobs per worker): two compiler processes per core at the peak, which keeps
-        the cores busy while the few long modules finish without running out of memory."""
+        """(workers, nvcc jobs per worker). Each job may use every core: a module has few sources
+        (gemm_sm90: 8, most 1-3), so the compilers running at once stay near the core count, and
+        the long module of many sources finishes in one round instead of two (at 4 a job, gemm_sm90
+        took 176 s on the H100). Memory bounds it (NVCC_GB a compiler)."""
         cores = os.cpu_count() or 4
         workers = self.workers or max(1, min(8, cores // 2))
-        return workers, self.max_jobs or max(2, (2 * cores) // workers)
+        memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        return workers, self.max_jobs or max(2, min(cores, int(memory_gb // NVCC_GB)))
 
 
 # -- plan ---------------------------------------------------------------------------------------------
@@ -176,9 +191,23 @@ def run(jobs: list[Job], config: JitConfig) -> Iterator[BuildRecord]:
     for j in jobs:
         if j.key in kept:
             yield done[j.key]
-    if not todo:
-        return
+    stamps = Stamps(config.stamp_path())
     stream = JsonlStream(config.report, append=config.resume) if config.report else None
+    unchanged = [] if config.recheck else [(j, stamps.fresh(j)) for j in todo]
+    for job, entry in unchanged:
+        if entry is not None:
+            r = BuildRecord(job.definition, job.source, "cached", api=job.api, op_type=job.op_type, budget=job.budget,
+                            uses=sorted(Path(p).stem for p in entry["libraries"]), checked_by="stamp",
+                            message=f"stamped {entry['recorded']}: the same definition, versions and arch, and its "
+                                    f"{len(entry['libraries'])} module(s) unchanged; not run again")
+            if stream:
+                stream.write(r.as_dict())
+            yield r
+    todo = [j for j, entry in unchanged if entry is None] if unchanged else todo
+    if not todo:
+        if stream:
+            stream.close()
+        return
     results: queue.Queue[BuildRecord | None] = queue.Queue()
     pending = _Schedule(todo)
     workers, max_jobs = config.pool_size()
@@ -195,6 +224,8 @@ def run(jobs: list[Job], config: JitConfig) -> Iterator[BuildRecord]:
                 continue
             if stream:
                 stream.write(r.as_dict())
+            if r.status in ("built", "cached") and r.libraries is not None:
+                stamps.record(r)
             yield r
     finally:
         _stop.set()
@@ -209,15 +240,17 @@ _stop = threading.Event()
 
 
 def group_key(job: Job) -> tuple[str, str]:
-    """Jobs that most likely need the same module: one API of one source (27 GEMM definitions all
-    wait for FlashInfer's one gemm_sm90 module)."""
-    return (job.source, job.api)
+    """Jobs that most likely need the same modules: the APIs of one Python module of one source (27
+    GEMM definitions all wait for FlashInfer's gemm_sm90; the three sampling APIs share `sampling`,
+    paged and ragged prefill one prefill module, rmsnorm and fused_add_rmsnorm `norm`)."""
+    return (job.source, job.api.split("(")[0].rpartition(".")[0] or job.api)
 
 
 class _Schedule:
     """The first job of each group first (in the given order), the rest of a group only once that one
     has ended: on the H100, all 8 workers sat on the lock of one module (gemm_sm90, 169 s) while the
-    other modules waited. A group whose first job ran out of budget is not tried again job by job."""
+    other modules waited; with a group per API, three workers still built `sampling` together. A
+    group whose first job ran out of budget is not tried again job by job."""
 
     def __init__(self, jobs: list[Job]):
         groups: dict[tuple[str, str], list[Job]] = {}
@@ -288,10 +321,13 @@ class _Worker:
     def __init__(self, config: JitConfig, max_jobs: int):
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, MAX_JOBS=str(max_jobs), PYTHONUNBUFFERED="1")
+        # a process group of its own (killpg), in this session: a new session would also be a new
+        # scheduler autogroup, and the CPU would be shared per job rather than per compiler
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flashinfer_trace.sweep.jit", "--worker", str(write_fd), config.device],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_fd,),
-            env=env, start_new_session=True)
+            env=env, **group)
         os.close(write_fd)
         self.answers = os.fdopen(read_fd, "rb", buffering=0)
         self.buffer = b""
@@ -325,9 +361,12 @@ class _Worker:
             return _record(job, "error", t0, message=f"the prebuild worker died ({why})", log=log)
         try:
             answer = json.loads(line)
-            return BuildRecord(**{**answer, "seconds": round(time.monotonic() - t0, 2), "budget": job.budget,
-                                  "log_tail": _tail(log) if answer.get("status") == "build-failed" else None,
-                                  "log": str(log) if config.log_dir else None})
+            libraries = answer.pop("libraries", None)
+            record = BuildRecord(**{**answer, "seconds": round(time.monotonic() - t0, 2), "budget": job.budget,
+                                    "log_tail": _tail(log) if answer.get("status") == "build-failed" else None,
+                                    "log": str(log) if config.log_dir else None})
+            record.libraries, record.job = (libraries if isinstance(libraries, dict) else None), job
+            return record
         except (ValueError, TypeError) as e:
             return _record(job, "error", t0, message=f"unreadable answer from the prebuild worker: {e}", log=log)
 
@@ -407,6 +446,104 @@ def new_modules(before: dict[str, float], after: dict[str, float]) -> list[str]:
     return sorted(Path(p).stem for p, m in after.items() if before.get(p) != m)
 
 
+def loaded_libraries(roots: list[Path], maps: str = "/proc/self/maps") -> dict[str, float]:
+    """The JIT cache's libraries this process has loaded: path -> mtime. The cache alone cannot say
+    which job built what (eight jobs build side by side); what a job's call loaded is its own."""
+    prefixes = tuple(str(r.resolve()) + os.sep for r in roots)
+    found: dict[str, float] = {}
+    try:
+        with open(maps) as f:
+            for line in f:
+                path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
+                if path.endswith(".so") and path.startswith(prefixes) and path not in found:
+                    try:
+                        found[path] = os.stat(path).st_mtime
+                    except OSError:
+                        continue
+    except OSError:
+        pass
+    return found
+
+
+STAMPS = "flashinfer-trace-prebuilt.json"
+
+
+def default_stamps() -> str:
+    """The stamp file of this environment's JIT cache (one per combination: nox gives each its own)."""
+    return str(cache_roots()[0] / STAMPS)
+
+
+def fingerprint(job: Job) -> str:
+    """What decides which modules a job needs: the definition, the kernel package's API and versions,
+    the arch the modules are built for."""
+    import hashlib
+    from importlib import metadata
+
+    try:
+        text = Path(job.path).read_bytes()
+    except OSError:
+        text = job.definition.encode()
+    versions = {}
+    for dist in ("torch", "flashinfer-python", "sglang", "sgl-kernel"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    arch = {k: os.environ.get(k) for k in ("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST")}
+    blob = json.dumps([job.source, job.api, hashlib.sha256(text).hexdigest(), versions, arch], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class Stamps:
+    """What each job loaded when it last ran, kept beside the JIT cache: a job whose definition,
+    versions and arch are the same and whose libraries are all there, unchanged, is `cached` without
+    starting a worker (a warm machine's prebuild: 73 warm-up calls took 14 s on the H100). A module
+    the tests still had to build would show as `compiled_during_tests` in the session."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.lock = threading.Lock()
+        try:
+            data = json.loads(path.read_text()) if path else {}
+        except (OSError, ValueError):
+            data = {}
+        self.entries: dict[str, dict] = data if isinstance(data, dict) else {}
+
+    @staticmethod
+    def _key(definition: str, source: str) -> str:
+        return f"{source}:{definition}"
+
+    def fresh(self, job: Job) -> dict | None:
+        entry = self.entries.get(self._key(job.definition, job.source))
+        if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint(job):
+            return None
+        libraries = entry.get("libraries")
+        if not isinstance(libraries, dict):
+            return None
+        for path, mtime in libraries.items():
+            try:
+                if os.stat(path).st_mtime != mtime:
+                    return None
+            except OSError:
+                return None
+        return entry
+
+    def record(self, record: BuildRecord) -> None:
+        if self.path is None or record.job is None:
+            return
+        with self.lock:
+            self.entries[self._key(record.definition, record.source)] = {
+                "fingerprint": fingerprint(record.job), "libraries": record.libraries,
+                "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+                tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
+                os.replace(tmp, self.path)
+            except OSError:
+                pass  # no stamp: the next run checks by running the job
+
+
 def cache_roots() -> list[Path]:
     """Where the installed kernel packages keep their JIT builds."""
     roots = []
@@ -480,11 +617,13 @@ def worker_main(answer_fd: int, device: str) -> int:
             roots = cache_roots()
         before = libraries(roots)
         status, message = _warm(job, device)
-        modules = new_modules(before, libraries(roots))
+        used = loaded_libraries(roots)
+        modules = new_modules(before, used)
         if status == "ok":
             status = "built" if modules else "cached"
         answer = {"definition": job["definition"], "source": job["source"], "api": job["api"],
-                  "op_type": job["op_type"], "status": status, "modules": modules, "message": message}
+                  "op_type": job["op_type"], "status": status, "modules": modules, "message": message,
+                  "uses": sorted(Path(p).stem for p in used), "libraries": used}
         out.write((json.dumps(answer) + "\n").encode())
     return 0
 
@@ -494,6 +633,7 @@ def summarise(records: Iterable[BuildRecord]) -> dict[str, Any]:
     records = list(records)
     modules = sorted({m for r in records for m in r.modules})
     return {"counts": dict(Counter(r.status for r in records)), "jobs": len(records), "modules_built": modules,
+            "stamped": sum(r.checked_by == "stamp" for r in records),
             "job_seconds": round(sum(r.seconds for r in records), 1),
             "slowest": [{"definition": r.definition, "source": r.source, "status": r.status, "seconds": r.seconds,
                          "modules": r.modules} for r in sorted(records, key=lambda r: -r.seconds)[:10]]}

@@ -70,6 +70,7 @@ class SessionInfo:
     log_tail: str | None = None
     jit: dict[str, Any] | None = None  # the JIT prebuild: counts, seconds, modules, compiled during tests
     phases: dict[str, float] | None = None  # the tests' time summed by phase (inputs, reference, ...)
+    mps: dict[str, Any] | None = None  # GPU sessions: whether CUDA MPS was used, and why not (sweep/mps.py)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):

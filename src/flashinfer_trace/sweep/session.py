@@ -66,10 +66,21 @@ def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str]) 
     return [f"--device={device}", f"--save-failures={results / 'failures'}", *extra]
 
 
-def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
-                install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
-                extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False,
-                jit_budget: float | None = None) -> int:
+def run_session(kind: str, combo: Combination, session: str, results: Path, *, mps: bool = True, **kwargs) -> int:
+    """A GPU reference session runs inside an MPS daemon of its own where one starts (mps.py), and
+    records whether it did. Benchmarks run one process at a time and time kernels alone: no MPS."""
+    from . import mps as mps_
+
+    if not combo.gpu or kind != "references":
+        return _run_session(kind, combo, session, results, **kwargs)
+    with mps_.session(enabled=mps) as state:
+        return _run_session(kind, combo, session, results, mps_state=state, **kwargs)
+
+
+def _run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
+                 install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
+                 extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False,
+                 jit_budget: float | None = None, mps_state: dict | None = None) -> int:
     from . import manifest as mf
     from .isolation import collect_files, run_isolated
 
@@ -79,7 +90,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
 
         configure(allow_unconfined=True)
     info = SessionInfo(session, combo.id, install_mode=(install or {}).get("mode"), constraints_file=str(combo.path),
-                       constraints_sha256=combo.sha256, started=started)
+                       constraints_sha256=combo.sha256, started=started, mps=mps_state)
     manifest = mf.collect(combination=combo.metadata(), install=install, repo=cwd or ".")
     status, reason, found = check_gpu(combo, arch)
     info.arch = found or (arch if combo.gpu else "cpu")
@@ -199,7 +210,8 @@ def prebuild(results: Path, pytest_args: list[str], *, cwd: Path | None = None, 
 
     t0 = time.monotonic()
     config = jit.JitConfig(report=str(results / JIT_STREAM), log_dir=str(results / "jit-logs"), resume=resume,
-                           select=jit.select_k(k_expression(pytest_args)), budget=budget or jit.DEFAULT_BUDGET)
+                           select=jit.select_k(k_expression(pytest_args)), budget=budget or jit.DEFAULT_BUDGET,
+                           stamps=jit.default_stamps())
     found = discover([str(definitions_dir(cwd / "definitions" if cwd else None))], CheckConfig())
     records = list(jit.run(jit.plan(found.definitions, config), config))
     summary = jit.summarise(records) | {"wall_seconds": round(time.monotonic() - t0, 1), "report": JIT_STREAM}
@@ -232,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-timeout", type=float, default=900.0)
     p.add_argument("--resume", action="store_true", help="keep the tests already in tests.jsonl, run the rest")
     p.add_argument("--jit-budget", type=float, help="seconds per prebuild job (default 600)")
+    p.add_argument("--no-mps", dest="mps", action="store_false", help="GPU sessions: no CUDA MPS daemon")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
@@ -239,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     install = json.loads(Path(args.install_json).read_text()) if args.install_json else None
     return run_session(args.kind, load_combination(args.combination), args.session, Path(args.results),
                        arch=args.arch, install=install, jobs=args.jobs, test_timeout=args.test_timeout,
-                       extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume, jit_budget=args.jit_budget)
+                       extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume, jit_budget=args.jit_budget,
+                       mps=args.mps)
 
 
 if __name__ == "__main__":
