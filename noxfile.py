@@ -17,6 +17,7 @@ JIT cache under $FLASHINFER_TRACE_JIT_CACHE (default ~/.cache/flashinfer-trace/j
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))  # the nox interpreter reads combos with the package's own code
 
+from flashinfer_trace.sweep import mps  # noqa: E402
 from flashinfer_trace.sweep.combos import arch_env, arch_of, default_combination, load_combinations  # noqa: E402
 from flashinfer_trace.sweep.install import install, parse_session_args  # noqa: E402
 from flashinfer_trace.sweep.manifest import nvidia_smi  # noqa: E402
@@ -85,14 +87,17 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
         write_session(out, info)
         session.error(f"install failed: {result.error} (log: {out / 'install.log'})")
     jobs = opts.jobs or (4 if combo.gpu else 2)
-    session.run("python", "-m", "flashinfer_trace.sweep.session", kind,
-                "--combination", str(combo.path.relative_to(ROOT)), "--session", name,
-                "--results", str(out), "--arch", arch or "auto", "--install-json", str(out / "install.json"),
-                "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900),
-                *(["--resume"] if opts.resume else []),
-                *(["--jit-budget", str(opts.jit_budget)] if opts.jit_budget else []),
-                *([] if opts.mps else ["--no-mps"]), "--", *pytest_args,
-                env=env, success_codes=[0, 3])
+    # a GPU reference session's processes share the GPU through an MPS daemon of its own, quit once
+    # the session process has exited (sweep/mps.py); benchmarks time kernels alone, without it
+    uses_mps = combo.gpu and kind == "references"
+    with mps.session(enabled=opts.mps) if uses_mps else contextlib.nullcontext():
+        session.run("python", "-m", "flashinfer_trace.sweep.session", kind,
+                    "--combination", str(combo.path.relative_to(ROOT)), "--session", name,
+                    "--results", str(out), "--arch", arch or "auto", "--install-json", str(out / "install.json"),
+                    "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900),
+                    *(["--resume"] if opts.resume else []),
+                    *(["--jit-budget", str(opts.jit_budget)] if opts.jit_budget else []), "--", *pytest_args,
+                    env=env, success_codes=[0, 3])
     status = json.loads((out / "session.json").read_text())["status"]
     if status in ("no-gpu", "arch-mismatch"):
         session.skip(status)

@@ -80,7 +80,8 @@ for s in "$@"; do
     mutants) step mutants  # through the references session's environment and JIT cache: nothing rebuilds
       FLASHINFER_WORKSPACE_BASE=$JITC timeout ${TM:-150} \
         .nox/references-cuda13/bin/python -m flashinfer_trace.cli mutants --ground-truth flashinfer --device cuda \
-        --json > "$OUT/mutants-flashinfer.json" 2> /tmp/mutants.err; echo "mutants rc $?" | tee -a "$LOG"
+        --stream "$OUT/mutants-flashinfer.jsonl" > "$OUT/mutants-flashinfer.txt" 2> /tmp/mutants.err
+      echo "mutants rc $?" | tee -a "$LOG"; tail -45 "$OUT/mutants-flashinfer.txt" | tee -a "$LOG"
       tail -5 /tmp/mutants.err | tee -a "$LOG" ;;
     *) echo "unknown step $s" | tee -a "$LOG" ;;
   esac

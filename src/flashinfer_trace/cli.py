@@ -417,7 +417,19 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     _configure_sandbox(args)
     device = args.device or default_device()
     chosen = [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
-    kills = [kill(m, args.ground_truth, device=device) for m in chosen]
+    stream = None
+    if args.stream:
+        from .sweep.results import JsonlStream
+
+        stream = JsonlStream(args.stream)
+    kills = []
+    for m in chosen:  # each verdict streamed as it comes: a run cut short keeps what it judged
+        kills.append(kill(m, args.ground_truth, device=device))
+        if stream:
+            stream.write(asdict(kills[-1]) | {"bug": m.bug, "known_gap": m.survives, "ground_truth": args.ground_truth,
+                                              "device": device})
+    if stream:
+        stream.close()
     killed, ran = kill_rate(kills)
     unexpected = [k for m, k in zip(chosen, kills, strict=True) if k.killed is False and not m.survives]
     if args.json:
@@ -635,6 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ground-truth", default="torch", choices=("torch", "flashinfer", "sglang"))
     s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     s.add_argument("--only", action="append", help="mutants whose name contains this (repeatable)")
+    s.add_argument("--stream", metavar="FILE", help="append each mutant's verdict to FILE (JSONL) as it is judged")
     s.set_defaults(func=cmd_mutants)
 
     s = sub.add_parser("coverage", parents=[common], help="tests, ground truths and axis values per op type")

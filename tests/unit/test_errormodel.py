@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -147,3 +149,13 @@ def test_a_mutant_is_not_judged_where_the_true_reference_fails(monkeypatch):
     k = mutants.kill(MUTANTS[0], "torch")
     assert k.killed is None and k.how.startswith("not judged: the true reference fails too: shape small")
     assert kill_rate([k]) == (0, 0)
+
+
+def test_the_cli_streams_each_verdict(tmp_path):
+    from flashinfer_trace.cli import main
+
+    out = tmp_path / "mutants.jsonl"
+    rc = main(["mutants", "--ground-truth", "torch", "--device", "cpu", "--only", "rmsnorm_h4096:eps",
+               "--stream", str(out), "--json"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rc == 0 and rows and all(r["killed"] is True and r["ground_truth"] == "torch" for r in rows)

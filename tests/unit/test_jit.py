@@ -233,3 +233,12 @@ def test_a_job_names_the_libraries_its_own_process_loaded(tmp_path):
     maps.write_text(f"7f00-7f10 r-xp 00000000 08:01 42 {mine}\n7f10-7f20 r--p 00001000 08:01 42 {mine}\n"
                     f"7f20-7f30 r-xp 00000000 08:01 43 /usr/lib/libc.so.6\n7f30-7f40 rw-p 00000000 00:00 0\n")
     assert jit.loaded_libraries([root], str(maps)) == {str(mine): mine.stat().st_mtime}
+
+
+def test_the_longest_groups_build_first_at_normal_priority_the_rest_below():
+    jobs = [_job(n) for n in ("rmsnorm_h4096", "silu_and_mul_i256", "gemm_n4096_k4096")]
+    jobs = jit.order(jobs)  # gemm, rmsnorm, activation by the guesses
+    config = jit.JitConfig(device="cpu", workers=3)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    nice = {r.definition: r.nice for r in jit.run(jobs, config)}
+    assert nice == {"gemm_n4096_k4096": base, "rmsnorm_h4096": base, "silu_and_mul_i256": max(base, jit.NICE)}

@@ -35,7 +35,8 @@ def test_the_session_starts_its_own_daemon_and_quits_it(tmp_path, monkeypatch, n
         pipe = os.environ[mps.PIPE_ENV]
         assert state["used"] and state["own"] and state["reason"] is None
         assert os.path.isdir(pipe) and pipe.startswith(state["dir"])
-    assert mps.PIPE_ENV not in os.environ and not os.path.exists(state["dir"])
+        assert mps.recorded() == state  # what the session process records in session.json
+    assert mps.PIPE_ENV not in os.environ and not os.path.exists(state["dir"]) and mps.recorded() is None
     started, quit_ = calls.read_text().splitlines()
     assert started.startswith(f"-d pipe={pipe}") and quit_ == f" pipe={pipe} stdin=quit"
 
@@ -53,7 +54,7 @@ def test_without_the_control_binary_or_when_turned_off(monkeypatch, no_user_daem
     with mps.session() as state:
         assert state == {"used": False, "own": False, "reason": f"{mps.CONTROL} not found"}
     with mps.session(enabled=False) as state:
-        assert not state["used"] and "--no-mps" in state["reason"]
+        assert not state["used"] and "--no-mps" in state["reason"] and mps.recorded() == state
 
 
 def test_the_users_own_daemon_is_used_as_it_is(tmp_path, monkeypatch):

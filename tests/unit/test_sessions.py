@@ -224,3 +224,33 @@ def test_a_jit_session_of_a_cpu_combination_has_nothing_to_build(tmp_path):
     assert run_session("jit", combo, "jit-cpu", tmp_path, cwd=ROOT) == 0
     info = json.loads((tmp_path / "session.json").read_text())
     assert info["status"] == "ok" and info["jit"]["counts"] == {} and "no GPU" in info["jit"]["note"]
+
+
+def test_a_reused_environment_with_the_same_install_is_not_installed_again(tmp_path, monkeypatch):
+    from flashinfer_trace.sweep import install as inst
+
+    site, wheels = tmp_path / "site", tmp_path / "wheels"
+    site.mkdir()
+    wheels.mkdir()
+    (wheels / "a-1.0-py3-none-any.whl").write_bytes(b"x")
+    calls = []
+
+    def fake(combo, python, options, *, project, log, env=None):
+        calls.append(options.mode)
+        return inst.InstallResult(ok=len(calls) != 3, mode=options.mode, log=str(log), steps=["pip install ..."])
+
+    monkeypatch.setattr(inst, "_install", fake)
+    monkeypatch.setattr(inst, "site_packages", lambda python: site)
+    combo = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
+    opts = InstallOptions(wheelhouse=wheels)
+    first = install(combo, sys.executable, opts, project=ROOT, log=tmp_path / "1.log")
+    again = install(combo, sys.executable, opts, project=ROOT, log=tmp_path / "2.log")
+    assert first.ok and again.ok and len(calls) == 1
+    assert again.steps[0].startswith("unchanged since") and "nothing installed" in (tmp_path / "2.log").read_text()
+    (wheels / "b-1.0-py3-none-any.whl").write_bytes(b"y")  # another wheelhouse: installed again
+    install(combo, sys.executable, opts, project=ROOT, log=tmp_path / "3.log")
+    assert len(calls) == 2
+    failed = install(combo, sys.executable, InstallOptions(), project=ROOT, log=tmp_path / "4.log")
+    assert not failed.ok and len(calls) == 3
+    install(combo, sys.executable, InstallOptions(), project=ROOT, log=tmp_path / "5.log")  # a failure is no stamp
+    assert len(calls) == 4

@@ -41,6 +41,7 @@ PREINSTALLED_ENV = "FLASHINFER_TRACE_PREINSTALLED_TORCH"
 SITE_ENV = "FLASHINFER_TRACE_SITE"
 STAMP = ".flashinfer-trace-combination"
 LAYERS = ("zz_flashinfer_trace_base.pth", "flashinfer_trace_src.pth", "flashinfer_trace_combo.pth")
+INSTALLED = "flashinfer_trace_install.json"  # in the environment's site-packages: what the last install was
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version < '3.11'", "pytest", "pytest-timeout",
                         "pytest-benchmark", "landlock>=1.0.0.dev5; sys_platform == 'linux'",
@@ -203,14 +204,66 @@ def torch_differences(combo: Combination, found: dict) -> list[str]:
     return diffs
 
 
+def _find_torch(python: str) -> str | None:
+    """Where `python`'s torch is, without importing it (a tenth of a second, not three)."""
+    code = "import importlib.util as u; s = u.find_spec('torch'); print(s.origin if s else '')"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def install_key(combo: Combination, python: str, options: InstallOptions, project: Path) -> str:
+    """Everything an install depends on: the combination, the mode, the wheelhouse's files, the
+    preinstalled torch (its files' mtime), the project's dependencies. The same key in a reused
+    environment means the same install: it is not run again (5 s of every warm GPU session)."""
+    import hashlib
+
+    torch_file = _find_torch(options.preinstalled_torch) if options.preinstalled_torch else None
+    torch_stamp = None
+    if torch_file:
+        version = Path(torch_file).with_name("version.py")
+        torch_stamp = [str(version), version.stat().st_mtime if version.is_file() else None]
+    wheels = sorted((p.name, p.stat().st_size) for p in options.wheelhouse.iterdir()) if options.wheelhouse else None
+    pyproject = project / "pyproject.toml"
+    parts = [combo.sha256, options.mode, python, options.preinstalled_torch, torch_stamp, wheels, str(project),
+             PROJECT_REQUIREMENTS, hashlib.sha256(pyproject.read_bytes()).hexdigest() if pyproject.is_file() else None,
+             options.torch_index]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
+
+
 def install(combo: Combination, python: str, options: InstallOptions, *, project: str | Path, log: str | Path,
             env: dict[str, str] | None = None) -> InstallResult:
-    """Install `combo` into the environment of `python`; never raises for an install failure."""
-    run = _Runner(Path(log), env)
-    result = InstallResult(False, options.mode, str(log))
+    """Install `combo` into the environment of `python`; never raises for an install failure. A
+    reused environment whose last install had the same `install_key` is left as it is."""
     project = Path(project).resolve()
     try:
         site = site_packages(python)
+        key = install_key(combo, python, options, project)
+        before = json.loads((site / INSTALLED).read_text()) if (site / INSTALLED).is_file() else None
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, ValueError):
+        site, key, before = None, None, None
+    if isinstance(before, dict) and before.get("key") == key and before.get("result", {}).get("ok"):
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        Path(log).write_text(f"unchanged since {before.get('at')}: the same combination, mode, wheels, torch and "
+                             "project as the environment's last install; nothing installed\n")
+        kept = InstallResult(**before["result"])
+        kept.log, kept.steps = str(log), [f"unchanged since {before.get('at')}: nothing installed"]
+        return kept
+    result = _install(combo, python, options, project=project, log=log, env=env)
+    if result.ok and site is not None and key is not None:
+        import time
+
+        (site / INSTALLED).write_text(json.dumps({"key": key, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                  "result": result.as_dict()}))
+    return result
+
+
+def _install(combo: Combination, python: str, options: InstallOptions, *, project: Path, log: str | Path,
+             env: dict[str, str] | None = None) -> InstallResult:
+    run = _Runner(Path(log), env)
+    result = InstallResult(False, options.mode, str(log))
+    try:
+        site = site_packages(python)
+        (site / INSTALLED).unlink(missing_ok=True)
         for stale in LAYERS:  # a reused environment keeps only this install's layering
             (site / stale).unlink(missing_ok=True)
         if options.preinstalled_torch:  # first: pip must see the layered packages as installed

@@ -5,18 +5,22 @@ on one GPU. Without MPS the GPU time-slices between contexts, and every small ke
 synchronisation of one process waits for the others' slices. On the H100 (flashinfer 0.6.6, 8 jobs)
 the same warm reference session took 85 s of tests without MPS and 63 s with it.
 
-The session starts a daemon of its own (`nvidia-cuda-mps-control -d`) with private pipe and log
-directories, exports them to every process it starts (and to itself, before it touches CUDA), and
-quits it at the end: no other process on the machine connects to it. An MPS daemon the user already
+The nox session starts a daemon of its own (`nvidia-cuda-mps-control -d`) with private pipe and
+log directories, exports them to the session process it starts (and so to every test process and
+reference worker), and quits it once that process has exited: no other process on the machine
+connects to it. (Quitting waits for the daemon's clients to finish: asked from inside the session
+process, itself a client, the quit hung until its 20 s timeout.) The state travels to the session
+in FLASHINFER_TRACE_MPS, which records it in session.json. An MPS daemon the user already
 runs (CUDA_MPS_PIPE_DIRECTORY set) is used as it is. Where none can be started (no control binary,
 no permission, a GPU in a compute mode that refuses it) the session runs without, and says why:
 
     with mps.session(enabled=True) as state:   # state: {"used": bool, "own": bool, "reason": str | None}
-        ...
+        subprocess.run([...session...])         # a child: it has exited before the daemon quits
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -27,6 +31,7 @@ from pathlib import Path
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+STATE_ENV = "FLASHINFER_TRACE_MPS"
 START_TIMEOUT_S = 20
 
 
@@ -69,9 +74,16 @@ def stop(state: dict, env: dict[str, str]) -> None:
 def session(enabled: bool = True) -> Iterator[dict]:
     """MPS for everything started inside (this process's environment included), stopped after."""
     if not enabled:
-        yield {"used": False, "own": False, "reason": "turned off (--no-mps)"}
+        state = {"used": False, "own": False, "reason": "turned off (--no-mps)"}
+        saved = os.environ.get(STATE_ENV)
+        os.environ[STATE_ENV] = json.dumps(state)
+        try:
+            yield state
+        finally:
+            os.environ.pop(STATE_ENV) if saved is None else os.environ.__setitem__(STATE_ENV, saved)
         return
     state, env = start()
+    env = {**env, STATE_ENV: json.dumps(state)}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -83,3 +95,12 @@ def session(enabled: bool = True) -> Iterator[dict]:
             else:
                 os.environ[k] = v
         stop(state, env)
+
+
+def recorded() -> dict | None:
+    """The state the nox session passed down (None: not started through nox, or not a GPU session)."""
+    try:
+        state = json.loads(os.environ.get(STATE_ENV, "null"))
+    except ValueError:
+        return None
+    return state if isinstance(state, dict) else None

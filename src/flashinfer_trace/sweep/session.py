@@ -66,22 +66,12 @@ def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str]) 
     return [f"--device={device}", f"--save-failures={results / 'failures'}", *extra]
 
 
-def run_session(kind: str, combo: Combination, session: str, results: Path, *, mps: bool = True, **kwargs) -> int:
-    """A GPU reference session runs inside an MPS daemon of its own where one starts (mps.py), and
-    records whether it did. Benchmarks run one process at a time and time kernels alone: no MPS."""
-    from . import mps as mps_
-
-    if not combo.gpu or kind != "references":
-        return _run_session(kind, combo, session, results, **kwargs)
-    with mps_.session(enabled=mps) as state:
-        return _run_session(kind, combo, session, results, mps_state=state, **kwargs)
-
-
-def _run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
-                 install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
-                 extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False,
-                 jit_budget: float | None = None, mps_state: dict | None = None) -> int:
+def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
+                install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
+                extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False,
+                jit_budget: float | None = None) -> int:
     from . import manifest as mf
+    from . import mps
     from .isolation import collect_files, run_isolated
 
     started, t0 = mf.now(), time.monotonic()
@@ -90,7 +80,7 @@ def _run_session(kind: str, combo: Combination, session: str, results: Path, *, 
 
         configure(allow_unconfined=True)
     info = SessionInfo(session, combo.id, install_mode=(install or {}).get("mode"), constraints_file=str(combo.path),
-                       constraints_sha256=combo.sha256, started=started, mps=mps_state)
+                       constraints_sha256=combo.sha256, started=started, mps=mps.recorded())
     manifest = mf.collect(combination=combo.metadata(), install=install, repo=cwd or ".")
     status, reason, found = check_gpu(combo, arch)
     info.arch = found or (arch if combo.gpu else "cpu")
@@ -244,7 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-timeout", type=float, default=900.0)
     p.add_argument("--resume", action="store_true", help="keep the tests already in tests.jsonl, run the rest")
     p.add_argument("--jit-budget", type=float, help="seconds per prebuild job (default 600)")
-    p.add_argument("--no-mps", dest="mps", action="store_false", help="GPU sessions: no CUDA MPS daemon")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
@@ -252,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     install = json.loads(Path(args.install_json).read_text()) if args.install_json else None
     return run_session(args.kind, load_combination(args.combination), args.session, Path(args.results),
                        arch=args.arch, install=install, jobs=args.jobs, test_timeout=args.test_timeout,
-                       extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume, jit_budget=args.jit_budget,
-                       mps=args.mps)
+                       extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume, jit_budget=args.jit_budget)
 
 
 if __name__ == "__main__":
