@@ -9,6 +9,7 @@ this file makes environments and calls flashinfer_trace.sweep.install / flashinf
     nox -s references-cuda13 -- --wheelhouse .whl --preinstalled-torch -k rmsnorm
                                              offline, reusing this interpreter's torch; the rest to pytest
     nox -s jit-cuda13 -- -k moe --jit-budget 1800    only the JIT prebuild (start long builds ahead; resumable)
+    nox -s references-cuda13 -- --no-mps     without the session's own CUDA MPS daemon (sweep/mps.py)
     nox -s matrix                            results/ -> matrix/ (JSON, Markdown, HTML)
 
 Results go to results/<session>/ ($FLASHINFER_TRACE_RESULTS); each combination gets its own FlashInfer

@@ -254,3 +254,25 @@ def test_a_reused_environment_with_the_same_install_is_not_installed_again(tmp_p
     assert not failed.ok and len(calls) == 3
     install(combo, sys.executable, InstallOptions(), project=ROOT, log=tmp_path / "5.log")  # a failure is no stamp
     assert len(calls) == 4
+
+
+def test_an_interrupt_during_the_prebuild_keeps_every_record(tmp_path, monkeypatch):
+    from flashinfer_trace.sweep import jit
+    from flashinfer_trace.sweep import session as sess
+
+    combo = load_combination(ROOT / "constraints" / "cu130-torch2.11-fi0.6.6.toml")
+    out = tmp_path / "results" / "references-cuda13"
+    out.mkdir(parents=True)
+    earlier = [TestRecord(f"tests/references/test_planted.py::test_{i}", "passed", 0.1) for i in range(2)]
+    (out / "tests.jsonl").write_text("".join(json.dumps(r.as_dict()) + "\n" for r in earlier))
+
+    def prebuild(results, *args, **kwargs):  # one module built, then Ctrl-C while the next builds
+        (results / sess.JIT_STREAM).write_text(json.dumps(jit.BuildRecord("d", "flashinfer", "built").as_dict()) + "\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sess, "check_gpu", lambda combo, arch: ("ok", None, "sm90"))
+    monkeypatch.setattr(sess, "prebuild", prebuild)
+    rc = run_session("references", combo, "references-cuda13", out, cwd=_planted_tree(tmp_path), resume=True)
+    s = json.loads((out / "session.json").read_text())
+    assert rc == 130 and s["status"] == "interrupted" and "during the JIT prebuild after 2 test(s)" in s["reason"]
+    assert s["counts"] == {"passed": 2} and s["jit"]["counts"] == {"built": 1} and s["jit"]["interrupted"]

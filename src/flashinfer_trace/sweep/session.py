@@ -100,10 +100,16 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     info.status = "running"  # until the end: a session killed outright is read as partial, from tests.jsonl
     write_session(results, info, manifest=manifest)
     built_before = None
-    if combo.gpu:
-        info.jit, built_before = prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget)
-        write_session(results, info, manifest=manifest)
-        os.environ[REPORT_ENV] = str(results / JIT_STREAM)  # the tests skip what could not be built
+    try:
+        if combo.gpu:
+            info.jit, built_before = prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget)
+            write_session(results, info, manifest=manifest)
+            os.environ[REPORT_ENV] = str(results / JIT_STREAM)  # the tests skip what could not be built
+    except KeyboardInterrupt:  # the finished builds are in jit.jsonl, an earlier run's tests in tests.jsonl
+        from . import jit
+
+        info.jit = jit.summarise(jit.read_report(results / JIT_STREAM)) | {"interrupted": True, "report": JIT_STREAM}
+        return _interrupted(info, results, manifest, t0, "during the JIT prebuild")
     if kind == "jit":
         if info.jit is None:
             info.jit = {"counts": {}, "wall_seconds": 0.0, "note": f"{combo.id} has no GPU: nothing to build"}
@@ -123,12 +129,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
                 log_dir=results / "logs", on_record=lambda r: stream.write(r.as_dict()),
                 skip={r.nodeid for r in earlier})
     except KeyboardInterrupt:  # what finished is in the stream: keep it readable as the session's result
-        records = streamed_records(results)
-        info.status, info.reason = "interrupted", f"interrupted after {len(records)} test(s); --resume goes on"
-        info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
-        write_session(results, info, records=records, manifest=mf.finish(manifest))
-        print(f"{session}: interrupted: {len(records)} test record(s) kept in {results}", file=sys.stderr)
-        return 130
+        return _interrupted(info, results, manifest, t0, "")
     bad = [r for r in records if r.status in ("failed", "error", "timeout", "xpassed")]
     info.status = "tests-failed" if bad else "ok"
     info.phases = phase_totals(records)
@@ -143,6 +144,19 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
 
 STREAM = "tests.jsonl"
 JIT_STREAM = "jit.jsonl"
+
+
+def _interrupted(info: SessionInfo, results: Path, manifest: dict, t0: float, where: str) -> int:
+    """Ctrl-C (or a SIGINT from a time limit): every record streamed so far becomes the session's result."""
+    from . import manifest as mf
+
+    records = streamed_records(results)
+    info.status = "interrupted"
+    info.reason = f"interrupted {where + ' ' if where else ''}after {len(records)} test(s); --resume goes on"
+    info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
+    write_session(results, info, records=records, manifest=mf.finish(manifest))
+    print(f"{info.session}: {info.reason} ({results})", file=sys.stderr)
+    return 130
 
 
 def phase_totals(records: list[TestRecord]) -> dict[str, float]:
