@@ -108,6 +108,16 @@ class Definition(BaseModel):
     def models(self) -> list[str]:
         return self.tag_values("model")
 
+    @cached_property
+    def run_parameters(self) -> list[str]:
+        """The input names in the order `run()` takes them. Inputs are matched by name: the public
+        dataset's MoE references list `routing_bias` second where the inputs list it last. Parsed,
+        never run; the inputs' own order where the reference has no such run() (validate says why)."""
+        from .sandbox.static import run_parameters
+
+        params = run_parameters(self.reference)
+        return params if params is not None and sorted(params) == sorted(self.inputs) else list(self.inputs)
+
     @property
     def stage(self) -> str | None:
         stages = self.tag_values("stage")

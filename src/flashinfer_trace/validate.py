@@ -262,10 +262,15 @@ def _reference_problems(code: str, input_names: list[str], file: str) -> list[Pr
         out.append(Problem(file, "$.reference", "reference-signature",
                            "run() must take the inputs as plain positional parameters"))
     params = [a.arg for a in args.args]
-    if params != input_names:
+    if sorted(params) != sorted(input_names):  # matched by name: the order is the reference's own
+        missing, extra = sorted(set(input_names) - set(params)), sorted(set(params) - set(input_names))
+        duplicated = sorted({p for p in params if params.count(p) > 1})
+        why = "; ".join(x for x in (f"no parameter for input(s) {', '.join(missing)}" if missing else "",
+                                    f"parameter(s) {', '.join(extra)} are not inputs" if extra else "",
+                                    f"parameter(s) {', '.join(duplicated)} repeated" if duplicated else "") if x)
         out.append(Problem(file, "$.reference", "reference-signature",
-                           f"run({', '.join(params)}) must take exactly the inputs, in order: "
-                           f"run({', '.join(input_names)})"))
+                           f"run({', '.join(params)}) must take the inputs by name ({why}): "
+                           f"run({', '.join(input_names)}) in any order"))
     return out
 
 

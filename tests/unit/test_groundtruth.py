@@ -532,9 +532,13 @@ def test_stage_and_is_causal():
 
 def test_eps_and_page_size():
     assert sem.eps(rmsnorm(eps=3e-4)) == 3e-4
-    with pytest.raises(GroundTruthUnavailable, match="no epsilon constant"):
+    with pytest.raises(GroundTruthUnavailable, match="defines no epsilon: no EPS"):
         sem.eps(named("norm"))
     assert sem.eps(named("norm", reference="VARIANCE_EPSILON = 1e-6\n\ndef run(x):\n    return x\n")) == 1e-6
+    inside = "def run(x):\n    EPS = 1e-6\n    return x * (x.pow(2).mean(-1, keepdim=True) + EPS).rsqrt()\n"
+    assert sem.eps(named("norm", reference=inside)) == 1e-6  # the public dataset's form
+    literal = "def run(x):\n    return x * (x.pow(2).mean(-1, keepdim=True) + 3e-6).rsqrt()\n"
+    assert sem.eps(named("norm", reference=literal)) == 3e-6
     assert sem.page_size(named("p", const={"page_size": 16})) == 16
     assert sem.page_size(named("p")) == 1
 

@@ -1033,3 +1033,34 @@ def test_moe_without_expert_parallelism_offers_no_no_local_tokens_case():
     assert "no_local_tokens" in edge_cases(d)
     axes = {**d.as_dict["axes"], "num_local_experts": const(64)}  # every expert local: no token can miss them
     assert "no_local_tokens" not in edge_cases(variant(d, axes=axes))
+
+
+def test_a_reference_that_orders_its_parameters_otherwise_gets_each_input_by_name():
+
+    from flashinfer_trace.definition import Definition
+    from flashinfer_trace.testing import generate_inputs, load_definition, run_reference
+
+    data = json.loads(load_definition("rmsnorm_h4096").to_json())
+    data["reference"] = data["reference"].replace("def run(hidden_states, weight):", "def run(weight, hidden_states):")
+    assert "def run(weight, hidden_states):" in data["reference"]
+    permuted = Definition.model_validate(data)
+    assert permuted.run_parameters == ["weight", "hidden_states"]
+    inputs = generate_inputs(permuted, "small", seed=0)
+    assert list(inputs.values) == ["weight", "hidden_states"] and inputs.args()[0] is inputs.values["weight"]
+    same = generate_inputs(load_definition("rmsnorm_h4096"), "small", seed=0)
+    (out,), (expected,) = run_reference(permuted, inputs), run_reference(load_definition("rmsnorm_h4096"), same)
+    assert torch.equal(out, expected)
+
+
+def test_rope_heads_left_var_get_the_tiers_head_counts():
+    """The public rope_with_cos_sin_cache_neox_style_d128_rd64 leaves both head counts var."""
+    from flashinfer_trace.definition import Definition
+    from flashinfer_trace.testing import generate_inputs, load_definition
+
+    data = json.loads(load_definition("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128").to_json())
+    for axis in ("num_qo_heads", "num_kv_heads"):
+        data["axes"][axis] = {"type": "var", "description": "left to the inputs"}
+    var_heads = Definition.model_validate(data)
+    small, medium = (generate_inputs(var_heads, size, seed=0) for size in ("small", "medium"))
+    assert (small.axes["num_qo_heads"], small.axes["num_kv_heads"]) == (4, 2)
+    assert tuple(medium.values["query"].shape[1:]) == (32, 128) and medium.values["key"].shape[1] == 8

@@ -419,10 +419,35 @@ def test_reference_constants():
         "    EPS = 3\n"
         "    return x\n"
     )
-    assert reference_constants(code) == {
-        "EPS": 1e-5, "TOP_K": 8, "NEG": -3, "SCALE": 0.0078125, "TINY": 0.0078125,
+    assert reference_constants(code) == {  # run's own EPS = 3 is the one run uses
+        "EPS": 3, "TOP_K": 8, "NEG": -3, "SCALE": 0.0078125, "TINY": 0.0078125,
         "SHAPE": (128, 64, -1), "NAME": "rmsnorm", "HALF_EPS": 5e-6, "FLAG": True, "A": 4, "B": 4,
     }
+
+
+def test_constants_in_the_body_of_run():
+    """The public dataset writes its constants inside run()."""
+    code = ("import torch\nSCALE = 2\n"
+            "def run(x, TOP_K):\n"
+            "    _, h = x.shape\n    assert h == 128\n    EPS = 1e-6\n    HALF = EPS / SCALE\n"
+            "    STEP = 1\n    for i in range(3):\n        STEP = i\n    TOP_K = 4\n"
+            "    return x\n")
+    found = reference_constants(code)
+    assert found["EPS"] == 1e-6 and found["HALF"] == 5e-7 and found["SCALE"] == 2
+    assert "STEP" not in found  # rebound in a loop
+    assert found["TOP_K"] == 4  # a parameter, then assigned a constant: the constant holds after it
+
+
+def test_an_epsilon_written_as_a_literal():
+    from flashinfer_trace.sandbox.constants import literal_epsilon
+
+    norm = "def run(x, w):\n    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + {}) * w\n"
+    assert literal_epsilon(norm.format("1e-6")) == 1e-6
+    assert literal_epsilon("def run(x):\n    return x / (x.var(-1) + 1e-5).sqrt()\n") == 1e-5
+    assert literal_epsilon("def run(x):\n    return (x ** 2).mean() + 2**-20\n") == 2 ** -20
+    assert literal_epsilon(norm.format("0.5")) is None  # too large to be an epsilon
+    assert literal_epsilon("def run(x):\n    return x + 1e-6\n") is None  # no statistic beside it
+    assert literal_epsilon("def run(x):\n    return x.mean() + 1e-6, x.pow(2).mean() + 1e-5\n") is None  # two
 
 
 def test_reference_constants_never_executes(tmp_path):

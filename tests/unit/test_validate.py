@@ -107,11 +107,20 @@ def test_reference_without_run(valid):
     assert kinds(check_data(valid, "f.json")) == ["reference-run"]
 
 
-@pytest.mark.parametrize("signature", ["run(weight, hidden_states)", "run(hidden_states)",
-                                       "run(hidden_states, weight, eps)", "run(*args)"])
-def test_run_parameters_must_be_the_inputs_in_order(valid, signature):
+@pytest.mark.parametrize("signature", ["run(hidden_states)", "run(hidden_states, weight, eps)", "run(*args)",
+                                       "run(hidden_states, hidden_states)", "run(hidden_states, *, weight)"])
+def test_run_parameters_must_be_the_inputs(valid, signature):
     valid["reference"] = f"def {signature}:\n    return None\n"
     assert "reference-signature" in kinds(check_data(valid, "f.json"))
+
+
+def test_run_takes_the_inputs_by_name_in_any_order(valid):
+    """Four public MoE files list routing_bias second in run() and last among the inputs."""
+    valid["reference"] = "def run(weight, hidden_states):\n    return hidden_states\n"
+    assert "reference-signature" not in kinds(check_data(valid, "f.json"))
+    valid["reference"] = "def run(weight, states):\n    return states\n"
+    (p,) = [p for p in check_data(valid, "f.json") if p.kind == "reference-signature"]
+    assert "no parameter for input(s) hidden_states" in p.message and "states are not inputs" in p.message
 
 
 def test_reference_sandbox_violation_is_a_problem(valid):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..sandbox import reference_constants
+from ..sandbox.constants import literal_epsilon
 from .base import GroundTruthUnavailable
 
 if TYPE_CHECKING:
@@ -33,7 +34,16 @@ def constant(definition: Definition, names: tuple[str, ...], what: str) -> float
 
 
 def eps(definition: Definition) -> float:
-    return float(constant(definition, EPS_NAMES, "epsilon"))
+    """A named constant (top level or in run's body), else the one literal added in the norm."""
+    try:
+        return float(constant(definition, EPS_NAMES, "epsilon"))
+    except GroundTruthUnavailable:
+        found = literal_epsilon(definition.reference)
+        if found is None:
+            raise GroundTruthUnavailable("unsupported", f"{definition.name}: the reference defines no epsilon: no "
+                                         f"{' / '.join(EPS_NAMES)} = <number>, and no single number in (0, 1e-2) "
+                                         "added to a mean / variance / power") from None
+        return found
 
 
 def missing_inputs(definition: Definition, names: tuple[str, ...]) -> str | None:

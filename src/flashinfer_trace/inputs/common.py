@@ -559,7 +559,7 @@ class Builder:
         if unbound:
             raise self.error(f"axis value(s) not determined: {', '.join(unbound)}")
         axes = {a: self.axes[a] for a in d.axes}
-        values = {n: self.values[n] for n in d.inputs}
+        values = {n: self.values[n] for n in d.run_parameters}  # args() in the order run() takes them
         try:
             check_all(d.constraints, {**axes, **values}, definition=d.name)
         except ConstraintError as e:

@@ -114,12 +114,15 @@ def _bound_names(stmt: ast.stmt) -> set[str]:
     return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
 
 
-def reference_constants(code: str) -> dict[str, object]:
-    """Top-level `NAME = <constant expression>` assignments, e.g. {"EPS": 1e-5}. Never executes code.
+def reference_constants(code: str, entry: str = "run") -> dict[str, object]:
+    """`NAME = <constant expression>` assignments at the top level, then in the straight-line body of
+    the entry function (the public dataset writes `EPS = 1e-6` inside `run`), e.g. {"EPS": 1e-5}.
+    Never executes code.
 
     Accepted: int, float, str, bool, tuples of these, unary +/-, + - * / // % ** on numbers (1/128,
     2**-7), str + str, and names of constants found earlier, each within the bounds above. Anything
-    else, or a later rebinding, leaves the name out. Returns {} for non-str or unparsable input.
+    else, or a later rebinding (in a loop or a branch too), leaves the name out. Returns {} for
+    non-str or unparsable input.
     """
     if not isinstance(code, str):
         return {}
@@ -127,8 +130,45 @@ def reference_constants(code: str) -> dict[str, object]:
         tree = parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
-    constants: dict[str, object] = {}
-    for stmt in tree.body:
+    constants = _assigned(tree.body, {})
+    entries = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry]
+    if entries:
+        params = {a.arg for a in ast.walk(entries[-1].args) if isinstance(a, ast.arg)}
+        local = _assigned(entries[-1].body, {k: v for k, v in constants.items() if k not in params})
+        constants = {**{k: v for k, v in constants.items() if k not in params}, **local}
+    return constants
+
+
+def literal_epsilon(code: str) -> float | None:
+    """An epsilon written as a literal in a norm, `rsqrt(x.pow(2).mean(-1) + 1e-6)`: the one number
+    in (0, 1e-2) added to an expression with a mean, a variance or a power. None when there is none
+    or more than one distinct such number."""
+    try:
+        tree = parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+    def small(n: ast.AST) -> float | None:
+        v = _literal(n, {}) if isinstance(n, (ast.Constant, ast.UnaryOp, ast.BinOp)) else _NOT_CONSTANT
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e-2 else None
+
+    def statistic(n: ast.AST) -> bool:
+        return any((isinstance(m, ast.Attribute) and m.attr in ("mean", "var", "pow", "square"))
+                   or (isinstance(m, ast.BinOp) and isinstance(m.op, ast.Pow)) for m in ast.walk(n))
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            for a, b in ((node.left, node.right), (node.right, node.left)):
+                v = small(b)
+                if v is not None and statistic(a):
+                    found.add(v)
+    return found.pop() if len(found) == 1 else None
+
+
+def _assigned(body: list[ast.stmt], constants: dict[str, object]) -> dict[str, object]:
+    constants = dict(constants)
+    for stmt in body:
         targets: list[ast.expr] = []
         if isinstance(stmt, ast.Assign):
             targets, value_node = stmt.targets, stmt.value

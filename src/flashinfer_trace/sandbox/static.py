@@ -320,6 +320,22 @@ def parse(code: str) -> ast.Module:
         return ast.parse(code)
 
 
+def run_parameters(code: str, entry: str = "run") -> list[str] | None:
+    """The plain positional parameters of the last top-level `def <entry>`; None when there is no such
+    function, it takes *args / **kwargs / keyword-only / positional-only ones, or the code does not parse."""
+    try:
+        tree = parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry]
+    if not defs:
+        return None
+    a = defs[-1].args
+    if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs:
+        return None
+    return [p.arg for p in a.args]
+
+
 def check_reference(code: str) -> list[Violation]:
     """All policy violations in the source (syntax error -> one Violation with its line). Never raises."""
     if not isinstance(code, str):
