@@ -14,6 +14,7 @@ stream, fsynced) as it completes, so an interrupt or a kill keeps everything fin
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from collections import Counter
@@ -30,6 +31,7 @@ from .definition import Definition
 from .errormodel import compare_with_model, error_scales
 from .groundtruth import SOURCES, GroundTruthUnavailable, default_device, get_ground_truth
 from .inputs import InputGenerationError, UnsupportedOpType, edge_cases, generate_inputs
+from .inputs.common import fixed_bytes
 from .testing import expected_dtypes, expected_shapes, is_sampler, run_reference
 
 CHECKS = ("shape", "dtype", "match", "deterministic", "edge")
@@ -161,14 +163,42 @@ def discover(targets: Iterable[str], config: CheckConfig) -> Discovered:
 
 
 # -- plan -------------------------------------------------------------------------------------------
+# A check holds the inputs, the reference's float32 copies and the torch ground truth's float64 ones
+# (an fp8 weight grows 8x there) at once: about this many times the inputs' bytes at the peak.
+MEMORY_FACTOR = 12
+
+
+def memory_budget(device: str) -> int:
+    """Bytes the checks may use: the GPU's memory on CUDA, the machine's RAM on the CPU."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def too_large(d: Definition, budget: int) -> str | None:
+    """Why a definition cannot be checked in this much memory, or None."""
+    fixed = fixed_bytes(d)
+    if fixed * MEMORY_FACTOR <= budget:
+        return None
+    return (f"too-large: its fixed-size inputs alone are {fixed / 2**30:.1f} GiB; with the reference's float32 "
+            f"and the ground truth's float64 copies that is ~{fixed * MEMORY_FACTOR / 2**30:.0f} GiB, more than "
+            f"the {budget / 2**30:.0f} GiB here")
+
+
 def plan(discovered: Discovered, config: CheckConfig) -> list[Case | Result]:
-    """Cases in the order they run; a definition no generator supports becomes a skip result."""
+    """Cases in the order they run; a definition no generator supports, or one too large for this
+    machine, becomes a skip result."""
     out: list[Case | Result] = list(discovered.errors)
+    budget = memory_budget(config.resolved_device)
     for d in discovered.definitions:
         try:
             cases = edge_cases(d)
         except UnsupportedOpType as e:
             out.append(Result(d.name, "all", "skip", reason=f"no-generator: {e}"))
+            continue
+        why = too_large(d, budget)
+        if why:
+            out.append(Result(d.name, "all", "skip", reason=why))
             continue
         if config.cases is not None:
             cases = [c for c in cases if c in config.cases]
@@ -194,10 +224,11 @@ class _Memo:
 
     def get(self, case: Case):
         key = (case.definition.name, case.size, case.seed, case.case)
-        if key != self.key:
-            self.key, self.outputs = key, None
+        if key != self.key:  # forgotten before generating: a failure must not leave another case's inputs
+            self.key = self.inputs = self.outputs = None
             self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
                                           case=case.case)
+            self.key = key
         return self.inputs
 
     def reference(self, case: Case):

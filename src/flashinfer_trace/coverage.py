@@ -63,7 +63,7 @@ def coverage(definitions: list[Definition], tests_dir: Path = DEFAULT_DIR) -> Co
         op.definitions += 1
         op.tested += d.name in tested
         op.dtypes.add(governing_dtype(d))
-        if d.op_type in ("gqa_paged", "gqa_ragged", "mla_paged"):
+        if d.op_type in ("gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged"):
             op.stages.add(sem.stage(d))
             op.causal.add(sem.is_causal(d))
             if "page_size" in d.const_axes:

@@ -9,7 +9,8 @@ bound for a computed dot product is |fl(a.b) - a.b| <= gamma_K * sum|a_k b_k|, s
 such an element is the sum of the absolute products that made it, per op family:
 
     gemm                          F.linear(|A|, |B|)             every output
-    gqa_paged / gqa_ragged        softmax(QK^T) . |V|            `output` (probabilities are >= 0,
+    gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
+    mla_ragged
                                                                   so only V needs its absolute value)
 
 The scale is computed by the independent torch ground truth on those absolute values (float64), so
@@ -43,6 +44,7 @@ MODELS: dict[str, ErrorModel] = {
     "gemm": ErrorModel(None, None, "operand scale: F.linear(|A|, |B|)"),
     "gqa_paged": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "gqa_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
+    "mla_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
 }
 
 

@@ -422,3 +422,36 @@ def test_cli_check_writes_the_stream(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["summary"]["total"] == len(stream.read_text().splitlines()) > 0
     assert out["sandbox"]["complete"] in (True, False)
+
+
+def test_a_definition_too_large_for_the_machine_is_a_skip_with_its_size():
+    from flashinfer_trace.check import CheckConfig, Discovered, plan, too_large
+    from flashinfer_trace.dataset import load_definition
+    from flashinfer_trace.inputs.common import fixed_bytes
+
+    d = load_definition("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048")
+    weights = fixed_bytes(d)
+    assert weights > 32 * 2 * 2048 * 7168  # gemm1 alone: 32 experts x [4096, 7168] fp8
+    assert too_large(d, budget=weights * 100) is None
+    why = too_large(d, budget=weights)
+    assert why.startswith("too-large: its fixed-size inputs alone are") and "more than the" in why
+    small = load_definition("rmsnorm_h4096")
+    assert fixed_bytes(small) == 4096 * 2  # only the weight: hidden_states has a var axis
+    planned = plan(Discovered([d, small], []), CheckConfig(device="cpu", sources=("torch",)))
+    assert not any(getattr(p, "status", None) == "skip" for p in planned)  # both fit this machine
+
+
+def test_a_definition_whose_inputs_fail_never_runs_on_the_previous_ones():
+    """The memo once kept the last definition's inputs when generating the next one's failed: its
+    dtype and determinism checks then ran its reference on them (TypeError: run() takes ...)."""
+    broken = copy.deepcopy(VALID)
+    broken["name"] = "rmsnorm_h64"
+    broken["axes"]["hidden_size"]["value"] = 64
+    broken["inputs"]["scale"] = {"shape": None, "dtype": "float32"}
+    broken["reference"] = broken["reference"].replace("def run(hidden_states, weight)",
+                                                      "def run(hidden_states, weight, scale)")
+    config = CheckConfig(**{**CONFIG, "sources": ("torch",)})
+    defs = [Definition.model_validate(VALID), Definition.model_validate(broken)]
+    results = [r for r in run(plan(Discovered(defs, []), config), config) if r.definition == "rmsnorm_h64"]
+    assert results and {r.status for r in results} == {"error"}
+    assert all(r.reason.startswith("inputs: ") and "scale" in r.reason for r in results), [r.reason for r in results]

@@ -562,3 +562,46 @@ def test_decode_group_sizes_the_cuda_core_kernel_lacks_go_to_the_tensor_core_pat
         data["axes"]["num_qo_heads"]["value"], data["axes"]["num_kv_heads"]["value"] = heads, kv
         d = type(group8).model_validate(data)
         assert f"no group size {heads // kv}" in cuda_core.applies(d) and tensor_core.applies(d) is None
+
+
+def _ragged_wrapper(with_vo: bool, seen: dict):
+    class Wrapper:
+        def __init__(self, buffer, layout, **kw):
+            pass
+
+        def _plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, **kw):
+            seen.update(kw, heads=(num_qo_heads, num_kv_heads), qk=head_dim_qk)
+
+        if with_vo:
+            def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None, **kw):
+                self._plan(qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=head_dim_vo, **kw)
+        else:
+            def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, **kw):
+                self._plan(qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, **kw)
+
+        def run(self, q, k, v, return_lse=True):
+            return torch.zeros(*q.shape[:2], v.shape[-1], dtype=q.dtype), torch.zeros(q.shape[:2])
+
+    return Wrapper
+
+
+@pytest.mark.parametrize("with_vo", [True, False])
+def test_mla_ragged_asks_flashinfer_for_the_value_head_dim(monkeypatch, sm90, with_vo):
+    from flashinfer_trace.groundtruth import flashinfer as fgt
+
+    seen: dict = {}
+    fake_package(monkeypatch, "flashinfer", "0.6.6",
+                 prefill=ns(BatchPrefillWithRaggedKVCacheWrapper=_ragged_wrapper(with_vo, seen)))
+    monkeypatch.setattr(fgt, "workspace", lambda device: torch.empty(0))
+    d = load_definition("mla_ragged_prefill_causal_h16_qk192_vo128")
+    gt = get_ground_truth("flashinfer", d, device="cuda")
+    assert gt.api.endswith("(head_dim_vo)")
+    x = generate_inputs(d, "small", seed=0)
+    if with_vo:
+        out, _ = on_cpu(gt)(x)
+        assert seen["head_dim_vo"] == 128 and seen["qk"] == 192 and seen["heads"] == (16, 16) and seen["causal"]
+        assert tuple(out.shape[1:]) == (16, 128)
+    else:
+        with pytest.raises(GroundTruthUnavailable, match="has no head_dim_vo") as e:
+            on_cpu(gt)(x)
+        assert e.value.kind == "api-missing"

@@ -973,8 +973,8 @@ def test_unsupported_op_type():
     assert isinstance(e.value, InputGenerationError) and "conv3d_x" in str(e.value)
     with pytest.raises(UnsupportedOpType):
         edge_cases(d)
-    assert set(supported_op_types()) == {"rmsnorm", "gemm", "gqa_paged", "gqa_ragged", "mla_paged", "moe",
-                                         "rope", "activation", "sampling"}
+    assert set(supported_op_types()) == {"rmsnorm", "gemm", "gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged",
+                                         "moe", "rope", "activation", "sampling"}
 
 
 def test_unknown_case_and_size():
@@ -1064,3 +1064,23 @@ def test_rope_heads_left_var_get_the_tiers_head_counts():
     small, medium = (generate_inputs(var_heads, size, seed=0) for size in ("small", "medium"))
     assert (small.axes["num_qo_heads"], small.axes["num_kv_heads"]) == (4, 2)
     assert tuple(medium.values["query"].shape[1:]) == (32, 128) and medium.values["key"].shape[1] == 8
+
+
+def test_kv_last_page_len_declared_as_long_as_the_indptr_gets_a_trailing_unused_entry():
+    """Some public gqa_paged_prefill_*_ps64 files declare kv_last_page_len with len_indptr entries."""
+    from flashinfer_trace.definition import Definition
+    from flashinfer_trace.groundtruth import semantics as sem
+    from flashinfer_trace.testing import generate_inputs, load_definition
+
+    data = json.loads(load_definition("gqa_paged_prefill_causal_h32_kv8_d128_ps1").to_json())
+    data["axes"]["page_size"]["value"] = 4
+    data["constraints"] = []  # the ps1 file's qo_len <= pages holds only for one token a page
+    data["inputs"]["kv_last_page_len"] = {"shape": ["len_indptr"], "dtype": "int32"}
+    data["reference"] = data["reference"].replace("kv_indices, sm_scale)", "kv_indices, sm_scale, kv_last_page_len)")
+    d = Definition.model_validate(data)
+    x = generate_inputs(d, "small", seed=0).values
+    last, indptr = x["kv_last_page_len"], x["kv_indptr"]
+    assert last.shape == indptr.shape and int(last[-1]) == 0
+    pages = (indptr[1:] - indptr[:-1]).tolist()
+    assert all(1 <= n <= 4 for n, p in zip(last[:-1].tolist(), pages, strict=True) if p)
+    assert sem.last_page_lens(indptr, 4, last).tolist() == last[:-1].tolist()

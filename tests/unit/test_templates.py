@@ -56,6 +56,7 @@ SIGNATURES = {
     "gemm": "(n: 'int', k: 'int')",
     "gqa_paged": "(stage: 'str', num_qo_heads: 'int', num_kv_heads: 'int', head_dim: 'int', page_size: 'int')",
     "gqa_ragged": "(num_qo_heads: 'int', num_kv_heads: 'int', head_dim: 'int')",
+    "mla_ragged": "(num_heads: 'int', qk_dim: 'int', vo_dim: 'int')",
     "mla_paged": "(stage: 'str', num_qo_heads: 'int', head_dim_ckv: 'int', head_dim_kpe: 'int', page_size: 'int')",
     "rope": "(num_qo_heads: 'int', num_kv_heads: 'int', head_dim: 'int', rotary_dim: 'int', neox: 'bool')",
     "silu_and_mul": "(intermediate_size: 'int')",

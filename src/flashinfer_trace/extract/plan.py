@@ -185,6 +185,8 @@ def plan_deepseek_v3(cfg: ModelConfig, page_size: int) -> Plan:
     for stage in ("decode", "prefill"):
         p.add("mla_paged", f"MLA attention ({stage}, absorbed, paged latent cache)", tag, stage=stage,
               num_qo_heads=heads, head_dim_ckv=kv_lora, head_dim_kpe=rope, page_size=page_size)
+    p.add("mla_ragged", "MLA prefill without a cached prefix (ragged MHA, kv_b_proj expanded)", tag,
+          num_heads=heads, qk_dim=nope + rope, vo_dim=v)
     p.add("rope", "rotary embedding of q_pe and k_pe (interleaved)", tag, num_qo_heads=heads, num_kv_heads=1,
           head_dim=rope, rotary_dim=rope, neox=False)
     _dense_mlp(p, hidden, cfg["intermediate_size"], tp, tag, f"dense mlp (first {cfg['first_k_dense_replace']} layers)")
@@ -195,8 +197,7 @@ def plan_deepseek_v3(cfg: ModelConfig, page_size: int) -> Plan:
              n_group=cfg["n_group"], topk_group=cfg["topk_group"])
     _lm_head(p, cfg["vocab_size"], hidden, tp, tag)
     _sampling(p, cfg["vocab_size"])
-    p.left_out += ["kv_b_proj absorbed into q (w_kc) and out (w_vc) batched matmuls: no bmm template",
-                   "prefill without a cached prefix as ragged MHA (qk 192, vo 128): no mla_ragged template"]
+    p.left_out.append("kv_b_proj absorbed into q (w_kc) and out (w_vc) batched matmuls: no bmm template")
     if not cfg.fp8_block:
         p.left_out.append("routed experts: bf16 weights, but the DeepSeek-routing MoE template is fp8 block-scale")
     return p

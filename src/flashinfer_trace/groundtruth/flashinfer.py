@@ -198,10 +198,16 @@ def plan_gqa_prefill_ragged(call: Call, buffer: torch.Tensor | None = None):
     fi, x = call.module, call.inputs.values
     q, k, v = x["q"], x["k"], x["v"]
     cls = fi.prefill.BatchPrefillWithRaggedKVCacheWrapper
+    vo = {}
+    if v.shape[-1] != q.shape[-1]:  # MLA prefill before absorption: qk 192, vo 128
+        if not accepts(cls.plan, "head_dim_vo"):
+            raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} ragged prefill plan() has no "
+                                                        "head_dim_vo (a value head dim unlike the key's)")
+        vo = {"head_dim_vo": v.shape[-1]}
     w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
     w.plan(x["qo_indptr"].to(torch.int32), x["kv_indptr"].to(torch.int32), q.shape[1], k.shape[1], q.shape[2],
            causal=sem.is_causal(call.definition), sm_scale=float(x["sm_scale"]),
-           q_data_type=q.dtype, kv_data_type=k.dtype)
+           q_data_type=q.dtype, kv_data_type=k.dtype, **vo)
     extra = _lse_base2(w.run)
     return lambda: w.run(q, k, v, return_lse=True, **extra)
 
@@ -426,6 +432,9 @@ ADAPTERS = [
             applies=_stage("prefill", "q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices",
                            "sm_scale"), **_ATTN),
     Adapter("flashinfer", "gqa_ragged", "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper",
+            gqa_prefill_ragged, requires=("prefill.BatchPrefillWithRaggedKVCacheWrapper",),
+            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"), **_ATTN),
+    Adapter("flashinfer", "mla_ragged", "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper(head_dim_vo)",
             gqa_prefill_ragged, requires=("prefill.BatchPrefillWithRaggedKVCacheWrapper",),
             applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"), **_ATTN),
     Adapter("flashinfer", "mla_paged", "flashinfer.mla.BatchMLAPagedAttentionWrapper", mla,

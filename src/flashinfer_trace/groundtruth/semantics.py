@@ -87,8 +87,8 @@ def last_page_lens(kv_indptr: torch.Tensor, page: int, given: torch.Tensor | Non
     """Tokens on each request's last page: the definition's `kv_last_page_len` input when it has one,
     else full pages (a definition without that input stores whole pages only). A request with no
     pages has 0 (FlashInfer computes kv_len = (pages - 1) * page_size + last_page_len)."""
-    if given is not None:
-        return given.to(torch.int32)
+    if given is not None:  # one entry per request (a definition may declare it as long as kv_indptr)
+        return given[: kv_indptr.numel() - 1].to(torch.int32)
     pages = kv_indptr[1:] - kv_indptr[:-1]
     return torch.where(pages > 0, page, 0).to(torch.int32)
 

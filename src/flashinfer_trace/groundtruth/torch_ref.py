@@ -313,6 +313,8 @@ ADAPTERS = [
             applies=_needs("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale")),
     Adapter("torch", "gqa_ragged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
             applies=_needs("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
+    Adapter("torch", "mla_ragged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
+            applies=_needs("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
     Adapter("torch", "mla_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", mla,
             applies=_needs("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices", "sm_scale")),
     Adapter("torch", "rope", "complex rotation (float64)", rope, applies=_rope_applies, params=(sem.rope_is_neox,)),

@@ -1,4 +1,5 @@
-"""Attention inputs: `gqa_paged`, `gqa_ragged` and `mla_paged`, decode and prefill.
+"""Attention inputs: `gqa_paged`, `gqa_ragged`, `mla_paged` and `mla_ragged` (MLA prefill before
+absorption: q and k of qk_dim, v of vo_dim), decode and prefill.
 
 The stage is read from the inputs: a definition with a `qo_indptr` input is prefill (a variable
 number of query tokens per request), one without is decode (one query token per request).
@@ -23,7 +24,7 @@ import torch
 
 from .common import Builder, Stream, permutation, randint, random_words
 
-OP_TYPES = ("gqa_paged", "gqa_ragged", "mla_paged")
+OP_TYPES = ("gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged")
 CASES = ("single_token", "batch1", "uneven", "empty")
 
 # DeepSeek-V3 scores MLA with the pre-absorption head dim: qk_nope_head_dim 128 + qk_rope_head_dim.
@@ -190,6 +191,10 @@ def _paged_structure(b: Builder, kv_lens: list[int]) -> list[int]:
     b.put("kv_indices", indices.to(b.torch_dtype("kv_indices")))
     if has_last:
         last = [k - (p - 1) * page_size if p else 0 for k, p in zip(kv_lens, pages, strict=True)]
+        if b.dim_axis("kv_last_page_len", 0) == b.dim_axis("kv_indptr", 0):
+            # declared as long as the indptr (public gqa_paged_prefill_*_ps64 files do): one entry per
+            # request, as the reference reads it, and a trailing 0 it never reads
+            last.append(0)
         b.put("kv_last_page_len", torch.tensor(last, dtype=b.torch_dtype("kv_last_page_len")))
     for name in caches:
         b.set_dim(name, 0, num_pages)

@@ -59,6 +59,19 @@ class UnsupportedOpType(InputGenerationError):
     """No generator knows the definition's op_type (callers such as `run --all` skip these)."""
 
 
+def fixed_bytes(definition: Definition) -> int:
+    """Bytes of the inputs whose every dimension is a const axis (weights, caches of a fixed size):
+    what any size tier allocates at least. A public MoE with 384 local experts has 17 GB of them."""
+    from ..dtypes import torch_dtype
+
+    consts, total = definition.const_axes, 0
+    for spec in definition.inputs.values():
+        if spec.shape and all(a in consts for a in spec.shape):
+            itemsize = torch.empty(0, dtype=torch_dtype(spec.dtype)).element_size()
+            total += math.prod(consts[a] for a in spec.shape) * itemsize
+    return total
+
+
 # -- the result -------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class Inputs:

@@ -315,6 +315,7 @@ _FLOPS = {
     "gemm": _flops_gemm,
     "gqa_paged": _flops_gqa,
     "gqa_ragged": _flops_gqa,
+    "mla_ragged": _flops_gqa,  # q.k over qk_dim, p.v over vo_dim: the same sum
     "mla_paged": _flops_mla,
     "moe": _flops_moe,
     "rmsnorm": _flops_rmsnorm,

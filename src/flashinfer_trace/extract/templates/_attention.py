@@ -46,6 +46,29 @@ QO_LE_KV = "((kv_indptr[1:] - kv_indptr[:-1]) - (qo_indptr[1:] - qo_indptr[:-1])
 QO_LE_KV_PAGED = "((kv_indptr[1:] - kv_indptr[:-1]) * page_size - (qo_indptr[1:] - qo_indptr[:-1])).min().item() >= 0"
 
 
+RAGGED_CONSTRAINTS = [*QO_CONSTRAINTS, *KV_INDPTR_CONSTRAINTS,
+                      "total_q == qo_indptr[-1].item()",
+                      "total_kv == kv_indptr[-1].item()",
+                      QO_LE_KV]
+
+
+def ragged_axes() -> dict[str, Any]:
+    """The var axes of a ragged prefill (gqa_ragged, mla_ragged), before its const axes."""
+    return {
+        "total_q": var_axis("Total number of query tokens, qo_indptr[-1]."),
+        "total_kv": var_axis("Total number of key/value tokens, kv_indptr[-1]."),
+        "len_indptr": var_axis("Length of qo_indptr and kv_indptr: the number of requests + 1."),
+    }
+
+
+def ragged_indptrs() -> dict[str, Any]:
+    return {
+        "qo_indptr": tensor(["len_indptr"], "int32",
+                            "CSR offsets into q: request b owns q[qo_indptr[b]:qo_indptr[b+1]]."),
+        "kv_indptr": tensor(["len_indptr"], "int32", "CSR offsets into k and v."),
+    }
+
+
 def check_heads(num_qo_heads: int, num_kv_heads: int) -> None:
     if num_qo_heads % num_kv_heads:
         raise ValueError(f"num_qo_heads {num_qo_heads} must be a multiple of num_kv_heads {num_kv_heads}")

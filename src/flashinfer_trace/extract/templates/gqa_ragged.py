@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _attention as att
-from ._common import STATUS, const_axis, definition, positive_int, tensor, var_axis
+from ._common import STATUS, const_axis, definition, positive_int, tensor
 
 REFERENCE = """import math
 import torch
@@ -76,24 +76,17 @@ def gqa_ragged(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> dict[str,
         ),
         tags=["stage:prefill", STATUS, "fi_api:flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper"],
         axes={
-            "total_q": var_axis("Total number of query tokens, qo_indptr[-1]."),
-            "total_kv": var_axis("Total number of key/value tokens, kv_indptr[-1]."),
-            "len_indptr": var_axis("Length of qo_indptr and kv_indptr: the number of requests + 1."),
+            **att.ragged_axes(),
             "num_qo_heads": const_axis(h, "Query heads."),
             "num_kv_heads": const_axis(kv, "Key/value heads."),
             "head_dim": const_axis(d, "Head dimension of q, k and v."),
         },
-        constraints=[*att.QO_CONSTRAINTS, *att.KV_INDPTR_CONSTRAINTS,
-                     "total_q == qo_indptr[-1].item()",
-                     "total_kv == kv_indptr[-1].item()",
-                     att.QO_LE_KV],
+        constraints=list(att.RAGGED_CONSTRAINTS),
         inputs={
             "q": tensor(rows, "bfloat16", "Queries of all requests, concatenated."),
             "k": tensor(kv_rows, "bfloat16", "Keys of all requests, concatenated."),
             "v": tensor(kv_rows, "bfloat16", "Values of all requests, concatenated."),
-            "qo_indptr": tensor(["len_indptr"], "int32",
-                                "CSR offsets into q: request b owns q[qo_indptr[b]:qo_indptr[b+1]]."),
-            "kv_indptr": tensor(["len_indptr"], "int32", "CSR offsets into k and v."),
+            **att.ragged_indptrs(),
             "sm_scale": tensor(None, "float32", "Softmax scale applied to q . k, usually 1 / sqrt(head_dim)."),
         },
         outputs={
