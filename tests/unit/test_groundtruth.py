@@ -29,7 +29,7 @@ from flashinfer_trace.groundtruth import (
 )
 from flashinfer_trace.groundtruth import flashinfer as fi_adapters
 from flashinfer_trace.groundtruth import semantics as sem
-from flashinfer_trace.inputs import generate_inputs
+from flashinfer_trace.inputs import edge_cases, generate_inputs
 from flashinfer_trace.testing import run_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -605,3 +605,22 @@ def test_mla_ragged_asks_flashinfer_for_the_value_head_dim(monkeypatch, sm90, wi
         with pytest.raises(GroundTruthUnavailable, match="has no head_dim_vo") as e:
             on_cpu(gt)(x)
         assert e.value.kind == "api-missing"
+
+
+def test_a_moe_without_an_expert_offset_has_every_expert_local():
+    """The public Qwen-style fp8 MoE files have no local_expert_offset: all their experts are local."""
+    from flashinfer_trace.testing import assert_matches, run_reference, tolerance_for
+
+    data = load_definition("moe_fp8_block_scale_renorm_topk8_e128_h2048_i768").model_dump(mode="json")
+    del data["inputs"]["local_expert_offset"]
+    data["constraints"] = [c for c in data["constraints"] if "local_expert_offset" not in c]
+    data["reference"] = (data["reference"].replace(", local_expert_offset):", "):")
+                         .replace("hit = topk_ids == local_expert_offset + local", "hit = topk_ids == local"))
+    d = Definition.model_validate(data)
+    assert sem.moe_applies(d) is None and "no_local_tokens" not in edge_cases(d)
+    x = generate_inputs(d, "small", seed=0)
+    expected = get_ground_truth("torch", d, device="cpu")(x)
+    assert_matches(d, x, run_reference(d, x), expected, tolerance_for(d))
+    data["axes"]["num_local_experts"]["value"] = 64  # fewer weights than routed experts, and no offset
+    fewer = Definition.model_validate(data)
+    assert "cannot tell which are local" in sem.moe_applies(fewer)

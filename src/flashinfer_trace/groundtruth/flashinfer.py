@@ -306,7 +306,7 @@ def trtllm_moe(call: Call) -> tuple:
                   gemm2_weights=x["gemm2_weights"], gemm2_weights_scale=x["gemm2_weights_scale"],
                   num_experts=x["routing_logits"].shape[1], top_k=r.top_k, n_group=r.n_group,
                   topk_group=r.topk_group, intermediate_size=inter,
-                  local_expert_offset=int(x["local_expert_offset"]), local_num_experts=local,
+                  local_expert_offset=sem.expert_offset(call.definition, x), local_num_experts=local,
                   routed_scaling_factor=float(x["routed_scaling_factor"]) if "routed_scaling_factor" in x else None,
                   routing_method_type=TRTLLM_ROUTING[r.kind])
     kwargs.update(keywords(fn, use_shuffled_weight=False, tile_tokens_dim=None))
@@ -330,7 +330,7 @@ def cutlass_moe(call: Call) -> tuple:
     ids, weights = route(d, x)
     w1, w2 = x["gemm1_weights"], x["gemm2_weights"]
     local = w1.shape[0]
-    offset = int(x["local_expert_offset"])
+    offset = sem.expert_offset(call.definition, x)
     fn = fi.fused_moe.cutlass_fused_moe
     out = torch.zeros(hs.shape[0], hs.shape[1], dtype=torch.bfloat16, device=hs.device)
     result = fn(act, ids.to(torch.int32), weights.to(torch.float32), w1, w2, torch.bfloat16,

@@ -126,7 +126,14 @@ def rope_is_neox(definition: Definition) -> bool:
 
 
 # -- moe --------------------------------------------------------------------------------------------
-MOE_INPUTS = ("routing_logits", "hidden_states", "gemm1_weights", "gemm2_weights", "local_expert_offset")
+MOE_INPUTS = ("routing_logits", "hidden_states", "gemm1_weights", "gemm2_weights")
+OFFSET = "local_expert_offset"
+
+
+def expert_offset(definition: Definition, values: dict) -> int:
+    """The first local expert's global id: the input, or 0 where the definition has none, which the
+    public files do only when every expert is local (moe_applies checks that)."""
+    return int(values[OFFSET]) if OFFSET in definition.inputs else 0
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,13 @@ def moe_applies(definition: Definition) -> str | None:
     missing = missing_inputs(definition, MOE_INPUTS)
     if missing:
         return missing
+    if OFFSET not in definition.inputs:
+        consts = definition.const_axes
+        experts = definition.inputs["routing_logits"].shape[-1]
+        local = (definition.inputs["gemm1_weights"].shape or [None])[0]
+        if experts != local and (consts.get(experts) is None or consts.get(experts) != consts.get(local)):
+            return (f"no {OFFSET} input, and routing_logits' experts ({experts} = {consts.get(experts, 'var')}) "
+                    f"are not gemm1_weights' ({local} = {consts.get(local, 'var')}): cannot tell which are local")
     if moe_is_fp8(definition) and any(n not in definition.inputs for n in MOE_SCALES):
         return "fp8 weights need " + ", ".join(MOE_SCALES)
     return None

@@ -91,7 +91,7 @@ def triton_moe(call: Call) -> tuple:
     scaling = float(x.get("routed_scaling_factor", 1.0))
     ids, weights = route(d, {**x, "routed_scaling_factor": 1.0})
     w1, s1 = x["gemm1_weights"], x["gemm1_weights_scale"]
-    local, offset = w1.shape[0], int(x["local_expert_offset"])
+    local, offset = w1.shape[0], sem.expert_offset(call.definition, x)
     mine = (ids >= offset) & (ids < offset + local)
     inter, inter_blocks = w1.shape[1] // 2, s1.shape[1] // 2
     w13 = torch.cat([w1[:, inter:], w1[:, :inter]], dim=1)

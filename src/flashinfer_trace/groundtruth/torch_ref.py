@@ -278,7 +278,7 @@ def moe(call: Call) -> tuple:
     act = dequantized_activations(d, x)
     tokens, hidden = act.shape
     ids, weights = route(d, x)
-    offset = int(x["local_expert_offset"])
+    offset = sem.expert_offset(call.definition, x)
     w1, w2 = x["gemm1_weights"], x["gemm2_weights"]
     s1, s2 = x.get("gemm1_weights_scale"), x.get("gemm2_weights_scale")
     inter = w2.shape[-1]

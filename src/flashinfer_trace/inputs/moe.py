@@ -55,7 +55,8 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 def edge_cases(definition) -> list[str]:
     """no_local_tokens needs experts on other ranks: without expert parallelism every token is local."""
     ax = definition.const_axes
-    if "num_local_experts" in ax and "num_experts" in ax and ax["num_local_experts"] >= ax["num_experts"]:
+    if OFFSET not in definition.inputs or (
+            "num_local_experts" in ax and "num_experts" in ax and ax["num_local_experts"] >= ax["num_experts"]):
         return [c for c in CASES if c != "no_local_tokens"]
     return list(CASES)
 
@@ -116,9 +117,8 @@ def generate(b: Builder) -> None:
     extra = [n for n in names if n not in known]
     if extra:
         raise b.error(f"the moe generator does not know input(s) {', '.join(extra)}")
-    for need in (LOGITS, OFFSET):
-        if need not in d.inputs:
-            raise b.error(f"a moe definition needs a {need!r} input")
+    if LOGITS not in d.inputs:
+        raise b.error(f"a moe definition needs a {LOGITS!r} input")
 
     rows = 1 if b.case == "single_token" else ROWS[b.size]
     b.set_dim(LOGITS, 0, rows)
@@ -128,8 +128,13 @@ def generate(b: Builder) -> None:
     num_local = _num_local_experts(b, weights)
     if num_local < 1 or num_local > num_experts:
         raise b.error(f"{num_local} local experts of {num_experts}: cannot place them")
-    offset = num_local * int(randint(0, num_experts // num_local, (1,), b.rng(OFFSET)))
-    b.put_scalar(OFFSET, offset)
+    if OFFSET in d.inputs:
+        offset = num_local * int(randint(0, num_experts // num_local, (1,), b.rng(OFFSET)))
+        b.put_scalar(OFFSET, offset)
+    elif num_local == num_experts:  # no offset input: every expert is local (the public Qwen-style files)
+        offset = 0
+    else:
+        raise b.error(f"no {OFFSET!r} input, yet {num_local} local experts of {num_experts}: which are local?")
     if SCALING in d.inputs:
         b.put_scalar(SCALING, ROUTED_SCALING_FACTOR)
 
