@@ -237,7 +237,7 @@ def test_a_reused_environment_with_the_same_install_is_not_installed_again(tmp_p
 
     def fake(combo, python, options, *, project, log, env=None):
         calls.append(options.mode)
-        return inst.InstallResult(ok=len(calls) != 3, mode=options.mode, log=str(log), steps=["pip install ..."])
+        return inst.InstallResult(ok=len(calls) != 4, mode=options.mode, log=str(log), steps=["pip install ..."])
 
     monkeypatch.setattr(inst, "_install", fake)
     monkeypatch.setattr(inst, "site_packages", lambda python: site)
@@ -247,13 +247,17 @@ def test_a_reused_environment_with_the_same_install_is_not_installed_again(tmp_p
     again = install(combo, sys.executable, opts, project=ROOT, log=tmp_path / "2.log")
     assert first.ok and again.ok and len(calls) == 1
     assert again.steps[0].startswith("unchanged since") and "nothing installed" in (tmp_path / "2.log").read_text()
+    (site / "flashinfer_trace_combo.pth").write_text(str(tmp_path / "gone") + "\n")  # a layer's folder removed
+    install(combo, sys.executable, opts, project=ROOT, log=tmp_path / "2b.log")
+    assert len(calls) == 2
+    (site / "flashinfer_trace_combo.pth").unlink()
     (wheels / "b-1.0-py3-none-any.whl").write_bytes(b"y")  # another wheelhouse: installed again
     install(combo, sys.executable, opts, project=ROOT, log=tmp_path / "3.log")
-    assert len(calls) == 2
+    assert len(calls) == 3
     failed = install(combo, sys.executable, InstallOptions(), project=ROOT, log=tmp_path / "4.log")
-    assert not failed.ok and len(calls) == 3
+    assert not failed.ok and len(calls) == 4
     install(combo, sys.executable, InstallOptions(), project=ROOT, log=tmp_path / "5.log")  # a failure is no stamp
-    assert len(calls) == 4
+    assert len(calls) == 5
 
 
 def test_an_interrupt_during_the_prebuild_keeps_every_record(tmp_path, monkeypatch):

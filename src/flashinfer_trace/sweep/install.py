@@ -241,7 +241,8 @@ def install(combo: Combination, python: str, options: InstallOptions, *, project
         before = json.loads((site / INSTALLED).read_text()) if (site / INSTALLED).is_file() else None
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, ValueError):
         site, key, before = None, None, None
-    if isinstance(before, dict) and before.get("key") == key and before.get("result", {}).get("ok"):
+    same = isinstance(before, dict) and before.get("key") == key and before.get("result", {}).get("ok")
+    if same and _layers_intact(site):
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         Path(log).write_text(f"unchanged since {before.get('at')}: the same combination, mode, wheels, torch and "
                              "project as the environment's last install; nothing installed\n")
@@ -255,6 +256,16 @@ def install(combo: Combination, python: str, options: InstallOptions, *, project
         (site / INSTALLED).write_text(json.dumps({"key": key, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                                   "result": result.as_dict()}))
     return result
+
+
+def _layers_intact(site: Path | None) -> bool:
+    """Every folder the install layered in by a .pth file is still there (a cleaned cache is not)."""
+    for name in LAYERS:
+        pth = site / name if site else None
+        if pth is not None and pth.is_file() and not all(Path(line).is_dir()
+                                                        for line in pth.read_text().splitlines() if line.strip()):
+            return False
+    return site is not None
 
 
 def _install(combo: Combination, python: str, options: InstallOptions, *, project: Path, log: str | Path,
