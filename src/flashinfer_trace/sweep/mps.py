@@ -73,16 +73,10 @@ def stop(state: dict, env: dict[str, str]) -> None:
 @contextmanager
 def session(enabled: bool = True) -> Iterator[dict]:
     """MPS for everything started inside (this process's environment included), stopped after."""
-    if not enabled:
-        state = {"used": False, "own": False, "reason": "turned off (--no-mps)"}
-        saved = os.environ.get(STATE_ENV)
-        os.environ[STATE_ENV] = json.dumps(state)
-        try:
-            yield state
-        finally:
-            os.environ.pop(STATE_ENV) if saved is None else os.environ.__setitem__(STATE_ENV, saved)
-        return
-    state, env = start()
+    if enabled:
+        state, env = start()
+    else:
+        state, env = {"used": False, "own": False, "reason": "turned off (--no-mps)"}, {}
     env = {**env, STATE_ENV: json.dumps(state)}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
