@@ -6,6 +6,8 @@
 #
 #   scripts/node-steps.sh unit cold warm mutants bench overhead ncu moe-bg moe-wait moe
 #   scripts/node-steps.sh probe alone mps-on mps-off        (diagnostics)
+#   DEFS=".public/definitions" FI=0.6.6 scripts/node-steps.sh public   (flashinfer-trace check vs FlashInfer)
+#   scripts/node-steps.sh fi072a, then at once fi072b + FI=0.7.2.post1 public: 0.7.2.post1 moved in two calls
 #
 # unit: the GPU unit tests (confined CUDA worker, cupti timer); cold / warm: nox -s references-cuda13
 # (the first run of a machine is cold: prebuild included); mutants: planted bugs against FlashInfer in
@@ -30,7 +32,8 @@ nox_env() {  # nox in a venv of its own: nothing leaks into the sessions' enviro
 unit_env() {  # the package's own dependencies for plain pytest runs (no flashinfer)
   [ -d /tmp/unit ] && return
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/unit .whl/pydantic*.whl \
-    .whl/annotated_types*.whl .whl/typing_inspection*.whl .whl/landlock*.whl .whl/pyseccomp*.whl .whl/cupti*.whl >/dev/null
+    .whl/annotated_types*.whl .whl/typing_inspection*.whl .whl/landlock*.whl .whl/pyseccomp*.whl .whl/cupti*.whl \
+    .whl/rich*.whl .whl/markdown_it_py*.whl .whl/mdurl*.whl .whl/pygments*.whl >/dev/null
 }
 fi_env() {  # flashinfer 0.6.6 for plain runs
   [ -d /tmp/fi066 ] && return
@@ -54,6 +57,28 @@ for s in "$@"; do
       FLASHINFER_WORKSPACE_BASE=$JITC .nox/references-cuda13/bin/python -m flashinfer_trace.sweep.session references \
         --combination constraints/cu130-torch2.11-fi0.6.6.toml --session alone --results results/alone --jobs 1 \
         -- -k "${K:-rmsnorm and medium}" 2>&1 | tail -3 | tee -a "$LOG"; keep alone alone ;;
+    public) step "check ${DEFS:-.public/definitions} vs flashinfer ${FI:-0.6.6}"; unit_env; fi_env  # DEFS: dirs/files
+      FIP=/tmp/fi066; [ "${FI:-0.6.6}" = 0.6.6 ] || FIP=/tmp/fi072; start=$SECONDS
+      PYTHONPATH=src:/tmp/unit:$FIP timeout -s INT -k 20 ${T:-500} python3 -m flashinfer_trace.cli check ${DEFS:-.public/definitions} \
+        --ground-truth flashinfer --size small --no-progress --results "$OUT/check-${FI:-0.6.6}.jsonl" --jit-budget ${JB:-600} \
+        --save-failures "$OUT/failures-${FI:-0.6.6}" 2>&1 | grep -v "^  \|Warning" | tail -${TAILN:-80} | tee -a "$LOG"
+      echo "check: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
+    fi072a) step "flashinfer 0.7.2.post1: the wheel (carried alone: .w072a)"
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi072 .w072a/flashinfer_python-0.7.2.post1-*.whl 2>&1 | tail -2 | tee -a "$LOG" ;;
+    fi072b) step "flashinfer 0.7.2.post1: its dependencies (.w072b, tvm-ffi and cudnn-frontend from .whl)"
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi072 .w072b/*.whl .whl/apache_tvm_ffi*.whl \
+        .whl/nvidia_cudnn_frontend*.whl 2>&1 | tail -2 | tee -a "$LOG"
+      PYTHONPATH=/tmp/fi072 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1 | tee -a "$LOG" ;;
+    fitrace) step "flashinfer 0.7.2.post1's own definitions: import-fi-trace, validate, drift, check vs FlashInfer"
+      unit_env; FT="$OUT/fi-trace-0.7.2.post1"; PP=src:/tmp/unit:/tmp/fi072; start=$SECONDS
+      PYTHONPATH=$PP timeout 240 python3 -m flashinfer_trace.cli import-fi-trace --out "$FT" --device cuda 2>&1 | grep -v Warn | tail -8 | tee -a "$LOG"
+      PYTHONPATH=$PP python3 -m flashinfer_trace.cli validate "$FT" 2>&1 | tail -1 | tee -a "$LOG"
+      PYTHONPATH=$PP timeout 150 python3 -m flashinfer_trace.cli drift --upstream "$FT" --fi-version 0.7.2.post1 \
+        --out "$OUT/drift-0.7.2.post1.json" 2>&1 | grep -v Warn | tail -6 | tee -a "$LOG"
+      PYTHONPATH=$PP timeout -s INT -k 20 ${T:-200} python3 -m flashinfer_trace.cli check "$FT" --ground-truth flashinfer \
+        --size small --no-edge-cases --no-progress --results "$OUT/check-fi-trace.jsonl" --jit-budget ${JB:-150} 2>&1 \
+        | grep -v "^│\|Warn" | tail -${TAILN:-40} | tee -a "$LOG"
+      echo "fitrace: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
     mps-on) step "MPS on"; nvidia-cuda-mps-control -d 2>&1 | tee -a "$LOG" ;;
     mps-off) step "MPS off"; echo quit | nvidia-cuda-mps-control 2>&1 | tee -a "$LOG" ;;
     probe) step probe; nvidia-smi --query-gpu=name,compute_mode,clocks.sm,clocks.max.sm --format=csv | tee -a "$LOG"

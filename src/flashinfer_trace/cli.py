@@ -38,16 +38,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
             "ok": summary.ok,
             "summary": asdict(summary),
             "problems": [asdict(p) for r in reports for p in r.problems],
+            "notes": [asdict(p) for r in reports for p in r.notes],
         })
     else:
         for r in reports:
             for p in r.problems:
                 _out.print(f"[red]✗[/] {escape(p.file)}: [bold]{escape(p.path)}[/]: {escape(p.message)} "
                            f"[dim]\\[{p.kind}][/]", highlight=False)
+            for p in r.notes:  # accepted by a documented fi_trace rule (docs/definitions.md)
+                _out.print(f"[dim]note[/] {escape(p.file)}: {escape(p.path)}: {escape(p.message)} "
+                           f"[dim]\\[{p.kind}][/]", highlight=False)
         colour = "green" if summary.ok else "red"
         kinds = ", ".join(f"{k}: {n}" for k, n in summary.by_kind.items())
         _out.print(f"[{colour}]{summary.files} file(s), {summary.files_with_problems} with problems, "
-                   f"{summary.problems} problem(s)[/]" + (f" ({kinds})" if kinds else ""), highlight=False)
+                   f"{summary.problems} problem(s)[/]" + (f" ({kinds})" if kinds else "")
+                   + (f", {summary.notes} note(s)" if summary.notes else ""), highlight=False)
     return 0 if summary.ok else 1
 
 
@@ -100,7 +105,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             t.add_column(col)
         for name, s in getattr(d, section).items():
             t.add_row(name, "scalar" if s.shape is None else "[" + ", ".join(s.shape) + "]",
-                      s.dtype.value, s.description or "")
+                      s.dtype.value if s.dtype is not None else "unknown", s.description or "")
         _out.print(t)
     if d.constraints:
         _out.print("constraints: " + "; ".join(d.constraints))
@@ -322,6 +327,16 @@ def _progress(total: int, *, enabled: bool):
         yield lambda text: bar.update(task, advance=1, description=text[:60])
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> int:
     """check on a GPU builds every module first, in parallel, and its ground truths then skip what
     could not be built (build-failed / build-timeout) instead of compiling inside the checks."""
@@ -332,7 +347,7 @@ def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> in
     report = str(Path(args.results).with_name("jit.jsonl")) if args.results else None
     config = jit.JitConfig(sources=sources, device=device, report=report, resume=args.resume,
                            log_dir=str(Path(report).with_name("jit-logs")) if report else None,
-                           stamps=jit.default_stamps())
+                           stamps=jit.default_stamps(), budget=args.jit_budget)
     records = _run_builds(jit.plan(definitions, config), config, progress=not args.no_progress)
     if records is None:
         return 130
@@ -563,6 +578,50 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- drift ------------------------------------------------------------------------------------
+def cmd_drift(args: argparse.Namespace) -> int:
+    """Our definitions against FlashInfer's own (fi_trace) of one version: fields and reference results."""
+    from .fitrace.drift import ResultSettings, report, summary_lines, write
+
+    _configure_sandbox(args)
+    r = report(args.ours or args.definitions or "definitions", args.upstream, version=args.fi_version,
+               settings=ResultSettings(size=args.size, seed=args.seed, enabled=not args.no_results))
+    out = write(r, args.out or f"results/drift-{r['flashinfer']}.json")
+    if args.json:
+        _print_json(r)
+    else:
+        for line in summary_lines(r):
+            _out.print(line, highlight=False, markup=False)
+        for p in r["problems"]:
+            _err.print(f"problem: {p['path']}: {p['problem']}", highlight=False, markup=False)
+        _out.print(f"wrote {out}", highlight=False, markup=False)
+    return 0
+
+
+# -- import-fi-trace --------------------------------------------------------------------------
+def cmd_import_fi_trace(args: argparse.Namespace) -> int:
+    """The installed FlashInfer's own definitions (fi_trace, >= 0.7), emitted in a confined worker."""
+    from .fitrace.importer import MANIFEST_NAME, FiTraceUnavailable, import_fi_trace
+    from .sandbox import ConfinementUnavailable, ReferenceFailure
+
+    _configure_sandbox(args)
+    try:
+        manifest = import_fi_trace(args.out, args.op_type, device=args.device)
+    except (FiTraceUnavailable, ConfinementUnavailable, ReferenceFailure) as e:
+        _err.print(f"[red]import-fi-trace: {escape(str(e))}[/]", highlight=False)
+        return 2
+    if args.json:
+        _print_json(manifest)
+        return 0
+    for f in manifest["failures"]:
+        _out.print(f"[yellow]-[/] {escape(f['fi_api'])} ({escape(f.get('label', ''))}): {escape(f['reason'])}",
+                   highlight=False)
+    _out.print(f"flashinfer {escape(manifest['flashinfer_version'])}: {manifest['count']} definition(s) over "
+               f"{manifest['op_types']} op type(s) written to {escape(str(args.out))}, {manifest['failed']} "
+               f"template(s) not emitted; manifest: {escape(str(Path(args.out) / MANIFEST_NAME))}", highlight=False)
+    return 0
+
+
 # -- wiring -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashinfer-trace", description=__doc__)
@@ -597,6 +656,17 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument("--reference-timeout", type=float, metavar="S", help="seconds per reference call (default 900)")
     box.add_argument("--reference-memory", type=float, metavar="GB",
                      help="memory a reference worker may use (default: 80%% of RAM)")
+
+    s = sub.add_parser("import-fi-trace", parents=[common, box],
+                       help="write the installed FlashInfer's own definitions (fi_trace, >= 0.7) as "
+                            "<out>/<op_type>/<name>.json; its templates run in the confined worker")
+    s.add_argument("--out", default="fi_trace_definitions", metavar="DIR",
+                   help="output folder (default: ./fi_trace_definitions)")
+    s.add_argument("--op-type", action="append", metavar="T", help="only these op types (repeatable)")
+    s.add_argument("--device", default=None,
+                   help="where the templates' inits run after the meta device: cpu or cuda (default: cuda when "
+                        "available); a GPU lets the inits that need CUDA emit")
+    s.set_defaults(func=cmd_import_fi_trace)
 
     s = sub.add_parser("sandbox", parents=[common, box], help="how references are confined here; exit 1 if not fully")
     s.set_defaults(func=cmd_sandbox)
@@ -640,6 +710,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-prebuild", action="store_true",
                    help="on a GPU, do not build the kernels' JIT modules in parallel first (they then build "
                         "one at a time, inside the checks)")
+    s.add_argument("--jit-budget", type=_positive_seconds, default=600.0, metavar="S",
+                   help="seconds each prebuild job may take (default 600); past it the module is build-timeout "
+                        "and its checks skip with that reason")
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("mutants", parents=[common, box],
@@ -688,6 +761,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every job, also those whose stamp says nothing changed since they last ran")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(func=cmd_jit_build)
+
+    s = sub.add_parser("drift", parents=[common, box],
+                       help="our definitions against FlashInfer's own (fi_trace) definitions of one version")
+    s.add_argument("--ours", metavar="DIR", help="our definitions (default: --definitions, else ./definitions)")
+    s.add_argument("--upstream", metavar="DIR", required=True, help="FlashInfer's definitions of one version")
+    s.add_argument("--out", metavar="FILE", help="the report (default: results/drift-<version>.json)")
+    s.add_argument("--fi-version", help="the upstream FlashInfer version (default: from the --upstream path)")
+    s.add_argument("--size", default="small", choices=("small", "medium", "large"), help="inputs' size tier")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--no-results", action="store_true", help="compare fields only; run no reference")
+    s.set_defaults(func=cmd_drift)
 
     from .matrix.__main__ import add_commands
 

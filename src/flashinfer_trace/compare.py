@@ -63,7 +63,7 @@ class ToleranceConfigError(ValueError):
 def governing_dtype(definition: Definition) -> str:
     """The least precise float dtype among the definition's tensor inputs and outputs."""
     used = {s.dtype.value for s in [*definition.inputs.values(), *definition.outputs.values()]
-            if s.shape is not None}
+            if s.shape is not None and s.dtype is not None}  # None: an absent optional fi_trace input
     for name in PRECISION_ORDER:
         if name in used:
             return name

@@ -63,7 +63,11 @@ def coverage(definitions: list[Definition], tests_dir: Path = DEFAULT_DIR) -> Co
         op.definitions += 1
         op.tested += d.name in tested
         op.dtypes.add(governing_dtype(d))
-        if d.op_type in ("gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged"):
+        if d.op_type == "dsa_paged":  # sparse attention (decode and prefill alike) and its top-k indexer
+            op.stages.add(d.stage or "decode+prefill")
+            if "page_size" in d.const_axes:
+                op.page_sizes.add(d.const_axes["page_size"])
+        elif d.op_type in ("gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged"):
             op.stages.add(sem.stage(d))
             op.causal.add(sem.is_causal(d))
             if "page_size" in d.const_axes:

@@ -12,12 +12,29 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_serializer,
+    field_validator,
+)
 
 from .dtypes import DType
 
 # Fields a file may carry beyond these are kept (the public format grows; nothing is lost on load).
 _KEEP_EXTRA = ConfigDict(extra="allow", frozen=True)
+
+
+def is_literal_dim(axis: object) -> bool:
+    """A positive integer literal used as a shape entry (`"1"`): a fixed dimension, not an axis name
+    (`"0"` is no dimension a kernel is written for: it stays an undeclared axis)."""
+    return (isinstance(axis, str) and axis.isascii() and axis.isdigit() and len(axis) <= 18
+            and str(int(axis)) == axis and int(axis) > 0)
 
 
 class ConstAxis(BaseModel):
@@ -36,16 +53,53 @@ class VarAxis(BaseModel):
 Axis = Annotated[ConstAxis | VarAxis, Field(discriminator="type")]
 
 
+UNKNOWN_DTYPE = "unknown"
+
+
 class TensorSpec(BaseModel):
     model_config = _KEEP_EXTRA
-    # None: a Python scalar; []: a 0-d tensor; otherwise one axis name per dimension.
+    # None: a Python scalar; []: a 0-d tensor; otherwise one axis name per dimension, or an integer
+    # literal (fi_trace writes `"1"`; a JSON int is kept as its decimal text): a fixed dimension.
     shape: list[StrictStr] | None
-    dtype: DType
+    # None stands for FlashInfer's fi_trace "unknown": an optional input that was absent from the traced
+    # call, so it has no dtype (validate allows it on optional inputs only; it is passed as None).
+    dtype: DType | None
     description: StrictStr | None = None
+    # fi_trace: the input may be absent (passed as None); the API parameter an output is written into.
+    optional: StrictBool | None = None
+    param: StrictStr | None = None
+
+    @field_validator("shape", mode="before")
+    @classmethod
+    def _literal_dims(cls, v: Any) -> Any:
+        if isinstance(v, list):  # a JSON int in a shape is a fixed dimension: its decimal text ("1")
+            return [str(a) if type(a) is int and 0 <= a < 2**63 else a for a in v]
+        return v
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _unknown_is_absent(cls, v: Any) -> Any:
+        if v is None:
+            raise ValueError("dtype must be a string")  # only the literal "unknown" means no dtype
+        return None if v == UNKNOWN_DTYPE else v
+
+    @field_serializer("dtype")
+    def _dump_dtype(self, v: DType | None) -> str:
+        return UNKNOWN_DTYPE if v is None else v.value
 
     @property
     def is_scalar(self) -> bool:
         return self.shape is None
+
+    @property
+    def is_string(self) -> bool:
+        """fi_trace's string argument (dtype "str"/"string", shape null): a Python str, no tensor."""
+        return self.dtype is not None and self.dtype.is_string
+
+    @property
+    def is_absent(self) -> bool:
+        """An optional input without a dtype (fi_trace's "unknown"): absent from the call, passed as None."""
+        return self.dtype is None
 
 
 class Definition(BaseModel):
@@ -61,6 +115,11 @@ class Definition(BaseModel):
     inputs: dict[StrictStr, TensorSpec]
     outputs: dict[StrictStr, TensorSpec]
     reference: StrictStr
+    # FlashInfer's fi_trace (>= 0.7) adds these: the template's correctness check and its input
+    # builder, both Python source. Code like the reference, and untrusted like it: kept, never
+    # executed outside the confined worker (docs/definitions.md, "FlashInfer's trace format").
+    check: StrictStr | None = None
+    init: StrictStr | None = None
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -93,7 +152,29 @@ class Definition(BaseModel):
 
     @property
     def const_axes(self) -> dict[str, int]:
-        return {k: a.value for k, a in self.axes.items() if isinstance(a, ConstAxis)}
+        """Const axes' values, and the integer literals shapes use as fixed dimensions (`"1": 1`)."""
+        return {**self.literal_dims, **{k: a.value for k, a in self.axes.items() if isinstance(a, ConstAxis)}}
+
+    @property
+    def literal_dims(self) -> dict[str, int]:
+        """Integer literals in shapes (fi_trace's `"1"`), each a fixed dimension of its own value."""
+        return {a: int(a) for s in (*self.inputs.values(), *self.outputs.values()) for a in s.shape or ()
+                if is_literal_dim(a) and a not in self.axes}
+
+    @property
+    def unused_axes(self) -> list[str]:
+        """Declared var axes that size nothing: in no present input's shape, no output's shape and no
+        constraint (fi_trace declares some, e.g. a placeholder `one`). Harmless; they get no value."""
+        from .constraints import parse
+
+        used = {a for s in self.inputs.values() if not s.is_absent for a in s.shape or ()}
+        used |= {a for s in self.outputs.values() for a in s.shape or ()}
+        for c in self.constraints:
+            try:
+                used |= parse(c).names
+            except ValueError:  # validate reports it; an unparsable constraint may mention any axis
+                return []
+        return [a for a in self.var_axes if a not in used]
 
     @property
     def var_axes(self) -> list[str]:
@@ -109,14 +190,64 @@ class Definition(BaseModel):
         return self.tag_values("model")
 
     @cached_property
+    def reference_call(self):
+        """How the reference is called (`sandbox.static.Entry`): its entry function, whether by keyword,
+        the keyword each input is passed as, and the inputs it ignores (docs/definitions.md)."""
+        from .sandbox.static import entry_point
+
+        params = {n: s.param for n, s in self.inputs.items() if s.param is not None}
+        optional = [n for n, s in self.inputs.items() if s.optional is True]
+        return entry_point(self.reference, list(self.inputs), params, optional)
+
+    @property
+    def reference_entry(self) -> str:
+        """The function the reference is called through: `run`, or FlashInfer fi_trace's single
+        function that takes the inputs by name (`entry_point`; validate reports why when none is)."""
+        found = self.reference_call
+        return found.name if found.name else "run"
+
+    @property
+    def reference_by_name(self) -> bool:
+        """Whether the inputs are passed by keyword (an fi_trace entry point) rather than by position."""
+        return self.reference_entry != "run"
+
+    @property
+    def reference_ignored(self) -> list[str]:
+        """Inputs an fi_trace entry point does not take: call-site parameters of the API that the
+        reference ignores. They are generated like any input, but never passed to the reference."""
+        return list(self.reference_call.ignored) if self.reference_by_name else []
+
+    @property
+    def reference_keywords(self) -> list[str]:
+        """The keyword each of `run_parameters` is passed as (an fi_trace entry point): the input's name,
+        or its documented `param` where the reference takes that instead."""
+        mapping = dict(self.reference_call.keywords)
+        return [mapping.get(n, n) for n in self.run_parameters]
+
+    @cached_property
     def run_parameters(self) -> list[str]:
         """The input names in the order `run()` takes them. Inputs are matched by name: the public
         dataset's MoE references list `routing_bias` second where the inputs list it last. Parsed,
-        never run; the inputs' own order where the reference has no such run() (validate says why)."""
+        never run; the inputs' own order where the reference has no such run() (validate says why),
+        and for an entry point called by keyword (fi_trace), less the inputs it ignores."""
         from .sandbox.static import run_parameters
 
+        if self.reference_by_name:
+            ignored = set(self.reference_ignored)
+            return [n for n in self.inputs if n not in ignored]
         params = run_parameters(self.reference)
         return params if params is not None and sorted(params) == sorted(self.inputs) else list(self.inputs)
+
+    @property
+    def from_fi_trace(self) -> bool:
+        """Written by FlashInfer's fi_trace (>= 0.7): it carries the template's `init`/`check`, or its
+        reference is called through a function other than run()."""
+        return self.init is not None or self.check is not None or self.reference_by_name
+
+    @property
+    def in_place_outputs(self) -> list[str]:
+        """Outputs that are also inputs (fi_trace's in-place tensors): the input's value after the call."""
+        return [n for n in self.outputs if n in self.inputs]
 
     @property
     def stage(self) -> str | None:

@@ -20,7 +20,18 @@ class DType(str, Enum):
     int32 = "int32"
     int16 = "int16"
     int8 = "int8"
+    uint8 = "uint8"  # packed fp4 pairs and raw scale bytes (FlashInfer's fi_trace writes them so)
+    uint32 = "uint32"
+    float8_e8m0fnu = "float8_e8m0fnu"  # MX block scales (power-of-two exponents)
     bool = "bool"
+    # fi_trace: a string argument (`backend="auto"`, `return_lse_base="base2"`); only on a scalar input
+    # (shape null), never a tensor (validate says so). FlashInfer writes both spellings.
+    str = "str"
+    string = "string"
+
+    @property
+    def is_string(self) -> bool:
+        return self.value in ("str", "string")
 
     @property
     def is_float(self) -> bool:
@@ -39,6 +50,8 @@ def torch_dtype(dtype: DType | str):
     import torch
 
     name = DType(dtype).value
+    if DType(name).is_string:
+        raise ValueError(f"dtype {name!r} is a string argument's, not a tensor's: it has no torch dtype")
     if name == "float4_e2m1":
         packed = getattr(torch, "float4_e2m1fn_x2", None)
         if packed is None:

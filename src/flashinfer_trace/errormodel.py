@@ -12,6 +12,10 @@ such an element is the sum of the absolute products that made it, per op family:
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged
                                                                   so only V needs its absolute value)
+    mamba_ssu                     |C| . (exp(dt A) |S| + dt |x| |B|) `output` and `new_state` (A and dt keep
+                                  + |D x|                        their signs: the decay is what it is)
+    gdn                           scale |q| . A_t, A_t = g A_{t-1}  every output (the family's own
+                                  + beta (|v| + g A_{t-1} |k|) |k|^T  recurrence: torch_gdn.py)
 
 The scale is computed by the independent torch ground truth on those absolute values (float64), so
 it cannot depend on the reference; it costs one more ground-truth call, paid only by comparisons
@@ -38,6 +42,9 @@ class ErrorModel:
     absolute_inputs: tuple[str, ...] | None  # None: every float tensor input
     outputs: tuple[str, ...] | None  # None: every output
     description: str
+    # where absolute inputs through the ground truth are no bound (a recurrence that subtracts), the
+    # family computes its scales itself: (definition, inputs) -> one tensor or None per output
+    compute: Callable[[Definition, Inputs], list] | None = None
 
 
 MODELS: dict[str, ErrorModel] = {
@@ -45,7 +52,28 @@ MODELS: dict[str, ErrorModel] = {
     "gqa_paged": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "gqa_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "mla_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
+    # y = C . S' + D x with S' = exp(dt A) S + dt x B: a sum of products over dstate that cancels like a
+    # dot product; |S|, |x|, |B|, |C|, |D| (never A or dt: the decay and the step stay what they are) give
+    # each element's sum of absolute terms, for the output and the updated state alike
+    "mamba_ssu": ErrorModel(("state", "x", "B", "C", "D"), None,
+                            "operand scale: |C| . (exp(dt A) |S| + dt |x| |B|) + |D x|"),
+    # the gated delta rule subtracts the state's prediction (u = beta (v - g S k)), so |inputs| through
+    # the ground truth bound nothing: its own recurrence over absolute terms gives the scales
+    # (groundtruth/torch_gdn.py `recurrence(absolute=True)`); a chunked bf16 kernel rounds those terms
+    "gdn": ErrorModel(("q", "k", "v"), None,
+                      "operand scale: the recurrence over |S0|, |k|, |v|, |g S k| (|S_t|-like), o: scale |q| . |S_t|",
+                      compute=lambda d, x: _gdn_scales(d, x)),
+    # dsa_paged has no entry. Sparse attention: ckv is both key and value (absorbed MLA), so |ckv| through
+    # the ground truth would change the softmax too, not bound the sum; like mla_paged it keeps |expected|
+    # (a softmax-weighted mean of bf16 latents: bf16's own tolerance holds it). The indexer's output is an
+    # index set, judged by compare_topk.py with a tie band of 2e-5 x the score's sum of |terms|.
 }
+
+
+def _gdn_scales(definition: Definition, inputs: Inputs) -> list:
+    from .groundtruth.torch_gdn import run
+
+    return list(run(definition, inputs.values, absolute=True))
 
 
 def model_for(definition: Definition) -> ErrorModel | None:
@@ -67,9 +95,13 @@ def compare_with_model(definition: Definition, inputs: Inputs, actual, expected,
                        scales: Callable[[], list] | None = None) -> list:
     """DiffReports of outputs against the ground truth's: first against |expected|; only where that
     fails and the family has a model, again with the operand scales (the model can only widen, so
-    the ground-truth call it costs is paid by the cases that need it)."""
+    the ground-truth call it costs is paid by the cases that need it). Top-k index outputs are sets,
+    judged by the scores that chose them (compare_topk.py)."""
+    from . import compare_topk
     from .compare import compare_outputs
 
+    if compare_topk.applies(definition):
+        return compare_topk.compare(definition, inputs, actual, expected, tolerance)
     names = list(definition.outputs)
     reports = compare_outputs(actual, expected, tolerance, names)
     if all(r.passed for r in reports) or model_for(definition) is None:
@@ -84,12 +116,15 @@ def error_scales(definition: Definition, inputs: Inputs) -> list[torch.Tensor | 
     model = model_for(definition)
     if model is None:
         return none
+    if model.compute is not None:
+        return model.compute(definition, inputs)
     from .groundtruth import GroundTruthUnavailable, get_ground_truth
 
     names = model.absolute_inputs or tuple(n for n, v in inputs.values.items()
                                            if isinstance(v, torch.Tensor) and v.is_floating_point())
     values = {k: v.abs() if k in names and isinstance(v, torch.Tensor) else v for k, v in inputs.values.items()}
-    absolute = Inputs(inputs.definition, inputs.size, inputs.seed, inputs.case, values, dict(inputs.axes))
+    absolute = Inputs(inputs.definition, inputs.size, inputs.seed, inputs.case, values, dict(inputs.axes),
+                      inputs.ignored)
     try:
         outs = get_ground_truth("torch", definition, device=inputs.device)(absolute)
     except GroundTruthUnavailable:

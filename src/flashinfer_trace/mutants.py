@@ -102,6 +102,40 @@ MUTANTS: tuple[Mutant, ...] = (
        ("logits = (qn @ ckv.T + qp @ kpe.T) * sm_scale", "logits = (qn @ ckv.T + qp @ kpe.T)")),
     _m("mla_paged_decode_h16_ckv512_kpe64_ps1", "lse-natural", "lse in natural log, not base 2",
        ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.logsumexp(logits, dim=-1)")),
+    # mamba
+    _m("mamba_ssu_decode_h128_d64_s128_ng8", "no-softplus", "dt + dt_bias used as the step without softplus",
+       ("step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32))",
+        "step = dt.to(torch.float32) + dt_bias.to(torch.float32)")),
+    _m("mamba_ssu_decode_h128_d64_s128_ng8", "no-skip", "the D * x skip connection dropped",
+       ("output[b] = (s * ch[:, None, :]).sum(dim=-1) + d * xb", "output[b] = (s * ch[:, None, :]).sum(dim=-1)")),
+    _m("mamba_ssu_decode_h128_d64_s128_ng8", "groups-tiled", "heads mapped to groups h % ngroups, not h // ratio",
+       ("bh = B[b].to(torch.float32).repeat_interleave(heads_per_group, dim=0)",
+        "bh = B[b].to(torch.float32).repeat(heads_per_group, 1)"),
+       ("ch = C[b].to(torch.float32).repeat_interleave(heads_per_group, dim=0)",
+        "ch = C[b].to(torch.float32).repeat(heads_per_group, 1)")),
+    _m("mamba_ssu_decode_h128_d64_s128_ng8", "row-b", "request b reads and writes cache row b, not its slot",
+       ("slot = int(state_batch_indices[b])",
+        "slot = b if int(state_batch_indices[b]) != PAD_SLOT_ID else PAD_SLOT_ID")),
+    _m("mamba_ssu_decode_h128_d64_s128_ng8", "pad-not-skipped", "a padded request (-1) updates the last row",
+       ("if slot == PAD_SLOT_ID:", "if False:")),
+    # gated delta net (Qwen3-Next linear attention)
+    _m("gdn_decode_qk4_v8_d128_k_last", "no-decay", "the decay gate g is not applied to the state",
+       ("S = g[:, None, None] * S", "S = S")),
+    _m("gdn_decode_qk4_v8_d128_k_last", "no-softplus", "a + dt_bias used as the rate without softplus",
+       ("F.softplus(a.to(torch.float32) + dt_bias.to(torch.float32))",
+        "(a.to(torch.float32) + dt_bias.to(torch.float32))")),
+    _m("gdn_prefill_qk4_v8_d128_k_last", "no-beta", "the update strength beta is dropped (u = v - S k)",
+       ("u = beta[:, None] * (v - predicted)", "u = v - predicted")),
+    _m("gdn_prefill_qk4_v8_d128_k_last", "k-major-state", "the state read and written k-major [K, V], not k-last",
+       ("S = state[n].to(torch.float32)", "S = state[n].to(torch.float32).transpose(-1, -2)"),
+       ("new_state[n] = S", "new_state[n] = S.transpose(-1, -2)")),
+    _m("gdn_prefill_qk4_v8_d128_k_last", "no-scale", "the output scale is not applied",
+       ("return S, scale * torch.einsum(\"hvk,hk->hv\", S, q)", "return S, torch.einsum(\"hvk,hk->hv\", S, q)")),
+    _m("gdn_mtp_qk4_v8_d128_k_last", "slot-by-row", "row i reads pool slot i, not initial_state_indices[i]",
+       ("slot = int(initial_state_indices[i].item())", "slot = i")),
+    _m("gdn_mtp_qk4_v8_d128_k_last", "heads-tiled", "value head j reads query/key head j % H, not j // (HV / H)",
+       ("qv = q.to(torch.float32).repeat_interleave(group, dim=2)", "qv = q.to(torch.float32).repeat(1, 1, group, 1)"),
+       ("kv = k.to(torch.float32).repeat_interleave(group, dim=2)", "kv = k.to(torch.float32).repeat(1, 1, group, 1)")),
     # rope
     _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "interleaved", "GPT-J pairs (2i, 2i+1) "
        "instead of neox (i, i + half)", ("x1 = x[..., :half]", "x1 = x[..., 0:rotary_dim:2]"),
@@ -142,6 +176,29 @@ MUTANTS: tuple[Mutant, ...] = (
        ("kept = sorted_probs * (rank < k[:, None])", "kept = sorted_probs")),
     _m("top_k_sampling_from_probs_v128256", "ascending", "keeps the k least likely tokens",
        ("descending=True", "descending=False")),
+    # dsa_paged: sparse attention (page sizes 1 and 64) and the fp8 top-k indexer
+    _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps1", "padding-read", "the -1 entries are not masked "
+       "(they read the cache's last slot)", ("slots = slots[slots >= 0].long()", "slots = slots.long()")),
+    _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64", "scale-576", "sm_scale from the absorbed head dim, "
+       "1 / sqrt(512 + 64)", ("* sm_scale  # [num_qo_heads, n]", "/ math.sqrt(head_dim_ckv + head_dim_kpe)")),
+    _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64", "lse-natural", "lse in natural log, not base 2",
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.logsumexp(logits, dim=-1)")),
+    _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64", "slot-order", "slots numbered offset-major "
+       "(offset * num_pages + page, not page * page_size + offset)",
+       ("ckv_rows = ckv_cache.reshape(", "ckv_rows = ckv_cache.transpose(0, 1).reshape("),
+       ("kpe_rows = kpe_cache.reshape(", "kpe_rows = kpe_cache.transpose(0, 1).reshape(")),
+    _m("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "no-key-scale", "the keys' per-token scale is not applied",
+       ("keys = keys * scales[:, None]", "keys = keys * 1.0")),
+    _m("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "relu-after-sum", "ReLU on the weighted head sum, not per head",
+       ("(torch.relu(per_head) * weights[b][:, None]).sum(dim=0)",
+        "torch.relu((per_head * weights[b][:, None]).sum(dim=0))")),
+    _m("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "no-weights", "the head weights are not applied",
+       ("(torch.relu(per_head) * weights[b][:, None]).sum(dim=0)", "torch.relu(per_head).sum(dim=0)")),
+    _m("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "whole-last-page", "the last page is read past seq_len",
+       (".reshape(-1)[:seq_len]  # the request's tokens", ".reshape(-1)  # the request's tokens")),
+    _m("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "sequence-positions", "positions in the sequence returned, "
+       "not global token ids", ("topk_indices[b, :k] = slots[best].to(torch.int32)",
+                                "topk_indices[b, :k] = best.to(torch.int32)")),
 )
 
 

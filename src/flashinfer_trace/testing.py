@@ -98,10 +98,14 @@ def assert_samples_match(*args, **kwargs) -> SampleReport:
 
 def reference_function(definition: Definition, device: str | None = None) -> ConfinedReference:
     """The definition's `run`, compiled once per (name, source) in a confined worker (docs/sandbox.md)."""
-    key = (definition.name, hashlib.sha256(definition.reference.encode()).hexdigest())
+    entry = definition.reference_entry  # `run`, or an fi_trace reference's function, called by keyword
+    # the keyword each argument is passed as: the input's name, or its documented `param`
+    names = definition.reference_keywords if definition.reference_by_name else None
+    key = (definition.name, hashlib.sha256(f"{entry}\0{names}\0{definition.reference}".encode()).hexdigest())
     fn = _compiled.get(key)
     if fn is None:
-        fn = _compiled[key] = compile_reference(definition.reference, definition=definition.name, device=device)
+        fn = _compiled[key] = compile_reference(definition.reference, definition=definition.name, device=device,
+                                                entry=entry, names=names)
     return fn
 
 
@@ -114,10 +118,30 @@ def run_reference(definition: Definition, inputs: Inputs, *, seed: int | None = 
     through a pipe; a reference that writes into its inputs writes into the caller's tensors too, so
     it shows up in the determinism test. Raises SandboxError or ReferenceFailure (timeout, crash, ...).
     """
+    in_place = definition.in_place_outputs
     with timed("reference"):
         run = reference_function(definition, device=inputs.device)
-        out = run.call(inputs.args(), seed=seed)
-    return out if isinstance(out, tuple) else (out,)
+        args = inputs.args()
+        if in_place:  # the reference writes these: into copies, never into the caller's inputs
+            order = definition.run_parameters
+            args = [a.clone() if n in in_place and hasattr(a, "clone") else a for n, a in zip(order, args, strict=True)]
+        out = run.call(args, seed=seed)
+    out = out if isinstance(out, tuple) else (out,)
+    if not in_place:
+        return out
+    # an in-place input the reference ignores keeps its generated value
+    return _with_in_place(definition, out, {**inputs.values, **dict(zip(definition.run_parameters, args, strict=True))})
+
+
+def _with_in_place(definition: Definition, out: tuple, args: dict) -> tuple:
+    """fi_trace's in-place outputs (listed as input and output) are the input's value after the call.
+    A reference that returns every output is taken as it is; one that returns only the others gets the
+    in-place ones filled in, in output order; any other count is left for output_problems to report."""
+    in_place = definition.in_place_outputs
+    if len(out) == len(definition.outputs) or len(out) != len(definition.outputs) - len(in_place):
+        return out
+    returned = iter(out)
+    return tuple(args[n] if n in in_place else next(returned) for n in definition.outputs)
 
 
 def assert_matches(definition: Definition, inputs: Inputs, actual, expected, tolerance: Tolerance) -> list[DiffReport]:
@@ -131,8 +155,13 @@ def assert_matches(definition: Definition, inputs: Inputs, actual, expected, tol
 
 
 def is_sampler(definition: Definition) -> bool:
-    """Sampling definitions draw random tokens: they are compared statistically, not element-wise."""
-    return definition.op_type == "sampling"
+    """Sampling definitions draw random tokens: they are compared statistically, not element-wise.
+    FlashInfer's fi_trace files `sampling` ops that return probabilities or logits (renorm, softmax,
+    masking) under the same op_type: a sampler's first output is integer token ids."""
+    if definition.op_type != "sampling":
+        return False
+    first = next(iter(definition.outputs.values()), None)
+    return first is None or first.dtype is None or not first.dtype.is_float
 
 
 def expected_shapes(definition: Definition, inputs: Inputs) -> list[list[int] | None]:

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import constraints as _constraints
-from .definition import Definition
+from .definition import UNKNOWN_DTYPE, Definition, is_literal_dim
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class FileReport:
     file: str
     problems: list[Problem] = field(default_factory=list)
     definition: Definition | None = None
+    # What was accepted by a documented fi_trace rule and is worth knowing (an input the reference ignores,
+    # a var axis that sizes nothing): same shape as a Problem, never makes the file fail.
+    notes: list[Problem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -51,6 +54,7 @@ class Summary:
     files_with_problems: int
     problems: int
     by_kind: dict[str, int]
+    notes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -162,7 +166,7 @@ def _from_pydantic(err: dict[str, Any], file: str) -> Problem:
         return Problem(file, json_path(*loc), "missing-field", "required field is missing")
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         return Problem(file, json_path(*loc, "type"), "axis-type", 'axis "type" must be "const" or "var"')
-    if kind == "enum" and loc[-1:] == ["dtype"]:
+    if kind in ("enum", "value_error") and loc[-1:] == ["dtype"]:
         return Problem(file, json_path(*loc), "dtype", f"unknown dtype {err.get('input')!r}; {msg}")
     if loc[-1:] == ["value"] and len(loc) >= 2 and loc[0] == "axes":
         return Problem(file, json_path(*loc), "const-value",
@@ -171,8 +175,13 @@ def _from_pydantic(err: dict[str, Any], file: str) -> Problem:
 
 
 # -- stage 3: cross-field rules -------------------------------------------------------------------
-def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder: str | None) -> list[Problem]:
+_STRING_DTYPES = ("str", "string")
+
+
+def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder: str | None,
+                       notes: list[Problem] | None = None) -> list[Problem]:
     out: list[Problem] = []
+    notes = [] if notes is None else notes
     name = data.get("name")
     if stem is not None and isinstance(name, str) and name != stem:
         out.append(Problem(file, "$.name", "name-mismatch",
@@ -194,15 +203,29 @@ def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder
         if "outputs" == section and isinstance(data.get("outputs"), dict) and not specs:
             out.append(Problem(file, "$.outputs", "empty-outputs", "a definition must have at least one output"))
         for tname, spec in specs.items():
+            absent = isinstance(spec, dict) and spec.get("dtype") == UNKNOWN_DTYPE
+            if absent and (section == "outputs" or spec.get("optional") is not True):
+                out.append(Problem(file, json_path(section, tname, "dtype"), "dtype",
+                                   f"dtype 'unknown' is allowed only on an input marked \"optional\": true (fi_trace "
+                                   "writes it for an optional input absent from the traced call); "
+                                   f"this {section[:-1]} needs a dtype"))
             shape = spec.get("shape") if isinstance(spec, dict) else None
+            if isinstance(spec, dict) and spec.get("dtype") in _STRING_DTYPES and (section == "outputs" or
+                                                                                   shape is not None):
+                out.append(Problem(file, json_path(section, tname, "dtype"), "dtype",
+                                   f"dtype {spec['dtype']!r} is a string argument's: allowed only on an input with "
+                                   f"\"shape\": null (a Python str), not on "
+                                   f"{'an output' if section == 'outputs' else 'a tensor'}"))
             if not isinstance(shape, list):
                 continue
             for i, axis in enumerate(shape):
+                if is_literal_dim(axis) or (type(axis) is int and 0 <= axis < 2**63):
+                    continue  # an integer literal is a fixed dimension of that size
                 if isinstance(axis, str) and axis not in axes:
                     out.append(Problem(file, json_path(section, tname, "shape", i), "unknown-axis",
                                        f"axis {axis!r} is not declared in axes"))
-                elif isinstance(axis, str) and section == "inputs":
-                    bound.add(axis)
+                elif isinstance(axis, str) and section == "inputs" and not absent:
+                    bound.add(axis)  # an absent input (passed as None) gives its axes no value
 
     # A var axis takes its value from an input dimension, or is derived through a constraint
     # (`len_indptr == batch_size + 1`); one that is neither can never get a value. One pass over the
@@ -212,19 +235,39 @@ def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder
     for c in cons if isinstance(cons, list) else []:
         if isinstance(c, str):
             mentioned.update(_NAMES.findall(c))
+    in_outputs = {a for spec in outputs.values() if isinstance(spec, dict) and isinstance(spec.get("shape"), list)
+                  for a in spec["shape"] if isinstance(a, str)}
     for axis, spec in axes.items():
-        if isinstance(spec, dict) and spec.get("type") == "var" and axis not in bound and axis not in mentioned:
-            out.append(Problem(file, json_path("axes", axis), "unbound-axis",
-                               f"var axis {axis!r} appears in no input shape and no constraint, "
-                               "so it can never get a value"))
+        # A var axis only an output has is the reference's to size (fi_trace's scale-factor counts): allowed.
+        # One that sizes nothing at all is harmless: it gets no value and nothing needs one (a note).
+        if (isinstance(spec, dict) and spec.get("type") == "var" and axis not in bound and axis not in mentioned
+                and axis not in in_outputs):
+            notes.append(Problem(file, json_path("axes", axis), "unused-axis",
+                                 f"var axis {axis!r} sizes no input or output and no constraint mentions it "
+                                 "(or only an absent optional input has it): it gets no value, and nothing needs one"))
 
     for clash in sorted(set(inputs) & set(outputs)):
-        out.append(Problem(file, json_path("outputs", clash), "io-overlap",
-                           f"{clash!r} is both an input and an output"))
+        # fi_trace lists a tensor the API writes in place as both: the output is the input's value after
+        # the call. That needs the same tensor on both sides.
+        i_spec, o_spec = inputs[clash], outputs[clash]
+        if not (isinstance(i_spec, dict) and isinstance(o_spec, dict)):
+            continue
+        same = (i_spec.get("shape") == o_spec.get("shape") and i_spec.get("dtype") == o_spec.get("dtype")
+                and isinstance(i_spec.get("shape"), list) and i_spec.get("dtype") != UNKNOWN_DTYPE)
+        if not same:
+            out.append(Problem(file, json_path("outputs", clash), "io-overlap",
+                               f"{clash!r} is both an input and an output, which means written in place, but the "
+                               f"two differ (input shape {_snippet(i_spec.get('shape'), 60)} dtype "
+                               f"{_snippet(i_spec.get('dtype'), 30)}, output shape {_snippet(o_spec.get('shape'), 60)} "
+                               f"dtype {_snippet(o_spec.get('dtype'), 30)}): an in-place output must be a tensor "
+                               "input's own shape and dtype"))
 
     reference = data.get("reference")
     if isinstance(reference, str):
-        out.extend(_reference_problems(reference, list(inputs), file))
+        params = {n: spec["param"] for n, spec in inputs.items()
+                  if isinstance(spec, dict) and isinstance(spec.get("param"), str)}
+        optional = [n for n, spec in inputs.items() if isinstance(spec, dict) and spec.get("optional") is True]
+        out.extend(_reference_problems(reference, list(inputs), file, params, notes, optional))
 
     known = set(axes) | set(inputs)
     if isinstance(cons, list):
@@ -242,8 +285,9 @@ def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder
     return out
 
 
-def _reference_problems(code: str, input_names: list[str], file: str) -> list[Problem]:
-    from .sandbox.static import check_reference, parse
+def _reference_problems(code: str, input_names: list[str], file: str, params: dict[str, str] | None = None,
+                        notes: list[Problem] | None = None, optional: Sequence[str] = ()) -> list[Problem]:
+    from .sandbox.static import check_reference, entry_point, parse
 
     try:
         tree = parse(code)
@@ -253,10 +297,19 @@ def _reference_problems(code: str, input_names: list[str], file: str) -> list[Pr
         return [Problem(file, "$.reference", "reference-syntax", f"{type(e).__name__}: {_snippet(str(e), 200)}")]
     out = [Problem(file, "$.reference", "reference-sandbox", f"line {v.line}: {v.message}")
            for v in check_reference(code)]
-    runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
-    if not runs:
-        out.append(Problem(file, "$.reference", "reference-run", "the reference defines no top-level run()"))
+    entry = entry_point(code, input_names, params, optional)
+    if entry.name is None:
+        out.append(Problem(file, "$.reference", "reference-run", entry.problem or "no entry point"))
         return out
+    if entry.by_name:  # fi_trace: the function takes the inputs by name (entry_point checked that)
+        if notes is not None:
+            notes += [Problem(file, json_path("inputs", n), "ignored-input",
+                              f"{entry.name}() does not take {n!r}: a call-site parameter of the API that the "
+                              "reference ignores (generated, never passed to it)") for n in entry.ignored]
+            notes += [Problem(file, json_path("inputs", n, "param"), "param-input",
+                              f"{entry.name}() takes {n!r} as its documented param {k!r}") for n, k in entry.mapped]
+        return out
+    runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
     args = runs[-1].args
     if args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs:
         out.append(Problem(file, "$.reference", "reference-signature",
@@ -275,12 +328,13 @@ def _reference_problems(code: str, input_names: list[str], file: str) -> list[Pr
 
 
 def check_data(data: Any, file: str = "<definition>", stem: str | None = None,
-               folder: str | None = None) -> list[Problem]:
+               folder: str | None = None, notes: list[Problem] | None = None) -> list[Problem]:
     """Every problem in one parsed definition object. `stem`/`folder`: the file's name and, where the
-    layout says so, the op_type folder it sits in."""
+    layout says so, the op_type folder it sits in. `notes`, where given, gets what a documented fi_trace
+    rule accepted (docs/definitions.md): never problems."""
     if not isinstance(data, dict):
         return [Problem(file, "$", "type", f"a definition must be a JSON object, got {type(data).__name__}")]
-    return _structure_problems(data, file) + _semantic_problems(data, file, stem, folder)
+    return _structure_problems(data, file) + _semantic_problems(data, file, stem, folder, notes)
 
 
 def op_type_folder(path: Path, root: Path | None = None) -> str | None:
@@ -315,7 +369,7 @@ def check_file(path: str | Path, root: Path | None = None) -> FileReport:
     data, report.problems = parse_json(text, file)
     if data is UNPARSED:
         return report
-    report.problems += check_data(data, file, stem=path.stem, folder=op_type_folder(path, root))
+    report.problems += check_data(data, file, stem=path.stem, folder=op_type_folder(path, root), notes=report.notes)
     if report.ok:
         report.definition = Definition.model_validate(data)
         report.definition._source = path
@@ -378,6 +432,7 @@ def summarise(reports: Sequence[FileReport]) -> Summary:
         files_with_problems=sum(1 for r in reports if not r.ok),
         problems=sum(len(r.problems) for r in reports),
         by_kind=dict(sorted(by_kind.items())),
+        notes=sum(len(r.notes) for r in reports),
     )
 
 

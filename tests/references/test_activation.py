@@ -19,10 +19,12 @@ from flashinfer_trace.testing import (
 )
 
 DEFINITIONS = [
+    "silu_and_mul_i128",
     "silu_and_mul_i14336",
     "silu_and_mul_i2304",
     "silu_and_mul_i256",
     "silu_and_mul_i3584",
+    "silu_and_mul_i512",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer]),
@@ -30,6 +32,8 @@ GROUND_TRUTHS = [
     "torch",
 ]
 EDGE_CASES = [
+    ("silu_and_mul_i128", "single_token"),
+    ("silu_and_mul_i128", "large_values"),
     ("silu_and_mul_i14336", "single_token"),
     ("silu_and_mul_i14336", "large_values"),
     ("silu_and_mul_i2304", "single_token"),
@@ -38,6 +42,8 @@ EDGE_CASES = [
     ("silu_and_mul_i256", "large_values"),
     ("silu_and_mul_i3584", "single_token"),
     ("silu_and_mul_i3584", "large_values"),
+    ("silu_and_mul_i512", "single_token"),
+    ("silu_and_mul_i512", "large_values"),
 ]
 
 

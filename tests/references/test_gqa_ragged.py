@@ -19,10 +19,14 @@ from flashinfer_trace.testing import (
 )
 
 DEFINITIONS = [
+    "gqa_ragged_prefill_causal_h16_kv2_d256",
+    "gqa_ragged_prefill_causal_h16_kv4_d128",
     "gqa_ragged_prefill_causal_h32_kv4_d128",
     "gqa_ragged_prefill_causal_h32_kv8_d128",
     "gqa_ragged_prefill_causal_h4_kv1_d128",
+    "gqa_ragged_prefill_causal_h4_kv1_d256",
     "gqa_ragged_prefill_causal_h8_kv1_d128",
+    "gqa_ragged_prefill_causal_h8_kv1_d256",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer]),
@@ -30,6 +34,14 @@ GROUND_TRUTHS = [
     "torch",
 ]
 EDGE_CASES = [
+    ("gqa_ragged_prefill_causal_h16_kv2_d256", "single_token"),
+    ("gqa_ragged_prefill_causal_h16_kv2_d256", "batch1"),
+    ("gqa_ragged_prefill_causal_h16_kv2_d256", "uneven"),
+    ("gqa_ragged_prefill_causal_h16_kv2_d256", "empty"),
+    ("gqa_ragged_prefill_causal_h16_kv4_d128", "single_token"),
+    ("gqa_ragged_prefill_causal_h16_kv4_d128", "batch1"),
+    ("gqa_ragged_prefill_causal_h16_kv4_d128", "uneven"),
+    ("gqa_ragged_prefill_causal_h16_kv4_d128", "empty"),
     ("gqa_ragged_prefill_causal_h32_kv4_d128", "single_token"),
     ("gqa_ragged_prefill_causal_h32_kv4_d128", "batch1"),
     ("gqa_ragged_prefill_causal_h32_kv4_d128", "uneven"),
@@ -42,10 +54,18 @@ EDGE_CASES = [
     ("gqa_ragged_prefill_causal_h4_kv1_d128", "batch1"),
     ("gqa_ragged_prefill_causal_h4_kv1_d128", "uneven"),
     ("gqa_ragged_prefill_causal_h4_kv1_d128", "empty"),
+    ("gqa_ragged_prefill_causal_h4_kv1_d256", "single_token"),
+    ("gqa_ragged_prefill_causal_h4_kv1_d256", "batch1"),
+    ("gqa_ragged_prefill_causal_h4_kv1_d256", "uneven"),
+    ("gqa_ragged_prefill_causal_h4_kv1_d256", "empty"),
     ("gqa_ragged_prefill_causal_h8_kv1_d128", "single_token"),
     ("gqa_ragged_prefill_causal_h8_kv1_d128", "batch1"),
     ("gqa_ragged_prefill_causal_h8_kv1_d128", "uneven"),
     ("gqa_ragged_prefill_causal_h8_kv1_d128", "empty"),
+    ("gqa_ragged_prefill_causal_h8_kv1_d256", "single_token"),
+    ("gqa_ragged_prefill_causal_h8_kv1_d256", "batch1"),
+    ("gqa_ragged_prefill_causal_h8_kv1_d256", "uneven"),
+    ("gqa_ragged_prefill_causal_h8_kv1_d256", "empty"),
 ]
 
 

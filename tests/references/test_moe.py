@@ -19,6 +19,9 @@ from flashinfer_trace.testing import (
 )
 
 DEFINITIONS = [
+    "moe_bf16_renorm_topk10_e512_h2048_i128",
+    "moe_bf16_renorm_topk10_e512_h2048_i256",
+    "moe_bf16_renorm_topk10_e512_h2048_i512",
     "moe_bf16_renorm_topk2_e8_h4096_i1792",
     "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048",
     "moe_fp8_block_scale_renorm_topk8_e128_h2048_i768",
@@ -29,6 +32,9 @@ GROUND_TRUTHS = [
     "torch",
 ]
 EDGE_CASES = [
+    ("moe_bf16_renorm_topk10_e512_h2048_i128", "single_token"),
+    ("moe_bf16_renorm_topk10_e512_h2048_i256", "single_token"),
+    ("moe_bf16_renorm_topk10_e512_h2048_i512", "single_token"),
     ("moe_bf16_renorm_topk2_e8_h4096_i1792", "single_token"),
     ("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "single_token"),
     ("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "no_local_tokens"),

@@ -20,10 +20,13 @@ from flashinfer_trace.testing import (
 
 DEFINITIONS = [
     "rope_with_cos_sin_cache_gptj_style_h16_kv1_d64_rd64",
+    "rope_with_cos_sin_cache_neox_style_h16_kv2_d256_rd64",
     "rope_with_cos_sin_cache_neox_style_h32_kv4_d128_rd128",
     "rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128",
     "rope_with_cos_sin_cache_neox_style_h4_kv1_d128_rd128",
+    "rope_with_cos_sin_cache_neox_style_h4_kv1_d256_rd64",
     "rope_with_cos_sin_cache_neox_style_h8_kv1_d128_rd128",
+    "rope_with_cos_sin_cache_neox_style_h8_kv1_d256_rd64",
 ]
 GROUND_TRUTHS = [
     pytest.param("flashinfer", marks=[pytest.mark.gpu, pytest.mark.flashinfer]),
@@ -33,14 +36,20 @@ GROUND_TRUTHS = [
 EDGE_CASES = [
     ("rope_with_cos_sin_cache_gptj_style_h16_kv1_d64_rd64", "single_token"),
     ("rope_with_cos_sin_cache_gptj_style_h16_kv1_d64_rd64", "large_values"),
+    ("rope_with_cos_sin_cache_neox_style_h16_kv2_d256_rd64", "single_token"),
+    ("rope_with_cos_sin_cache_neox_style_h16_kv2_d256_rd64", "large_values"),
     ("rope_with_cos_sin_cache_neox_style_h32_kv4_d128_rd128", "single_token"),
     ("rope_with_cos_sin_cache_neox_style_h32_kv4_d128_rd128", "large_values"),
     ("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "single_token"),
     ("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "large_values"),
     ("rope_with_cos_sin_cache_neox_style_h4_kv1_d128_rd128", "single_token"),
     ("rope_with_cos_sin_cache_neox_style_h4_kv1_d128_rd128", "large_values"),
+    ("rope_with_cos_sin_cache_neox_style_h4_kv1_d256_rd64", "single_token"),
+    ("rope_with_cos_sin_cache_neox_style_h4_kv1_d256_rd64", "large_values"),
     ("rope_with_cos_sin_cache_neox_style_h8_kv1_d128_rd128", "single_token"),
     ("rope_with_cos_sin_cache_neox_style_h8_kv1_d128_rd128", "large_values"),
+    ("rope_with_cos_sin_cache_neox_style_h8_kv1_d256_rd64", "single_token"),
+    ("rope_with_cos_sin_cache_neox_style_h8_kv1_d256_rd64", "large_values"),
 ]
 
 

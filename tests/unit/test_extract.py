@@ -32,7 +32,8 @@ def gemms(cfg):
 
 # -- configs ------------------------------------------------------------------------------------------
 def test_bundled_configs_and_model_selection():
-    assert set(bundled()) == {"llama-3.1-8b", "llama-3.1-70b", "qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"}
+    assert set(bundled()) == {"llama-3.1-8b", "llama-3.1-70b", "qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b",
+                              "nemotron-h-8b", "deepseek-v3.2", "qwen3-next-80b-a3b"}
     assert [c.name for c in select_models("llama")] == ["llama-3.1-70b", "llama-3.1-8b"]
     (ds,) = select_models("deepseek_v3")
     assert (ds.name, ds.family, ds.tp, ds.ep, ds.fp8_block) == ("deepseek-v3", "deepseek_v3", 8, 8, 128)
@@ -201,9 +202,11 @@ def dataset_copy(tmp_path):
     return tmp_path / "definitions"
 
 
-def test_the_dataset_is_what_the_five_models_extract(dataset_copy):
+def test_the_dataset_is_what_the_bundled_models_extract(dataset_copy):
     """Every shipped definition comes from a bundled model, and extracting them all again changes nothing."""
     configs = [c for name in bundled() for c in select_models(name)]
+    configs += select_models("nemotron-h-8b", tp=2)  # the tp 2 shard of the hybrid (h64 ng4) as well
+    configs += select_models("qwen3-next-80b-a3b", tp=2) + select_models("qwen3-next-80b-a3b", tp=4)  # gdn qk8/qk4
     ex = extract(configs, dataset_copy)
     assert ex.written == [] and {o.status for o in ex.outcomes} == {"unchanged"}
     assert {o.name for o in ex.outcomes} == {p.stem for p in dataset_copy.rglob("*.json")}

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from samples import VALID
 
+from flashinfer_trace.definition import is_literal_dim
 from flashinfer_trace.dtypes import DTYPE_NAMES
 from flashinfer_trace.validate import UNPARSED, check_data, parse_json
 
@@ -38,7 +39,9 @@ def _retype_field(draw, d):
 def _bad_axis_ref(draw, d):
     section = draw(st.sampled_from(["inputs", "outputs"]))
     tensor = draw(st.sampled_from(sorted(d[section])))
-    d[section][tensor]["shape"] = [draw(st.text(max_size=12).filter(lambda s: s not in d["axes"]))]
+    # a positive integer literal ("1") is a fixed dimension (fi_trace's form), not a bad reference
+    d[section][tensor]["shape"] = [draw(st.text(max_size=12).filter(
+        lambda s: s not in d["axes"] and not is_literal_dim(s)))]
 
 
 def _bad_dtype(draw, d):
@@ -72,8 +75,12 @@ def _bad_constraint(draw, d):
 
 
 def _overlap(draw, d):
+    # A name on both sides is an in-place output (fi_trace) when it is the input's own tensor; one that
+    # differs from its input is malformed.
     name = draw(st.sampled_from(sorted(d["inputs"])))
-    d["outputs"][name] = copy.deepcopy(d["inputs"][name])
+    spec = copy.deepcopy(d["inputs"][name])
+    spec["dtype"] = "int8" if spec.get("dtype") != "int8" else "float32"
+    d["outputs"][name] = spec
 
 
 MUTATIONS = [_drop_required, _retype_field, _bad_axis_ref, _bad_dtype, _bad_const, _bad_axis, _bad_reference,

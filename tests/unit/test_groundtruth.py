@@ -215,7 +215,7 @@ def test_moe_variants_on_sm90(monkeypatch):
     assert get_ground_truth("flashinfer", renorm, device="cuda").api.startswith("flashinfer.fused_moe.cutlass")
     bf16 = load_definition(next((SHIPPED / "moe").glob("moe_bf16_renorm_*.json")))
     e = unavailable("flashinfer", bf16, "cuda")
-    assert e.kind == "unsupported" and "bf16 experts" in str(e)
+    assert e.kind == "unsupported" and "unquantised experts" in str(e)
     assert get_ground_truth("torch", bf16, device="cpu").api.startswith("dequantise + routing")
 
 

@@ -974,7 +974,7 @@ def test_unsupported_op_type():
     with pytest.raises(UnsupportedOpType):
         edge_cases(d)
     assert set(supported_op_types()) == {"rmsnorm", "gemm", "gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged",
-                                         "moe", "rope", "activation", "sampling"}
+                                         "moe", "rope", "activation", "sampling", "gdn", "mamba_ssu", "dsa_paged"}
 
 
 def test_unknown_case_and_size():

@@ -103,7 +103,7 @@ def test_build_gives_every_state_and_merges_bench_timings(results, tmp_path):
     problems = {Path(p["path"]).name: p["problem"] for p in m["problems"]}
     assert problems["session.json"].startswith("corrupt") and problems["missing"].startswith("missing")
     ops = {d["name"]: (d["op_type"], d["models"]) for d in m["definitions"]}
-    assert ops["rmsnorm_h4096"] == ("rmsnorm", ["llama-3.1-8b", "mixtral-8x7b"])
+    assert ops["rmsnorm_h4096"] == ("rmsnorm", ["llama-3.1-8b", "mixtral-8x7b", "nemotron-h-8b"])
 
 
 def test_markdown_has_groups_symbols_legend_and_problems(results):

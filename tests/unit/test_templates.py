@@ -57,10 +57,15 @@ SIGNATURES = {
     "gqa_paged": "(stage: 'str', num_qo_heads: 'int', num_kv_heads: 'int', head_dim: 'int', page_size: 'int')",
     "gqa_ragged": "(num_qo_heads: 'int', num_kv_heads: 'int', head_dim: 'int')",
     "mla_ragged": "(num_heads: 'int', qk_dim: 'int', vo_dim: 'int')",
+    "dsa_sparse_attention": "(num_qo_heads: 'int', head_dim_ckv: 'int', head_dim_kpe: 'int', topk: 'int', "
+                            "page_size: 'int')",
+    "dsa_topk_indexer": "(num_index_heads: 'int', index_head_dim: 'int', topk: 'int', page_size: 'int')",
     "mla_paged": "(stage: 'str', num_qo_heads: 'int', head_dim_ckv: 'int', head_dim_kpe: 'int', page_size: 'int')",
     "rope": "(num_qo_heads: 'int', num_kv_heads: 'int', head_dim: 'int', rotary_dim: 'int', neox: 'bool')",
     "silu_and_mul": "(intermediate_size: 'int')",
     "sampling": "(kind: 'str', vocab_size: 'int')",
+    "mamba_ssu": "(nheads: 'int', head_dim: 'int', dstate: 'int', ngroups: 'int')",
+    "gdn": "(stage: 'str', num_q_heads: 'int', num_v_heads: 'int', head_size: 'int')",
     "moe": "(routing: 'str', weights: 'str', top_k: 'int', num_experts: 'int', num_local_experts: 'int', "
            "hidden_size: 'int', intermediate_size: 'int', n_group: 'int | None' = None, "
            "topk_group: 'int | None' = None)",
@@ -117,6 +122,8 @@ VARIANTS = [
     ("moe", _renorm("fp8_block_scale", 8, 128, 16, 2048, 768), "moe_fp8_block_scale_renorm_topk8_e16_h2048_i768"),
     ("moe", _renorm("bfloat16", 2, 8, 8, 4096, 14336), "moe_bf16_renorm_topk2_e8_h4096_i14336"),
     ("moe", _renorm("bfloat16", 2, 8, 4, 256, 128), "moe_bf16_renorm_topk2_e4_h256_i128"),
+    ("mamba_ssu", dict(nheads=128, head_dim=64, dstate=128, ngroups=8), "mamba_ssu_decode_h128_d64_s128_ng8"),
+    ("mamba_ssu", dict(nheads=8, head_dim=16, dstate=32, ngroups=1), "mamba_ssu_decode_h8_d16_s32_ng1"),
 ]
 
 # New references (not in the shipped files), run at size small against the torch ground truth.

@@ -62,7 +62,7 @@ def test_missing_required_field(valid, field):
 
 def test_wrong_field_type_names_the_json_path(valid):
     valid["tags"] = "status:reference"
-    valid["inputs"]["weight"]["shape"] = ["hidden_size", 3]
+    valid["inputs"]["weight"]["shape"] = ["hidden_size", 3.5]  # an int would be a fixed dimension
     problems = check_data(valid, "f.json")
     paths = {p.path for p in problems if p.kind == "type"}
     assert "$.tags" in paths and "$.inputs.weight.shape[1]" in paths
@@ -79,14 +79,19 @@ def test_shape_axis_must_be_declared(valid):
     assert [(p.kind, p.path) for p in problems] == [("unknown-axis", "$.inputs.weight.shape[0]")]
 
 
-def test_var_axis_that_no_input_binds(valid):
+def test_var_axis_that_sizes_nothing_is_a_note(valid):
     valid["axes"]["num_pages"] = {"type": "var"}
-    (p,) = check_data(valid, "f.json")
-    assert p.kind == "unbound-axis" and p.path == "$.axes.num_pages"
+    notes = []
+    assert check_data(valid, "f.json", notes=notes) == []
+    (p,) = notes
+    assert p.kind == "unused-axis" and p.path == "$.axes.num_pages"
 
 
-def test_inputs_and_outputs_disjoint(valid):
-    valid["outputs"]["weight"] = {"shape": ["hidden_size"], "dtype": "bfloat16"}
+def test_a_name_on_both_sides_is_an_in_place_output_of_the_same_tensor(valid):
+    spec = copy.deepcopy(valid["inputs"]["weight"])
+    valid["outputs"]["weight"] = spec  # fi_trace's in-place tensors: the input's value after the call
+    assert "io-overlap" not in kinds(check_data(valid, "f.json"))
+    valid["outputs"]["weight"] = dict(spec, dtype="float32" if spec["dtype"] != "float32" else "bfloat16")
     problems = check_data(valid, "f.json")
     assert "io-overlap" in kinds(problems)
 
@@ -103,8 +108,12 @@ def test_reference_syntax_error(valid):
 
 
 def test_reference_without_run(valid):
+    # no run(): the one function taking every input by name is the entry point (docs/definitions.md)
     valid["reference"] = "import torch\ndef forward(hidden_states, weight):\n    return hidden_states\n"
-    assert kinds(check_data(valid, "f.json")) == ["reference-run"]
+    assert kinds(check_data(valid, "f.json")) == []
+    valid["reference"] = "import torch\ndef forward(hidden_states):\n    return hidden_states\n"
+    (p,) = check_data(valid, "f.json")
+    assert (p.kind, p.path) == ("reference-run", "$.reference") and "weight" in p.message
 
 
 @pytest.mark.parametrize("signature", ["run(hidden_states)", "run(hidden_states, weight, eps)", "run(*args)",
@@ -219,4 +228,6 @@ def test_json_schema_describes_the_format():
     schema = json_schema()
     assert set(schema["required"]) == {"name", "op_type", "axes", "inputs", "outputs", "reference"}
     dtypes = schema["$defs"]["DType"]["enum"]
-    assert "float8_e4m3fn" in dtypes and "float4_e2m1" in dtypes and len(dtypes) == 11
+    assert "float8_e4m3fn" in dtypes and "float4_e2m1" in dtypes and len(dtypes) == 16
+    assert {"str", "string"} <= set(dtypes)  # fi_trace's string arguments (scalar inputs only)
+    assert {"uint8", "uint32", "float8_e8m0fnu"} <= set(dtypes)  # FlashInfer fi_trace's packed / scale dtypes

@@ -17,12 +17,14 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 
 # model_type -> the extractor family that plans its kernels
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "mixtral": "mixtral", "qwen2_moe": "qwen_moe",
-                 "qwen3_moe": "qwen_moe", "deepseek_v3": "deepseek_v3"}
+                 "qwen3_moe": "qwen_moe", "deepseek_v3": "deepseek_v3", "nemotron_h": "nemotron_h",
+                 "deepseek_v32": "deepseek_v32", "qwen3_next": "qwen3_next"}
 # --model accepts an architecture family (every bundled config of it) or a bundled config's name
 FAMILY_ALIASES = {"llama": "llama", "mixtral": "mixtral", "qwen2_moe": "qwen_moe", "qwen3_moe": "qwen_moe",
-                  "qwen_moe": "qwen_moe", "deepseek_v3": "deepseek_v3", "deepseek": "deepseek_v3"}
+                  "qwen_moe": "qwen_moe", "deepseek_v3": "deepseek_v3", "deepseek": "deepseek_v3",
+                  "nemotron_h": "nemotron_h", "deepseek_v32": "deepseek_v32", "qwen3_next": "qwen3_next"}
 
-INT, FLOAT, BOOL = "int", "float", "bool"
+INT, FLOAT, BOOL, STR = "int", "float", "bool", "str"
 REQUIRED: dict[str, dict[str, str]] = {
     "llama": {"hidden_size": INT, "intermediate_size": INT, "num_attention_heads": INT, "vocab_size": INT,
               "rms_norm_eps": FLOAT},
@@ -35,9 +37,23 @@ REQUIRED: dict[str, dict[str, str]] = {
                     "qk_rope_head_dim": INT, "v_head_dim": INT, "n_routed_experts": INT, "n_shared_experts": INT,
                     "num_experts_per_tok": INT, "n_group": INT, "topk_group": INT, "routed_scaling_factor": FLOAT,
                     "first_k_dense_replace": INT, "vocab_size": INT, "rms_norm_eps": FLOAT},
+    # hybrid Mamba2 / attention / MLP: hybrid_override_pattern has one character per layer (M, *, -)
+    "nemotron_h": {"hidden_size": INT, "intermediate_size": INT, "num_attention_heads": INT,
+                   "num_key_value_heads": INT, "vocab_size": INT, "layer_norm_epsilon": FLOAT,
+                   "mamba_num_heads": INT, "mamba_head_dim": INT, "ssm_state_size": INT, "n_groups": INT,
+                   "conv_kernel": INT, "hybrid_override_pattern": STR},
 }
+# Qwen3-Next: gated DeltaNet linear attention, with full (gated) attention every full_attention_interval layers
+REQUIRED["qwen3_next"] = {"hidden_size": INT, "num_attention_heads": INT, "num_key_value_heads": INT, "head_dim": INT,
+                          "vocab_size": INT, "rms_norm_eps": FLOAT, "moe_intermediate_size": INT, "num_experts": INT,
+                          "num_experts_per_tok": INT, "linear_num_key_heads": INT, "linear_num_value_heads": INT,
+                          "linear_key_head_dim": INT, "linear_value_head_dim": INT, "linear_conv_kernel_dim": INT,
+                          "full_attention_interval": INT}
+# DeepSeek-V3.2 (DeepSeek sparse attention): V3's fields plus the lightning indexer's
+REQUIRED["deepseek_v32"] = {**REQUIRED["deepseek_v3"], "index_n_heads": INT, "index_head_dim": INT, "index_topk": INT}
 OPTIONAL: dict[str, str] = {"num_key_value_heads": INT, "head_dim": INT, "norm_topk_prob": BOOL,
-                            "shared_expert_intermediate_size": INT, "partial_rotary_factor": FLOAT}
+                            "shared_expert_intermediate_size": INT, "partial_rotary_factor": FLOAT,
+                            "attention_head_dim": INT, "num_hidden_layers": INT}
 
 
 class ConfigError(ValueError):
@@ -72,6 +88,8 @@ def _typed(value: Any, kind: str) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value > 0
     if kind == FLOAT:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    if kind == STR:
+        return isinstance(value, str) and value != ""
     return isinstance(value, bool)
 
 
@@ -88,7 +106,8 @@ def parse_config(data: Any, source: str, *, name: str | None = None, tp: int | N
         if key not in data:
             raise ConfigError(f"{source}: {key}: missing (a {model_type} config needs it)")
         if not _typed(data[key], kind):
-            raise ConfigError(f"{source}: {key}: {data[key]!r} is not a positive {kind}")
+            want = "non-empty string" if kind == STR else f"positive {kind}"
+            raise ConfigError(f"{source}: {key}: {data[key]!r} is not a {want}")
     for key, kind in OPTIONAL.items():
         if key in data and data[key] is not None and not _typed(data[key], kind) and not (
                 kind == INT and data[key] == 0 and key == "shared_expert_intermediate_size"):

@@ -203,7 +203,126 @@ def plan_deepseek_v3(cfg: ModelConfig, page_size: int) -> Plan:
     return p
 
 
-PLANNERS = {"llama": plan_llama, "mixtral": plan_mixtral, "qwen_moe": plan_qwen_moe, "deepseek_v3": plan_deepseek_v3}
+LAYER_KINDS = {"M": "mamba2", "*": "attention", "-": "mlp"}
+
+
+def plan_nemotron_h(cfg: ModelConfig, page_size: int) -> Plan:
+    """Nemotron-H: a hybrid_override_pattern of Mamba2 (M), attention (*) and MLP (-) layers, each a
+    pre-norm residual block. The attention layers have no positional embedding (no RoPE); the MLP is
+    up -> relu(x)^2 -> down, not gated. Mamba2 decode is in_proj, a causal conv1d update, the selective
+    state update, a gated RMSNorm and out_proj; tensor parallelism splits heads and groups."""
+    p, tp = Plan(cfg), cfg.tp
+    hidden, tag = cfg["hidden_size"], (f"tp:{tp}",)
+    pattern = cfg["hybrid_override_pattern"]
+    unknown = sorted(set(pattern) - set(LAYER_KINDS))
+    if unknown:
+        raise ConfigError(f"{cfg.source}: hybrid_override_pattern: layer kind(s) {', '.join(map(repr, unknown))} "
+                          f"not supported (M mamba2, * attention, - mlp)")
+    layers = cfg.get("num_hidden_layers")
+    if layers is not None and layers != len(pattern):
+        raise ConfigError(f"{cfg.source}: hybrid_override_pattern: {len(pattern)} layers, num_hidden_layers {layers}")
+    _norms(p, hidden, cfg["layer_norm_epsilon"])
+    if "M" in pattern:
+        heads = _shard("mamba_num_heads", cfg["mamba_num_heads"], tp, "--tp")
+        groups = _shard("n_groups", cfg["n_groups"], tp, "--tp")
+        head_dim, state = cfg["mamba_head_dim"], cfg["ssm_state_size"]
+        inner = heads * head_dim
+        p.add("gemm", "mamba in_proj ([z, x, B, C, dt])", tag, n=2 * inner + 2 * groups * state + heads, k=hidden)
+        p.add("mamba_ssu", "mamba2 selective state update (decode)", tag, nheads=heads, head_dim=head_dim,
+              dstate=state, ngroups=groups)
+        p.add("gemm", "mamba out_proj", tag, n=hidden, k=inner)
+        p.left_out += [f"mamba causal conv1d (kernel {cfg['conv_kernel']}) state update and prefill: no template",
+                       "mamba prefill (chunked SSD scan): no template",
+                       f"mamba gated RMSNorm (rmsnorm(y * silu(z)) in groups of {inner // groups}): no template"]
+    if "*" in pattern:
+        heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        d = cfg.get("attention_head_dim") or cfg.get("head_dim") or hidden // heads
+        h, k = _shard("num_attention_heads", heads, tp, "--tp"), _kv_heads(kv, tp)
+        _attention_gemms(p, hidden, h, k, d, tag)
+        _gqa(p, h, k, d, page_size, tag)
+    if "-" in pattern:
+        local = _shard("mlp intermediate_size", cfg["intermediate_size"], tp, "--tp")
+        p.add("gemm", "mlp up_proj", tag, n=local, k=hidden)
+        p.add("gemm", "mlp down_proj", tag, n=hidden, k=local)
+        p.left_out.append("mlp activation relu(x)^2 (squared ReLU, not gated): no template")
+    _lm_head(p, cfg["vocab_size"], hidden, tp, tag)
+    _sampling(p, cfg["vocab_size"])
+    return p
+
+
+# DeepSeek's lightning indexer keeps its fp8 keys in pages of 64 tokens (DeepGEMM's paged MQA logits need it)
+DSA_INDEXER_PAGE_SIZE = 64
+
+
+def plan_deepseek_v32(cfg: ModelConfig, page_size: int) -> Plan:
+    """DeepSeek-V3.2: V3's kernels plus DeepSeek sparse attention: the fp8 top-k indexer (its heads are
+    not split by tensor parallelism) and MLA over the selected tokens, at --page-size and at the
+    indexer's page size."""
+    p, tp = plan_deepseek_v3(cfg, page_size), cfg.tp
+    heads = _shard("num_attention_heads", cfg["num_attention_heads"], tp, "--tp")
+    topk = cfg["index_topk"]
+    for ps in sorted({page_size, DSA_INDEXER_PAGE_SIZE}):
+        p.add("dsa_sparse_attention", "sparse MLA over the indexer's top-k tokens (absorbed, paged latent cache)",
+              (f"tp:{tp}",), num_qo_heads=heads, head_dim_ckv=cfg["kv_lora_rank"],
+              head_dim_kpe=cfg["qk_rope_head_dim"], topk=topk, page_size=ps)
+    p.add("dsa_topk_indexer", "lightning indexer: fp8 index scores + top-k (replicated on every GPU)",
+          (f"tp:{tp}",), num_index_heads=cfg["index_n_heads"], index_head_dim=cfg["index_head_dim"], topk=topk,
+          page_size=DSA_INDEXER_PAGE_SIZE)
+    p.left_out.append("the indexer's wq_b / wk / weights_proj projections, its k LayerNorm and the fp8 "
+                      "quantisation of its q and k: not planned")
+    return p
+
+
+def plan_qwen3_next(cfg: ModelConfig, page_size: int) -> Plan:
+    """Qwen3-Next: gated DeltaNet linear attention in three of every `full_attention_interval` layers,
+    gated full attention (q_proj also emits a sigmoid output gate; partial RoPE) in the others, and a
+    512-expert renormalize-routed MoE with a shared expert in every layer. The DeltaNet layer is
+    in_proj_qkvz and in_proj_ba, a causal conv1d, the gated delta rule (decode, MTP verification of
+    draft tokens, varlen prefill; q and k L2-normalised), a gated RMSNorm and out_proj; tensor
+    parallelism splits its key and value heads."""
+    if cfg.get("norm_topk_prob") is False:
+        raise ConfigError(f"{cfg.source}: norm_topk_prob: false has no MoE template yet")
+    p, tp = Plan(cfg), cfg.tp
+    hidden, tag = cfg["hidden_size"], (f"tp:{tp}",)
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    if dk != dv:
+        raise ConfigError(f"{cfg.source}: linear_key_head_dim {dk} != linear_value_head_dim {dv}: the gdn template "
+                          f"has one head_size")
+    hk = _shard("linear_num_key_heads", cfg["linear_num_key_heads"], tp, "--tp")
+    hv = _shard("linear_num_value_heads", cfg["linear_num_value_heads"], tp, "--tp")
+    p.add("gemm", "linear attention in_proj_qkvz", tag, n=2 * hk * dk + 2 * hv * dv, k=hidden)
+    p.add("gemm", "linear attention in_proj_ba", tag, n=2 * hv, k=hidden)
+    for stage, role in (("decode", "gated delta rule (decode, recurrent state)"),
+                        ("mtp", "gated delta rule (MTP: verify draft tokens, state pool)"),
+                        ("prefill", "gated delta rule (varlen prefill, chunked)")):
+        p.add("gdn", role, tag, stage=stage, num_q_heads=hk, num_v_heads=hv, head_size=dk)
+    p.add("gemm", "linear attention out_proj", tag, n=hidden, k=hv * dv)
+    heads, kv, d = _heads(cfg)
+    h, k = _shard("num_attention_heads", heads, tp, "--tp"), _kv_heads(kv, tp)
+    p.add("gemm", "full attention qkv_proj (q with its output gate, k, v)", tag, n=(2 * h + 2 * k) * d, k=hidden)
+    p.add("gemm", "full attention o_proj", tag, n=hidden, k=h * d)
+    _gqa(p, h, k, d, page_size, tag)
+    _rope(p, cfg, h, k, d, tag)
+    experts = cfg["num_experts"]
+    p.add("gemm", "router gate", (), n=experts, k=hidden)
+    _moe(p, cfg, "renormalize", experts, cfg["moe_intermediate_size"], cfg["num_experts_per_tok"])
+    shared = cfg.get("shared_expert_intermediate_size") or 0
+    if shared:
+        _dense_mlp(p, hidden, shared, tp, tag, "shared expert")
+    _lm_head(p, cfg["vocab_size"], hidden, tp, tag)
+    _sampling(p, cfg["vocab_size"])
+    p.left_out += [
+        "input / post-attention / final / q / k norms are zero-centred (x * (1 + w), Gemma style): no template",
+        f"linear attention causal conv1d (kernel {cfg['linear_conv_kernel_dim']}) over q, k, v: no template",
+        "linear attention gated RMSNorm (rmsnorm(o) * silu(z)): no template",
+        "full attention output gate (o * sigmoid(gate)) and shared_expert_gate: no template",
+    ]
+    return p
+
+
+PLANNERS = {"llama": plan_llama, "mixtral": plan_mixtral, "qwen_moe": plan_qwen_moe, "deepseek_v3": plan_deepseek_v3,
+            "nemotron_h": plan_nemotron_h,
+            "deepseek_v32": plan_deepseek_v32, "qwen3_next": plan_qwen3_next}
 
 
 def plan(cfg: ModelConfig, *, page_size: int = 1) -> Plan:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
-from . import flashinfer, sglang, torch_ref
+from . import fi_api, flashinfer, flashinfer_dsa, sglang, torch_ref
 from .base import SOURCES, Adapter, Call, GroundTruthUnavailable, availability
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ __all__ = ["SOURCES", "Adapter", "GroundTruth", "GroundTruthUnavailable", "adapt
            "ground_truths", "default_device"]
 
 ADAPTERS: dict[str, list[Adapter]] = {
-    "flashinfer": flashinfer.ADAPTERS,
+    "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS,
     "sglang": sglang.ADAPTERS,
     "torch": torch_ref.ADAPTERS,
 }
@@ -79,7 +79,8 @@ class GroundTruth:
 def get_ground_truth(source: str, definition: Definition | str, *, device: str | None = None,
                      prebuilt: bool = True) -> GroundTruth:
     """The first adapter of `source` that can run `definition` on `device`; otherwise raises
-    GroundTruthUnavailable with the most telling reason among the source's adapters. With
+    GroundTruthUnavailable with the most telling reason among the source's adapters. For FlashInfer,
+    a definition no hand-written adapter applies to is tried with the API its `fi_api:` tag names. With
     `prebuilt`, a module the JIT prebuild failed to build (sweep/jit.py) makes the adapter unavailable."""
     if source not in SOURCES:
         raise ValueError(f"unknown ground-truth source {source!r}; expected one of {', '.join(SOURCES)}")
@@ -88,7 +89,13 @@ def get_ground_truth(source: str, definition: Definition | str, *, device: str |
 
         definition = load_definition(definition)
     device = device or default_device()
-    candidates = adapters_for(definition.op_type, source)
+    hand_written = adapters_for(definition.op_type, source)
+    fallback: list[Adapter] = []
+    if source == "flashinfer" and not any(a.applies(definition) is None for a in hand_written):
+        # fallback: the definition's `fi_api:` tag says what to call (fi_api.py); a hand-written adapter
+        # that applies knows layouts, clones and parameters the tag cannot say, so it always goes first
+        fallback = fi_api.adapters(definition)
+    candidates = hand_written + fallback
     if not candidates:
         raise GroundTruthUnavailable("unsupported", f"no {source} ground truth for op_type "
                                                     f"{definition.op_type!r}")
@@ -100,6 +107,10 @@ def get_ground_truth(source: str, definition: Definition | str, *, device: str |
             reasons.append(e)
             continue
         return GroundTruth(adapter, definition, device, module, version)
+    if hand_written and fallback:  # why the op type's own adapters do not apply says more; the tag's reason follows
+        best = max(reasons[:len(hand_written)], key=lambda e: e.progress)
+        tag = max(reasons[len(hand_written):], key=lambda e: e.progress)
+        raise GroundTruthUnavailable(best.kind, f"{best.detail}; by its fi_api tag: {tag}")
     raise max(reasons, key=lambda e: e.progress)
 
 

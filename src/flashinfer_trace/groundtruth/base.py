@@ -97,6 +97,9 @@ class Adapter:
     max_cc: tuple[int, int] | None = None
     # "exact": outputs compare element-wise; "sampler": outputs are random draws (see compare.py)
     kind: str = "exact"
+    # A last check against the imported package, after `requires` (fi_api.py resolves the tag's dotted
+    # path there and checks the call against its signature): raises GroundTruthUnavailable.
+    resolve: Callable[[ModuleType, Version | None, Definition], None] | None = None
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -179,7 +182,9 @@ def cuda_capability(device: str | None) -> tuple[int, int] | None:
 
 
 def float_input_dtypes(definition: Definition) -> set[str]:
-    return {s.dtype.value for s in definition.inputs.values() if s.shape is not None and s.dtype.is_float}
+    # dtype None: an absent optional input of an fi_trace file ("unknown"): nothing to take
+    return {s.dtype.value for s in definition.inputs.values()
+            if s.shape is not None and s.dtype is not None and s.dtype.is_float}
 
 
 # -- the availability pipeline --------------------------------------------------------------------
@@ -206,6 +211,8 @@ def availability(adapter: Adapter, definition: Definition, device: str | None, *
         for attr in adapter.requires:
             if not has_attr_path(module, attr):
                 raise GroundTruthUnavailable("api-missing", f"{pkg.label} {version} has no {attr}")
+        if adapter.resolve is not None:
+            adapter.resolve(module, version, definition)
     if adapter.dtypes is not None:
         bad = sorted(float_input_dtypes(definition) - adapter.dtypes)
         if bad:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from packaging.specifiers import SpecifierSet
 
+from . import flashinfer_gdn as gdn
 from . import semantics as sem
 from .base import Adapter, Call, GroundTruthUnavailable, Package
 
@@ -26,6 +27,7 @@ PACKAGE = Package("flashinfer", ("flashinfer-python", "flashinfer"), "flashinfer
 # little for the medium paged prefill (0.6.6 on the H100: batch_prefill_tmp_v needed 130 MiB).
 WORKSPACE_BYTES = 512 << 20
 HALF = frozenset({"bfloat16", "float16"})
+_GDN_DTYPES = frozenset({"bfloat16", "float16", "float32"})  # 16-bit q/k/v/a/b, float32 A_log/dt_bias/state
 
 _workspaces: dict[str, torch.Tensor] = {}
 
@@ -83,7 +85,7 @@ def silu_and_mul(call: Call) -> tuple:
 def rope(call: Call) -> tuple:
     """Takes query/key flattened to [tokens, heads * head_dim] and returns rotated copies."""
     fi, x = call.module, call.inputs.values
-    q, k = x["query"], x["key"]
+    q, k = (x[n] for n in sem.rope_rotated(call.definition))
     tokens, _, head_dim = q.shape
     fn = fi.rope.apply_rope_with_cos_sin_cache
     q_out, k_out = fn(x["positions"], q.reshape(tokens, -1), k.reshape(tokens, -1), head_dim,
@@ -355,6 +357,75 @@ def segment_gemm(call: Call) -> tuple:
     return (plan_segment_gemm(call)(),)
 
 
+# -- mamba ------------------------------------------------------------------------------------------
+# selective_state_update (0.6.x, 0.7.x: flashinfer.mamba) takes the per-head parameters tied across
+# head_dim ("TIE_HDIM", as Nemotron-H has them) as stride-0 views only: A [nheads, dim, dstate] with
+# strides (1, 0, 0), D and dt_bias (1, 0), dt [batch, nheads, dim] with stride 0 on dim; it checks them
+# and refuses anything else. It updates `state` in place (a clone here) and skips a request whose slot
+# is pad_slot_id, but still writes an output row for it (computed from a zero state); the definitions
+# give such rows 0, so the adapter zeroes them, as it reads the kernel's contract. JIT module per dtype
+# and (dim, dstate); sm90+ builds the TMA variant (0.7.x: sm100+ its own), older archs the simple kernel.
+def _tied(call: Call, name: str, t: torch.Tensor, lead: int) -> torch.Tensor:
+    """t's values per leading index (`lead` axes), broadcast back to t's shape as a stride-0 view;
+    GroundTruthUnavailable when t varies along its trailing axes (the kernel cannot take that)."""
+    head = t[(slice(None),) * lead + (0,) * (t.dim() - lead)].contiguous()
+    view = head.reshape(*head.shape, *([1] * (t.dim() - lead))).expand(t.shape)
+    if not torch.equal(view, t):
+        raise GroundTruthUnavailable("unsupported", f"{call.definition.name}: {name} varies along "
+                                     f"{'its trailing axes' if lead else 'head_dim'}; flashinfer.mamba."
+                                     "selective_state_update takes per-head (TIE_HDIM) values only")
+    return view
+
+
+def plan_selective_state_update(call: Call):
+    """(run, restore): run() launches the kernel on a cloned state and returns (output, state);
+    restore() puts the pristine state back (for timing: the update is in place)."""
+    fi, d, x = call.module, call.definition, call.inputs.values
+    fn = fi.mamba.selective_state_update
+    for kw in ("dt_bias", "dt_softplus", "state_batch_indices", "pad_slot_id"):
+        if not accepts(fn, kw):
+            raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} mamba.selective_state_update "
+                                                        f"has no {kw}")
+    dt = x["dt"]
+    weight = dt.dtype
+    a = _tied(call, "A", x["A"].to(torch.float32), 1)
+    dt_v = _tied(call, "dt", dt, 2)
+    heads, dim = x["x"].shape[1], x["x"].shape[2]
+    d_v = _tied(call, "D", x["D"], 1) if "D" in x else torch.zeros(heads, 1, dtype=weight,
+                                                                    device=dt.device).expand(heads, dim)
+    extra: dict[str, Any] = {}
+    if "dt_bias" in x:
+        extra["dt_bias"] = _tied(call, "dt_bias", x["dt_bias"], 1)
+    for name, t in (("D", d_v), ("dt_bias", extra.get("dt_bias"))):
+        if t is not None and t.dtype != weight:
+            raise GroundTruthUnavailable("unsupported", f"{d.name}: {name} is {t.dtype}, dt {weight}: the kernel "
+                                                        "takes D and dt_bias in dt's dtype")
+    if "z" in x:
+        extra["z"] = x["z"].contiguous()
+    if "state_batch_indices" in x:
+        extra["state_batch_indices"] = x["state_batch_indices"].contiguous()
+        extra["pad_slot_id"] = sem.MAMBA_PAD_SLOT_ID
+    pristine = x["state"]
+    state = pristine.clone()
+    xs, b, c = x["x"].contiguous(), x["B"].contiguous(), x["C"].contiguous()
+    softplus = sem.mamba_dt_softplus(d, x)
+
+    def run():
+        out = fn(state, xs, dt_v, a, b, c, d_v, dt_softplus=softplus, **extra)
+        return out, state
+
+    return run, (lambda: state.copy_(pristine))
+
+
+def mamba_ssu(call: Call) -> tuple:
+    out, state = plan_selective_state_update(call)[0]()
+    x = call.inputs.values
+    if "state_batch_indices" in x:
+        padded = x["state_batch_indices"] == sem.MAMBA_PAD_SLOT_ID
+        out = out.masked_fill(padded[:, None, None], 0)
+    return (out,) if len(call.definition.outputs) == 1 else (out, state)
+
+
 # -- the adapters -----------------------------------------------------------------------------------
 def _plain_norm(d) -> str | None:
     return "fused add + norm (see fused_add_rmsnorm)" if sem.is_fused_add(d) else \
@@ -393,11 +464,15 @@ def _decode_applies(tensor_cores: bool):
 
 
 def _rope_applies(d) -> str | None:
-    missing = sem.missing_inputs(d, ("positions", "query", "key", "cos_sin_cache"))
+    missing = sem.missing_inputs(d, ("positions", "cos_sin_cache"))
     if missing:
         return missing
-    if d.inputs["query"].dtype.value not in HALF:  # the cache is float32, the rotated tensors 16-bit
-        return f"rotates float16/bfloat16 only, not {d.inputs['query'].dtype.value}"
+    rotated = sem.rope_rotated(d)
+    if len(rotated) != 2:
+        return f"rotates a query and a key; the definition rotates {len(rotated)} tensor(s) ({', '.join(rotated)})"
+    query = d.inputs[rotated[0]].dtype.value
+    if query not in HALF:  # the cache is float32, the rotated tensors 16-bit
+        return f"rotates float16/bfloat16 only, not {query}"
     return None
 
 
@@ -459,4 +534,25 @@ ADAPTERS = [
             cutlass_moe, package=PACKAGE, versions=SpecifierSet(">=0.4"),
             requires=("fused_moe.cutlass_fused_moe",), applies=sem.fp8_moe_applies,
             params=(sem.moe_routing,), needs_cuda=True, min_cc=(9, 0), max_cc=(9, 0)),
+    Adapter("flashinfer", "mamba_ssu", "flashinfer.mamba.selective_state_update", mamba_ssu, package=PACKAGE,
+            requires=("mamba.selective_state_update",), applies=sem.mamba_applies,
+            params=(sem.mamba_dt_softplus,), dtypes=frozenset({"bfloat16", "float16", "float32"}),
+            needs_cuda=True, min_cc=(8, 0)),
+    # gdn (flashinfer_gdn.py): 0.6.x prefill is a CUDA JIT module built for sm90a only; 0.7.x prefill and
+    # every decode / MTP kernel are CuTe-DSL (nvidia-cutlass-dsl), checked by `resolve` before any call
+    Adapter("flashinfer", "gdn", "flashinfer.gdn_prefill.chunk_gated_delta_rule", gdn.prefill, package=PACKAGE,
+            resolve=gdn.needs_module("gdn_prefill", "chunk_gated_delta_rule", below="0.7"),
+            applies=gdn.applies("prefill", "cu_seqlens"), dtypes=_GDN_DTYPES, needs_cuda=True, min_cc=(9, 0),
+            max_cc=(9, 0)),
+    Adapter("flashinfer", "gdn", "flashinfer.gdn_prefill.chunk_gated_delta_rule(CuTe-DSL)", gdn.prefill,
+            package=PACKAGE, versions=SpecifierSet(">=0.7"),
+            resolve=gdn.needs_cutlass_dsl("gdn_prefill", "chunk_gated_delta_rule"),
+            applies=gdn.applies("prefill", "cu_seqlens"), dtypes=_GDN_DTYPES, needs_cuda=True, min_cc=(9, 0)),
+    Adapter("flashinfer", "gdn", "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose", gdn.decode,
+            package=PACKAGE, resolve=gdn.needs_cutlass_dsl("gdn_decode", "gated_delta_rule_decode_pretranspose"),
+            applies=gdn.applies("decode", "state"), dtypes=_GDN_DTYPES, needs_cuda=True, min_cc=(9, 0)),
+    Adapter("flashinfer", "gdn", "flashinfer.gdn_decode.gated_delta_rule_mtp", gdn.mtp, package=PACKAGE,
+            resolve=gdn.needs_cutlass_dsl("gdn_decode", "gated_delta_rule_mtp"),
+            applies=gdn.applies("mtp", "initial_state", "initial_state_indices"), dtypes=_GDN_DTYPES,
+            needs_cuda=True, min_cc=(9, 0)),
 ]

@@ -111,6 +111,15 @@ def request_token_slots(kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page:
 
 
 # -- rope -------------------------------------------------------------------------------------------
+ROPE_TABLES = ("positions", "cos_sin_cache")
+
+
+def rope_rotated(definition: Definition) -> list[str]:
+    """The tensors a RoPE definition rotates, in input order: every input but the positions and the
+    cache, whatever their names (`query`/`key` here, `q`/`k` in the public files)."""
+    return [n for n in definition.inputs if n not in ROPE_TABLES]
+
+
 def rope_is_neox(definition: Definition) -> bool:
     name = definition.name
     if "neox" in name:
@@ -126,7 +135,8 @@ def rope_is_neox(definition: Definition) -> bool:
 
 
 # -- moe --------------------------------------------------------------------------------------------
-MOE_INPUTS = ("routing_logits", "hidden_states", "gemm1_weights", "gemm2_weights")
+MOE_INPUTS = ("hidden_states", "gemm1_weights", "gemm2_weights")
+LOGITS, ROUTED = "routing_logits", "topk_ids"  # router logits, or pre-computed packed (expert, weight) pairs
 OFFSET = "local_expert_offset"
 
 
@@ -138,21 +148,47 @@ def expert_offset(definition: Definition, values: dict) -> int:
 
 @dataclass(frozen=True)
 class MoeRouting:
-    kind: str  # "deepseek" (sigmoid + bias, grouped) or "renormalize" (softmax, top-k, renormalised)
+    kind: str  # "deepseek" (sigmoid + bias, grouped), "renormalize" (softmax, top-k, renormalised),
+    #            "llama4" (sigmoid, top-k, the weight scales the token's input) or
+    #            "precomputed" (topk_ids: expert id << 16 | bfloat16 weight bits, per token and choice)
     top_k: int
     n_group: int | None = None
     topk_group: int | None = None
+    scales_input: bool = False  # Llama-4 (routing_method_type=3): the weight multiplies the token's input
+
+
+# TensorRT-LLM's RoutingMethodType values, which the public files' descriptions quote
+ROUTING_METHOD_TYPES = {1: "renormalize", 2: "deepseek", 3: "llama4"}
+_ROUTING_WORDS = (("llama4", "llama4"), ("deepseek", "deepseek"), ("renormalize", "renormalize"))
+
+
+def declared_routing(definition: Definition) -> str | None:
+    """The routing the description names: `routing_method_type=N`, else "<Llama4|DeepSeek|Renormalize>
+    routing"; None when it names none (or several)."""
+    text = (definition.description or "").lower()
+    m = re.search(r"routing_method_type\s*=\s*(\d+)", text)
+    if m:
+        return ROUTING_METHOD_TYPES.get(int(m.group(1)))
+    named = {kind for word, kind in _ROUTING_WORDS if f"{word} routing" in text}
+    return named.pop() if len(named) == 1 else None
 
 
 def moe_routing(definition: Definition) -> MoeRouting:
-    """The routing a MoE definition uses: DeepSeek-V3's when it has a routing_bias input (top_k,
-    n_group, topk_group from axes or the name, `topk8_ng8_kg4`), else renormalize (top_k only)."""
+    """The routing a MoE definition uses: pre-computed when it has a topk_ids input; else the one its
+    description declares (Llama4's sigmoid top-k has a routing_bias input that it ignores); else
+    DeepSeek-V3's when it has a routing_bias input (top_k, n_group, topk_group from axes or the
+    name, `topk8_ng8_kg4`); else renormalize (top_k only)."""
     from ..inputs.moe import routing_params
 
     r = routing_params(definition)
     if r is None:
         raise GroundTruthUnavailable("unsupported", f"{definition.name}: top_k not found (topkN in the name or a "
                                                     f"top_k axis)")
+    declared = declared_routing(definition)
+    if ROUTED in definition.inputs:
+        return MoeRouting("precomputed", r.top_k, scales_input=declared == "llama4")
+    if declared in ("llama4", "renormalize"):
+        return MoeRouting(declared, r.top_k, scales_input=declared == "llama4")
     if "routing_bias" in definition.inputs:
         if r.n_group is None or r.topk_group is None:
             raise GroundTruthUnavailable("unsupported", f"{definition.name}: DeepSeek routing needs n_group and "
@@ -166,6 +202,20 @@ def moe_is_fp8(definition: Definition) -> bool:
 
 
 MOE_SCALES = ("hidden_states_scale", "gemm1_weights_scale", "gemm2_weights_scale")
+# per-tensor fp8: one float32 per expert scaling GEMM1's up half, its gate half, and GEMM2's output
+MOE_OUTPUT_SCALES = ("output1_scales_scalar", "output1_scales_gate_scalar", "output2_scales_scalar")
+
+
+def moe_quant(definition: Definition) -> str:
+    """"unquantised", "fp8-block" (128-wide block scales) or "fp8-per-tensor" (per-expert output scales);
+    "fp8-unscaled" when fp8 weights come with neither."""
+    if not moe_is_fp8(definition):
+        return "unquantised"
+    if all(n in definition.inputs for n in MOE_SCALES):
+        return "fp8-block"
+    if all(n in definition.inputs for n in MOE_OUTPUT_SCALES):
+        return "fp8-per-tensor"
+    return "fp8-unscaled"
 
 
 def moe_applies(definition: Definition) -> str | None:
@@ -173,15 +223,18 @@ def moe_applies(definition: Definition) -> str | None:
     missing = missing_inputs(definition, MOE_INPUTS)
     if missing:
         return missing
-    if OFFSET not in definition.inputs:
+    if LOGITS not in definition.inputs and ROUTED not in definition.inputs:
+        return f"needs input(s) {LOGITS} (or pre-routed {ROUTED})"
+    if OFFSET not in definition.inputs and LOGITS in definition.inputs:
         consts = definition.const_axes
-        experts = definition.inputs["routing_logits"].shape[-1]
+        experts = definition.inputs[LOGITS].shape[-1]
         local = (definition.inputs["gemm1_weights"].shape or [None])[0]
         if experts != local and (consts.get(experts) is None or consts.get(experts) != consts.get(local)):
             return (f"no {OFFSET} input, and routing_logits' experts ({experts} = {consts.get(experts, 'var')}) "
                     f"are not gemm1_weights' ({local} = {consts.get(local, 'var')}): cannot tell which are local")
-    if moe_is_fp8(definition) and any(n not in definition.inputs for n in MOE_SCALES):
-        return "fp8 weights need " + ", ".join(MOE_SCALES)
+    if moe_quant(definition) == "fp8-unscaled":
+        return (f"fp8 weights need block scales ({', '.join(MOE_SCALES)}) or per-expert output scales "
+                f"({', '.join(MOE_OUTPUT_SCALES)})")
     return None
 
 
@@ -191,10 +244,51 @@ def fp8_moe_applies(definition: Definition) -> str | None:
     why = moe_applies(definition)
     if why:
         return why
-    return None if moe_is_fp8(definition) else "bf16 experts: only the fp8 block-scale kernels are wired up"
+    if LOGITS not in definition.inputs:
+        return f"pre-routed ({ROUTED}): the fp8 block-scale kernels take router logits"
+    quant = moe_quant(definition)
+    return None if quant == "fp8-block" else f"{quant} experts: only the fp8 block-scale kernels are wired up"
 
 
 def moe_block(definition: Definition) -> int:
     consts = reference_constants(definition.reference)
     block = consts.get("BLOCK", consts.get("BLOCK_SIZE", 128))
     return int(block) if isinstance(block, int) else 128
+
+
+# -- mamba ------------------------------------------------------------------------------------------
+MAMBA_INPUTS = ("state", "x", "dt", "A", "B", "C")
+MAMBA_PAD_SLOT_ID = -1  # a request whose state_batch_indices entry is this is skipped (vLLM/SGLang PAD_SLOT_ID)
+
+
+def mamba_applies(definition: Definition) -> str | None:
+    """Why a mamba_ssu definition's tensors cannot be mapped (any ground truth), or None."""
+    missing = missing_inputs(definition, MAMBA_INPUTS)
+    if missing:
+        return missing
+    if len(definition.inputs["state"].shape or ()) != 4 or len(definition.inputs["x"].shape or ()) != 3:
+        return "expects state [cache, nheads, head_dim, dstate] and x [batch, nheads, head_dim] (one token each)"
+    if list(definition.outputs)[:1] != ["output"]:
+        return "expects `output` as the first output (then optionally the updated state)"
+    return None
+
+
+def mamba_dt_softplus(definition: Definition, values: dict | None = None) -> bool:
+    """Whether dt (+ dt_bias) goes through softplus. A `dt_softplus` input decides per call (its value in
+    `values`); without one, the reference says so by calling `softplus` (F.softplus,
+    torch.nn.functional.softplus): read from its syntax tree, never by running it."""
+    import ast
+
+    if "dt_softplus" in definition.inputs:
+        return True if values is None else bool(values["dt_softplus"])
+    try:
+        tree = ast.parse(definition.reference)
+    except SyntaxError as e:
+        raise GroundTruthUnavailable("unsupported", f"{definition.name}: reference does not parse: {e}") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
+            if name == "softplus":
+                return True
+    return False

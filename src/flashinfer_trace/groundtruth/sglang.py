@@ -43,7 +43,7 @@ def silu_and_mul(call: Call) -> tuple:
 def rope(call: Call) -> tuple:
     """In place on flattened [tokens, heads * head_dim] copies."""
     sk, x = call.module, call.inputs.values
-    q, k = x["query"].clone(), x["key"].clone()
+    q, k = (x[n].clone() for n in sem.rope_rotated(call.definition))
     tokens, _, head_dim = q.shape
     qf, kf = q.view(tokens, -1), k.view(tokens, -1)
     sk.apply_rope_with_cos_sin_cache_inplace(x["positions"], qf, kf, head_dim, x["cos_sin_cache"],
@@ -122,7 +122,9 @@ ADAPTERS = [
             dtypes=HALF, needs_cuda=True),
     Adapter("sglang", "rope", "sgl_kernel.apply_rope_with_cos_sin_cache_inplace", rope, package=KERNELS,
             requires=("apply_rope_with_cos_sin_cache_inplace",),
-            applies=_has("positions", "query", "key", "cos_sin_cache"), dtypes=frozenset(HALF | {"float32"}),
+            applies=lambda d: _has(*sem.ROPE_TABLES)(d) or (
+                None if len(sem.rope_rotated(d)) == 2 else "rotates a query and a key"),
+            dtypes=frozenset(HALF | {"float32"}),
             needs_cuda=True, params=(sem.rope_is_neox,)),
     Adapter("sglang", "sampling", "sgl_kernel.top_k_top_p_sampling_from_probs", sampling, package=KERNELS,
             requires=("top_k_top_p_sampling_from_probs",), applies=_has("probs"), needs_cuda=True,

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import semantics as sem
+from . import torch_dsa
 from .base import Adapter, Call
 
 F64 = torch.float64
@@ -161,8 +162,7 @@ def rope(call: Call) -> tuple:
             rotated = torch.view_as_real(z).flatten(-2)
         return torch.cat([rotated, t[..., rd:]], dim=-1)
 
-    names = [n for n in d.inputs if n not in ("positions", "cos_sin_cache")]
-    return tuple(apply(x[n]) for n in names)
+    return tuple(apply(x[n]) for n in sem.rope_rotated(d))
 
 
 def silu_and_mul(call: Call) -> tuple:
@@ -172,6 +172,15 @@ def silu_and_mul(call: Call) -> tuple:
 
 
 # -- sampling ---------------------------------------------------------------------------------------
+def _draws_tokens(d) -> str | None:
+    """FlashInfer's fi_trace files renorm / softmax / masking ops under op_type `sampling` too: this
+    ground truth draws token ids, so it applies only where the first output is integer ids."""
+    first = next(iter(d.outputs.values()), None)
+    if first is not None and first.dtype is not None and first.dtype.is_float:
+        return f"the first output ({next(iter(d.outputs))}) is {first.dtype.value}, not sampled token ids"
+    return None
+
+
 def filtered_distribution(call: Call, *, top_p_slack: float = 0.0) -> torch.Tensor:
     """The distribution a sampling definition draws from, float64 [batch, vocab]: top-k, renormalise,
     then top-p on the renormalised mass (FlashInfer's top_k_first order), renormalise.
@@ -251,9 +260,24 @@ def renormalize_routing(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor,
     return ids, w / w.sum(dim=-1, keepdim=True)
 
 
+def unpack_routed(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_ids (int32: expert id << 16 | bfloat16 weight bits) -> (ids, float64 weights). A bfloat16
+    is the high half of a float32, so the weight is the low 16 bits moved up and read as float32."""
+    wide = packed.to(torch.int64)
+    ids = torch.div(wide, 1 << 16, rounding_mode="floor")
+    weights = ((wide % (1 << 16)) * (1 << 16)).to(torch.int32).view(torch.float32)
+    return ids, weights.to(F64)
+
+
 def route(definition, values: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert ids and float64 weights for a MoE definition's routing (semantics.moe_routing)."""
     r = sem.moe_routing(definition)
+    if r.kind == "precomputed":
+        return unpack_routed(values["topk_ids"])
+    if r.kind == "llama4":  # sigmoid scores, top-k, unnormalised
+        scores = torch.sigmoid(values["routing_logits"].to(F64))
+        ids = scores.argsort(dim=-1, descending=True, stable=True)[:, :r.top_k]
+        return ids, scores.gather(1, ids)
     if r.kind == "deepseek":
         return deepseek_routing(values["routing_logits"], values["routing_bias"], r.top_k, r.n_group, r.topk_group,
                                 float(values.get("routed_scaling_factor", 1.0)))
@@ -272,16 +296,19 @@ def dequantized_activations(definition, values: dict) -> torch.Tensor:
 
 def moe(call: Call) -> tuple:
     """Dequantise, route with this module's code, run each local expert that receives tokens:
-    GEMM1 rows [up; gate], silu on the gate (second) half, GEMM2, weighted sum."""
+    GEMM1 rows [up; gate], silu on the gate (second) half, GEMM2, weighted sum. Per-tensor fp8
+    scales each expert's GEMM outputs instead (up and gate halves separately)."""
     d, x = call.definition, _values(call)
     block = sem.moe_block(d)
     act = dequantized_activations(d, x)
     tokens, hidden = act.shape
     ids, weights = route(d, x)
+    on_input = sem.moe_routing(d).scales_input  # Llama-4 scales each token's input, not its output
     offset = sem.expert_offset(call.definition, x)
     w1, w2 = x["gemm1_weights"], x["gemm2_weights"]
     s1, s2 = x.get("gemm1_weights_scale"), x.get("gemm2_weights_scale")
     inter = w2.shape[-1]
+    per_expert = [x[n].to(F64) if n in x else None for n in sem.MOE_OUTPUT_SCALES]
     out = torch.zeros(tokens, hidden, dtype=F64, device=act.device)
     for e in range(w1.shape[0]):
         token_idx, slot = (ids == offset + e).nonzero(as_tuple=True)
@@ -289,10 +316,80 @@ def moe(call: Call) -> tuple:
             continue
         g1 = w1[e].to(F64) * (_expand_blocks(s1[e], block, *w1.shape[1:]) if s1 is not None else 1.0)
         g2 = w2[e].to(F64) * (_expand_blocks(s2[e], block, *w2.shape[1:]) if s2 is not None else 1.0)
-        h = act[token_idx] @ g1.T
-        y = (F.silu(h[:, inter:]) * h[:, :inter]) @ g2.T
-        out.index_add_(0, token_idx, y * weights[token_idx, slot][:, None])
+        w = weights[token_idx, slot][:, None]
+        h = (act[token_idx] * w if on_input else act[token_idx]) @ g1.T
+        up, gate = h[:, :inter], h[:, inter:]
+        if per_expert[0] is not None:
+            up, gate = up * per_expert[0][e], gate * per_expert[1][e]
+        y = (F.silu(gate) * up) @ g2.T
+        if per_expert[2] is not None:
+            y = y * per_expert[2][e]
+        out.index_add_(0, token_idx, y if on_input else y * w)
     return (out,)
+
+
+# -- mamba ------------------------------------------------------------------------------------------
+def _per_head(t: torch.Tensor, rank: int) -> torch.Tensor:
+    """A parameter given with fewer trailing axes (A [nheads], D [nheads]) broadcast to `rank` dims."""
+    t = t.to(F64)
+    return t.reshape(*t.shape, *([1] * (rank - t.dim())))
+
+
+def selective_state_update(call: Call) -> tuple:
+    """One Mamba2 decode step, written from the SSM's zero-order-hold discretisation: per request b in
+    cache row s_b, head h of group g(h) = h * ngroups // nheads, channel p and state n,
+    step = softplus(dt + dt_bias), S'[p, n] = exp(step * A) S[p, n] + step x[p] B_g[n],
+    y[p] = sum_n C_g[n] S'[p, n] + D x[p], times silu(z) when gated. Groups are gathered with an
+    index, the recurrence is one einsum per term; padded requests keep their row and output 0."""
+    d, v = call.definition, _values(call)
+    x = v["x"].to(F64)  # [b, h, p]
+    batch, heads, _ = x.shape
+    groups = v["B"].shape[1]
+    group_of = torch.div(torch.arange(heads, device=x.device) * groups, heads, rounding_mode="floor")
+    b_h = v["B"].to(F64).index_select(1, group_of)  # [b, h, n]
+    c_h = v["C"].to(F64).index_select(1, group_of)
+    step = _per_head(v["dt"], 3)
+    if "dt_bias" in v:
+        step = step + _per_head(v["dt_bias"], 2)
+    if sem.mamba_dt_softplus(d, v):
+        step = F.softplus(step)
+    step = step.expand(batch, heads, x.shape[2])
+    decay = torch.exp(step[..., None] * _per_head(v["A"], 3))  # [b, h, p, n]
+    state = v["state"]
+    if "state_batch_indices" in v:
+        rows = v["state_batch_indices"].to(torch.int64)
+    else:
+        rows = torch.arange(batch, device=x.device)
+    live = rows != sem.MAMBA_PAD_SLOT_ID
+    old = state[rows.clamp(min=0)].to(F64)  # [b, h, p, n]
+    new = decay * old + torch.einsum("bhp,bhn->bhpn", step * x, b_h)
+    y = torch.einsum("bhpn,bhn->bhp", new, c_h)
+    if "D" in v:
+        y = y + _per_head(v["D"], 2) * x
+    if "z" in v:
+        y = y * F.silu(v["z"].to(F64))
+    y = torch.where(live[:, None, None], y, 0.0)
+    if len(d.outputs) == 1:
+        return (y,)
+    cache = state.to(F64)  # rows no live request names come back as they were
+    cache[rows[live]] = new[live]
+    return (y, cache)
+
+
+# -- gated delta net (chunked WY form, float64: torch_gdn.py) ------------------------------------------
+def gdn(call: Call) -> tuple:
+    from . import torch_gdn
+
+    return torch_gdn.run(call.definition, call.inputs.values)
+
+
+def _gdn_applies(d) -> str | None:
+    missing = sem.missing_inputs(d, ("q", "k", "v", "A_log", "a", "dt_bias", "b"))
+    if missing:
+        return missing
+    if ("state" in d.inputs) == ("initial_state" in d.inputs):
+        return "needs one state input (state or initial_state)"
+    return None
 
 
 # -- the adapters -----------------------------------------------------------------------------------
@@ -306,6 +403,8 @@ def _rope_applies(d) -> str | None:
 
 
 ADAPTERS = [
+    Adapter("torch", "mamba_ssu", "selective state update: exp(dt * A) decay + einsum (float64)",
+            selective_state_update, applies=sem.mamba_applies, params=(sem.mamba_dt_softplus,)),
     Adapter("torch", "rmsnorm", "torch.nn.functional.rms_norm (float64)", rmsnorm,
             applies=_needs("hidden_states", "weight"), params=(sem.eps,)),
     Adapter("torch", "gemm", "torch.nn.functional.linear (float64)", gemm, applies=_needs("A", "B")),
@@ -321,7 +420,13 @@ ADAPTERS = [
     Adapter("torch", "activation", "torch.nn.functional.silu (float64)", silu_and_mul,
             applies=lambda d: None if "silu" in d.name else "only silu_and_mul"),
     Adapter("torch", "sampling", "filtered distribution (float64) + torch.multinomial", sampling,
-            applies=_needs("probs"), kind="sampler"),
+            applies=lambda d: _needs("probs")(d) or _draws_tokens(d), kind="sampler"),
     Adapter("torch", "moe", "dequantise + routing (DeepSeek-V3 / renormalize) + float64 experts", moe,
             applies=sem.moe_applies, params=(sem.moe_routing,)),
+    Adapter("torch", "gdn", "gated delta rule, chunked WY form (float64)", gdn, applies=_gdn_applies),
+    # dsa_paged (DeepSeek-V3.2): the math is in torch_dsa.py
+    Adapter("torch", "dsa_paged", "gather selected slots + torch.nn.functional.scaled_dot_product_attention (float64)",
+            torch_dsa.sparse_attention, applies=torch_dsa.attention_applies),
+    Adapter("torch", "dsa_paged", "fp8 codes . keys x scale, ReLU, weighted head sum, stable sort (float64)",
+            torch_dsa.topk_indexer, applies=torch_dsa.indexer_applies),
 ]

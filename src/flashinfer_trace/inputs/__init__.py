@@ -66,7 +66,13 @@ def set_cache(maxsize: int) -> None:
 def edge_cases(definition: Definition | str | Path) -> list[str]:
     """Names of the edge cases this definition's family supports (UnsupportedOpType if none does)."""
     d = _definition(definition)
-    return list(family_for(d).edge_cases(d))
+    try:
+        family = family_for(d)
+    except UnsupportedOpType:
+        if d.init:  # an fi_trace definition's own init makes its inputs (fitrace_init.py): no edge cases
+            return []
+        raise
+    return list(family.edge_cases(d))
 
 
 def _making_device(device: str | torch.device) -> torch.device:
@@ -84,8 +90,52 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
     """Inputs for one case of a definition: the same (definition, size, seed, case) always gives
     bit-identical values, whatever the device. The tensors are made on `device` itself (a CPU or
     a CUDA device; on the CPU and then moved for any other), the small structural ones on the CPU
-    and then moved."""
+    and then moved.
+
+    An fi_trace definition that carries its template's `init`, where our family generator cannot make
+    its inputs (no generator for its op_type, or upstream's names and layouts), gets them from that
+    `init`, run in a confined worker on `device` (`fitrace_init.py`; `Inputs.source` says so). Such a
+    case is reproducible on one device, not across devices."""
     d = _definition(definition)
+    try:
+        return _generate_by_family(d, size, seed, device=device, case=case)
+    except InputGenerationError as e:
+        if not d.init or case is not None or size not in SIZES or isinstance(seed, bool) or not isinstance(seed, int):
+            raise
+        from .fitrace_init import generate_from_init
+
+        try:
+            return _cached(d, size, seed, device,
+                           lambda: generate_from_init(d, size, seed, device=_making_device(device)))
+        except InputGenerationError as init_error:
+            error = InputGenerationError(f"{init_error} (tried because our generator does not fit: {e})")
+            error.definition = d.name
+            raise error from init_error
+
+
+def _cached(d: Definition, size: str, seed: int, device, make) -> Inputs:
+    key = None
+    if _cache_size:
+        key = (hashlib.sha256(d.to_json(indent=None).encode()).hexdigest(), size, seed, None, "init")
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit.to(device, copy=True)
+    inputs = make()
+    if key is not None:
+        _cache[key] = inputs
+        set_cache(_cache_size)
+        return inputs.to(device, copy=True)
+    return inputs.to(device)
+
+
+def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | torch.device,
+                        case: str | None) -> Inputs:
+    strings = [n for n, spec in d.inputs.items() if spec.is_string]
+    if strings:  # fi_trace's string arguments: no generator knows a value for one (docs/definitions.md)
+        raise InputGenerationError(
+            f"input(s) {', '.join(strings)} are string arguments (dtype 'str'/'string', shape null) and no "
+            "value is known for them: our generators make tensors and numbers, not strings", definition=d.name)
     family = family_for(d)
     if size not in SIZES:
         raise InputGenerationError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}",

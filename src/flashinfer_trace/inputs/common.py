@@ -66,7 +66,7 @@ def fixed_bytes(definition: Definition) -> int:
 
     consts, total = definition.const_axes, 0
     for spec in definition.inputs.values():
-        if spec.shape and all(a in consts for a in spec.shape):
+        if spec.shape and spec.dtype is not None and all(a in consts for a in spec.shape):
             itemsize = torch.empty(0, dtype=torch_dtype(spec.dtype)).element_size()
             total += math.prod(consts[a] for a in spec.shape) * itemsize
     return total
@@ -83,9 +83,15 @@ class Inputs:
     case: str | None
     values: dict[str, Any]  # input name -> tensor or Python scalar, in the definition's input order
     axes: dict[str, int] = field(default_factory=dict)  # every axis (const and var) -> its value
+    # fi_trace: inputs the reference's entry point does not take (Definition.reference_ignored): generated,
+    # in `values`, but not among args()
+    ignored: tuple[str, ...] = ()
+    # where the values came from: our family generator, or an fi_trace definition's own `init`
+    # ("fi_trace init", inputs/fitrace_init.py; check results record it)
+    source: str = "generator"
 
     def args(self) -> list[Any]:
-        return list(self.values.values())
+        return [v for k, v in self.values.items() if k not in self.ignored]
 
     def clone(self) -> Inputs:
         """A copy with every tensor cloned, for kernels that write into their inputs."""
@@ -109,7 +115,8 @@ class Inputs:
 
     def _map(self, fn) -> Inputs:
         values = {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
-        return Inputs(self.definition, self.size, self.seed, self.case, values, dict(self.axes))
+        return Inputs(self.definition, self.size, self.seed, self.case, values, dict(self.axes), self.ignored,
+                      self.source)
 
     def __repr__(self) -> str:
         parts = []
@@ -568,16 +575,23 @@ class Builder:
             raise self.error(f"no value generated for input(s) {', '.join(missing)}")
         for name, spec in d.inputs.items():
             self._check_value(name, spec, self.values[name])
-        unbound = [a for a in d.axes if a not in self.axes]
+        unused = set(d.unused_axes) | self._unsized_axes()  # fi_trace: declared var axes nothing sizes need no value
+        unbound = [a for a in d.axes if a not in self.axes and a not in unused]
         if unbound:
             raise self.error(f"axis value(s) not determined: {', '.join(unbound)}")
-        axes = {a: self.axes[a] for a in d.axes}
-        values = {n: self.values[n] for n in d.run_parameters}  # args() in the order run() takes them
+        axes = {a: self.axes[a] for a in d.axes if a in self.axes}
+        ignored = d.reference_ignored
+        # args() in the order run() takes them; inputs the reference ignores last (kept, never passed)
+        values = {n: self.values[n] for n in [*d.run_parameters, *ignored]}
         try:
             check_all(d.constraints, {**axes, **values}, definition=d.name)
         except ConstraintError as e:
             raise InputGenerationError(str(e)) from None
-        return Inputs(d.name, self.size, self.seed, self.case, values, axes)
+        return Inputs(d.name, self.size, self.seed, self.case, values, axes, tuple(ignored))
+
+    def _unsized_axes(self) -> set[str]:
+        """Var axes that may stay without a value (a subclass's say; none here)."""
+        return set()
 
     def _check_value(self, name: str, spec: TensorSpec, value: Any) -> None:
         if spec.shape is None:
@@ -617,7 +631,8 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 # -- helpers shared by the simple families ----------------------------------------------------------
 def float_tensor_inputs(b: Builder) -> list[str]:
-    return [n for n, s in b.definition.inputs.items() if s.shape is not None and s.dtype.is_float]
+    return [n for n, s in b.definition.inputs.items()
+            if s.shape is not None and s.dtype is not None and s.dtype.is_float]
 
 
 def bind_rows(b: Builder, names: Sequence[str], rows: int) -> None:

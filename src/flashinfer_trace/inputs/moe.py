@@ -19,6 +19,14 @@ DeepSeek-V3's 256 experts or 7168 hidden), so other definitions of the same fami
   `no_local_tokens` case does the opposite on purpose (local logits pushed to -30): the output
   must then be all zeros. Both are checked after generation with the DeepSeek-V3 routing when
   the definition names its routing parameters (topk/ng/kg in the name or as axes).
+* Pre-routed MoE (`topk_ids`, the public `*_routed_moe` files): no logits; each token's top-k
+  experts and weights come packed in one int32, expert id in the high 16 bits, the bfloat16
+  weight's bits in the low 16. The ids are drawn from a hot set of experts (distinct per token)
+  so experts receive several tokens, and the weights are a softmax, so they sum to 1 (for top-1 or
+  Llama-4 routing, sigmoid scores in (0, 1), so that where the weight is applied matters).
+* Per-tensor fp8 (`output1_scales_scalar`, `output1_scales_gate_scalar`, `output2_scales_scalar`,
+  one float32 per expert): the fp8 codes carry no scale of their own, so these per-expert output
+  scales are what make each GEMM's result O(1): centred on 1 / (sqrt(K) * rms of the codes).
 """
 
 from __future__ import annotations
@@ -46,7 +54,10 @@ SUPPRESSED = -30.0  # local logits in `no_local_tokens`: sigmoid ~ 1e-13, below 
 ROUTING_BIAS_STD = 0.1
 SCALE_SPREAD = 0.75  # block scales vary over +-0.75 binades around their centre
 
-LOGITS, BIAS, HIDDEN = "routing_logits", "routing_bias", "hidden_states"
+LOGITS, BIAS, HIDDEN, ROUTED = "routing_logits", "routing_bias", "hidden_states", "topk_ids"
+# per-expert output scales of a per-tensor fp8 MoE -> the weight whose GEMM output each scales
+OUTPUT_SCALES = {"output1_scales_scalar": "gemm1_weights", "output1_scales_gate_scalar": "gemm1_weights",
+                 "output2_scales_scalar": "gemm2_weights"}
 OFFSET, SCALING = "local_expert_offset", "routed_scaling_factor"
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -55,7 +66,7 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 def edge_cases(definition) -> list[str]:
     """no_local_tokens needs experts on other ranks: without expert parallelism every token is local."""
     ax = definition.const_axes
-    if OFFSET not in definition.inputs or (
+    if OFFSET not in definition.inputs or ROUTED in definition.inputs or (
             "num_local_experts" in ax and "num_experts" in ax and ax["num_local_experts"] >= ax["num_experts"]):
         return [c for c in CASES if c != "no_local_tokens"]
     return list(CASES)
@@ -112,20 +123,22 @@ def generate(b: Builder) -> None:
     names = list(d.inputs)
     fp8 = [n for n in names if _is_fp8(b, n)]
     scales = [n for n in names if n.endswith("_scale") and n[: -len("_scale")] in fp8]
+    output_scales = [n for n in names if n in OUTPUT_SCALES]
     weights = [n for n in names if "weight" in n and n not in scales]
-    known = {LOGITS, BIAS, HIDDEN, OFFSET, SCALING, *fp8, *scales, *weights}
+    known = {LOGITS, BIAS, HIDDEN, OFFSET, SCALING, ROUTED, *fp8, *scales, *output_scales, *weights}
     extra = [n for n in names if n not in known]
     if extra:
         raise b.error(f"the moe generator does not know input(s) {', '.join(extra)}")
-    if LOGITS not in d.inputs:
-        raise b.error(f"a moe definition needs a {LOGITS!r} input")
+    routing = LOGITS if LOGITS in d.inputs else ROUTED if ROUTED in d.inputs else None
+    if routing is None:
+        raise b.error(f"a moe definition needs a {LOGITS!r} input (or pre-routed {ROUTED!r})")
 
     rows = 1 if b.case == "single_token" else ROWS[b.size]
-    b.set_dim(LOGITS, 0, rows)
+    b.set_dim(routing, 0, rows)
     if HIDDEN in d.inputs:
         b.set_dim(HIDDEN, 0, rows)
-    num_experts = b.dim(LOGITS, -1)
     num_local = _num_local_experts(b, weights)
+    num_experts = b.dim(LOGITS, -1) if routing == LOGITS else num_local
     if num_local < 1 or num_local > num_experts:
         raise b.error(f"{num_local} local experts of {num_experts}: cannot place them")
     if OFFSET in d.inputs:
@@ -138,8 +151,11 @@ def generate(b: Builder) -> None:
     if SCALING in d.inputs:
         b.put_scalar(SCALING, ROUTED_SCALING_FACTOR)
 
-    logits = _routing_logits(b, rows, num_experts, offset, num_local)
-    b.put(LOGITS, logits.to(b.torch_dtype(LOGITS)))
+    if routing == LOGITS:
+        logits = _routing_logits(b, rows, num_experts, offset, num_local)
+        b.put(LOGITS, logits.to(b.torch_dtype(LOGITS)))
+    else:
+        b.put(ROUTED, _packed_topk(b, rows, num_experts))
     if BIAS in d.inputs:
         b.put_random(BIAS, scale=ROUTING_BIAS_STD)
 
@@ -152,12 +168,54 @@ def generate(b: Builder) -> None:
             t = log_uniform(b.shape(name), b.rng(name), centre - SCALE_SPREAD, centre + SCALE_SPREAD,
                             device=b.device)
             b.put(name, t.to(b.torch_dtype(name)))
+        elif name in output_scales:
+            b.put(name, _output_scale(b, name, fp8))
         elif name in fp8 or name in weights or name == HIDDEN:
             # fp8 codes ignore the scale (their block scales carry it); bf16 weights are N(0, 1/K)
             k = b.dim(name, -1)
             b.put_random(name, scale=1.0 / math.sqrt(max(k, 1)) if name in weights else 1.0)
 
-    _check_routing(b, offset, num_local)
+    if routing == LOGITS:
+        _check_routing(b, offset, num_local)
+
+
+def _packed_topk(b: Builder, rows: int, num_experts: int) -> torch.Tensor:
+    """[rows, top_k] int32: expert id << 16 | the bfloat16 bits of its weight (see the module docstring)."""
+    r = routing_params(b.definition)
+    top_k = r.top_k if r else b.dim(ROUTED, -1)
+    if top_k > num_experts or num_experts >= 1 << 15:
+        raise b.error(f"cannot pack top_k={top_k} of {num_experts} experts into {ROUTED!r}")
+    b.set_dim(ROUTED, -1, top_k)
+    g = b.rng(ROUTED)
+    hot = permutation(num_experts, g)[: min(num_experts, max(top_k + HOT_EXPERTS[b.size], 2 * top_k))]
+    order = permutation(hot.numel(), g, rows=rows)[:, :top_k]
+    ids = hot[order]  # distinct experts per token, from a shared hot set
+    if top_k == 1 or _declares_llama4(b.definition):  # sigmoid scores: a single weight is not always 1
+        weights = torch.sigmoid(normal((rows, top_k), g) + 1.0).to(torch.bfloat16)
+    else:
+        weights = torch.softmax(normal((rows, top_k), g), dim=-1).to(torch.bfloat16)
+    bits = weights.view(torch.int16).to(torch.int32) & 0xFFFF
+    return ((ids.to(torch.int32) << 16) | bits).to(b.device)
+
+
+def _declares_llama4(definition) -> bool:
+    from ..groundtruth.semantics import declared_routing
+
+    return declared_routing(definition) == "llama4"
+
+
+def _output_scale(b: Builder, name: str, fp8: list[str]) -> torch.Tensor:
+    """Per-expert scale of a GEMM's output: 1 / (sqrt(K) * rms of the operands' codes), +-0.75 binades.
+    Each fp8 operand contributes its code rms (activations after GEMM1 are O(1): only the weight's)."""
+    weight = OUTPUT_SCALES[name]
+    if weight not in b.definition.inputs:
+        raise b.error(f"{name!r} scales {weight!r}'s GEMM, which the definition does not have")
+    k = b.dim(weight, -1)
+    operands = [weight] + ([HIDDEN] if weight == "gemm1_weights" and HIDDEN in b.definition.inputs else [])
+    rms = math.prod(FP8_CODE_RMS if n in fp8 else 1.0 for n in operands)
+    centre = -math.log2(rms) - 0.5 * math.log2(max(k, 1))
+    t = log_uniform(b.shape(name), b.rng(name), centre - SCALE_SPREAD, centre + SCALE_SPREAD, device=b.device)
+    return t.to(b.torch_dtype(name))
 
 
 def _num_local_experts(b: Builder, weights: list[str]) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..sweep.manifest import sandbox_label
 from ..sweep.results import read_jsonl, read_latest
+from . import drift_view
 
 SCHEMA_VERSION = 1
 STATES = {
@@ -375,7 +376,11 @@ def build(paths: list[str | Path], *, definitions_dir: str | Path | None = None)
     defs = definition_records(sessions, Path(definitions_dir) if definitions_dir else None)
     names = [d["name"] for d in defs]
     cells = [c for env in envs for c in environment_cells(env, names)]
+    drift, drift_problems = drift_view.load(paths)  # results/**/drift-*.json (flashinfer-trace drift)
+    problems += drift_problems
+    drift_view.attach(defs, drift)
     return {"schema_version": SCHEMA_VERSION, "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "inputs": [str(p) for p in paths], "problems": problems, "states": STATES, "symbols": SYMBOLS,
             "environments": [environment_record(e) for e in envs], "definitions": defs, "cells": cells,
-            "summary": dict(Counter(c["state"] for c in cells))}
+            "summary": dict(Counter(c["state"] for c in cells)),
+            "drift": [{k: v for k, v in r.items() if k != "definitions"} for r in drift]}

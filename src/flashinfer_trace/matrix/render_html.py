@@ -46,10 +46,12 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from collections import Counter
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from . import drift_view
 from .build import jit_label
 
 __all__ = ["SEVERITY", "SYMBOLS", "TITLE", "render_html"]
@@ -249,6 +251,45 @@ def _cell_title(definition: str, env: dict, cell: dict | None, states: dict) -> 
     return "\n".join(lines)
 
 
+def _drift_id(version: str, name: str) -> str:
+    return "drift-" + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{version}-{name}")
+
+
+def _drift_section(w, matrix: dict, definitions: list[dict]) -> None:
+    """`#drift`: per FlashInfer version, the drift report's counts and each definition's pair, differences
+    (ours vs theirs) and result comparison; the badges in the table link here."""
+    reports = [r for r in _list(matrix.get("drift")) if isinstance(r, dict)]
+    if not reports:
+        return
+    w("<section id=\"drift\" aria-labelledby=\"drift-title\">\n<h2 id=\"drift-title\">Drift from FlashInfer's own "
+      "definitions</h2>\n")
+    for r in reports:
+        version = str(r.get("flashinfer"))
+        s = _dict(r.get("summary"))
+        by_field = ", ".join(f"{k} {v}" for k, v in _dict(s.get("drifting_by_field")).items()) or "none"
+        w(f"<h3>FlashInfer {_esc(version)}</h3>\n<p>{_esc(s.get('paired'))} paired, {_esc(s.get('drifting'))} "
+          f"drifting (by field: {_esc(by_field)}); unpaired: {_esc(s.get('unpaired_ours'))} ours, "
+          f"{_esc(s.get('unpaired_upstream'))} upstream. From <code>{_esc(r.get('file'))}</code>.</p>\n")
+        w("<div class=\"table-wrap\"><table class=\"drift-table\">\n<thead><tr><th scope=\"col\">definition</th>"
+          "<th scope=\"col\">theirs</th><th scope=\"col\">drift</th><th scope=\"col\">differences (ours / theirs)"
+          "</th><th scope=\"col\">results</th></tr></thead>\n<tbody>\n")
+        for d in definitions:
+            name = str(d.get("name"))
+            entry = _dict(_dict(d.get("drift")).get(version))
+            if not entry:
+                continue
+            diffs = "<br>".join(f"{_esc(x.get('field'))}: {_esc(x.get('ours'))} / {_esc(x.get('theirs'))}"
+                                for x in _list(entry.get("differences")) if isinstance(x, dict))
+            result = _esc(entry.get("result") or "")
+            if entry.get("result_reason"):
+                result += f" <span class=\"reason\">({_esc(entry['result_reason'])})</span>"
+            theirs = entry.get("theirs") or entry.get("reason") or ""
+            w(f"<tr id=\"{_drift_id(version, name)}\"><th scope=\"row\">{_esc(name)}</th><td>{_esc(theirs)}</td>"
+              f"<td>{_esc(drift_view.label(entry))}</td><td>{diffs}</td><td>{result}</td></tr>\n")
+        w("</tbody>\n</table></div>\n")
+    w("</section>\n")
+
+
 def render_html(matrix: dict) -> str:
     """The whole page for ``matrix`` (a matrix.json dict, schema version 1) as one string."""
     states: dict[str, str] = {str(k): "" if v is None else str(v) for k, v in _dict(matrix.get("states")).items()}
@@ -375,6 +416,10 @@ def render_html(matrix: dict) -> str:
               f"<th scope=\"row\"><span class=\"def-name\">{_esc(name)}</span>")
             if dmodels:
                 w(f"<span class=\"models\">{_esc(', '.join(dmodels))}</span>")
+            for version, entry in sorted(_dict(d.get("drift")).items()):  # flashinfer-trace drift: a link below
+                w(f"<a class=\"drift drift-{_esc(_dict(entry).get('state'))}\" href=\"#{_drift_id(version, name)}\" "
+                  f"title=\"{_esc(drift_view.detail(_dict(entry)))}\">fi {_esc(version)}: "
+                  f"{_esc(drift_view.label(_dict(entry)))}</a>")
             w("</th>")
             for env, env_id in zip(environments, env_ids, strict=True):
                 cell = cells.get((name, env_id))
@@ -430,6 +475,8 @@ def render_html(matrix: dict) -> str:
     else:
         w("<p>No environments.</p>\n")
     w("</section>\n")
+
+    _drift_section(w, matrix, definitions)
 
     # Problems.
     w("<section id=\"problems\" aria-labelledby=\"problems-title\">\n<h2 id=\"problems-title\">Problems</h2>\n")
@@ -492,6 +539,7 @@ tr.def-row:hover td, tr.def-row:hover th { background: #f3f6f9; }
 tr.def-row.selected td, tr.def-row.selected th { background: var(--sel); }
 tr.def-row:focus-visible { outline: 2px solid #0969da; outline-offset: -2px; }
 tr.def-row th { text-align: left; font-weight: 500; white-space: nowrap; }
+.drift { display: block; font-size: 0.8em; font-weight: 400; }
 .models { display: block; color: var(--muted); font-size: 0.8em; font-weight: 400; }
 td.cell { text-align: center; white-space: nowrap; }
 td.cell .t { font-variant-numeric: tabular-nums; }

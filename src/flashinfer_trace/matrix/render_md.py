@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import drift_view
 from .build import jit_label
 
 
@@ -44,12 +45,15 @@ def render_md(matrix: dict[str, Any]) -> str:
     ops: dict[str, list[dict[str, Any]]] = {}
     for d in matrix["definitions"]:
         ops.setdefault(d["op_type"] or "unknown", []).append(d)
+    versions = [str(r.get("flashinfer")) for r in matrix.get("drift") or []]  # flashinfer-trace drift reports
+    drift_headers = "".join(f" drift (fi {_esc(v)}) |" for v in versions)
     for op, defs in ops.items():
-        lines += [f"## {op}", "", "| definition | " + " | ".join(header(e) for e in envs) + " |",
-                  "|---|" + "---|" * len(envs)]
+        lines += [f"## {op}", "", "| definition |" + drift_headers + " " + " | ".join(header(e) for e in envs) + " |",
+                  "|---|" + "---|" * (len(versions) + len(envs))]
         for d in defs:
             row = [cell_text(cells.get((d["name"], e["id"])), symbols) for e in envs]
-            lines.append(f"| `{d['name']}` | " + " | ".join(row) + " |")
+            drift = "".join(f" {_esc(drift_view.label((d.get('drift') or {}).get(v)))} |" for v in versions)
+            lines.append(f"| `{d['name']}` |" + drift + " " + " | ".join(row) + " |")
         lines.append("")
     lines += ["## Legend", "", " · ".join(f"{symbols[s]} {s}: {text}" for s, text in matrix["states"].items()), ""]
     lines += ["## Environments", "",

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from .errors import SandboxError
 from .static import (
     ALLOWED_MODULES,
+    FUTURE_FEATURES,
     SAFE_BUILTIN_NAMES,
     TORCH_NN_NAMES,
     TYPING_NAMES,
@@ -49,6 +50,9 @@ class _Modules:
         return self.views[name]
 
     def import_(self, name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002 - __import__'s signature
+        if (name == "__future__" and level == 0 and isinstance(fromlist, tuple) and fromlist
+                and set(fromlist) <= FUTURE_FEATURES):
+            return self.view(name)  # `from __future__ import annotations` executes this import too
         if level != 0 or not isinstance(name, str) or name not in ALLOWED_MODULES:
             raise ImportError(f"import of {name!r} is not allowed in a reference")
         # Real semantics: `import a.b.c [as x]` gets the top package and walks attributes (IMPORT_FROM);

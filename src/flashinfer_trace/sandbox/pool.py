@@ -226,7 +226,8 @@ class _Worker:
         self.zygote = _fork_server()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         config = {"device": device, "memory_bytes": settings.memory, "allow_unconfined": settings.allow_unconfined,
-                  "escaped": key[1] == "escaped", "disable": list(settings.disable)}
+                  "escaped": key[1] == "escaped", "disable": list(settings.disable),
+                  "task": key[0].split(":")[1] if key[0].startswith("task:") else None}
         try:
             self.pid = self.zygote.spawn(theirs.fileno(), pool.host.fd, config)
         except (OSError, ValueError, KeyError) as e:
@@ -282,14 +283,15 @@ class _Worker:
         except (OSError, ValueError, IndexError):
             return 0
 
-    def limit_memory(self, arena_bytes: int) -> None:
-        """RLIMIT_AS of a CPU worker: its base, the shared arena it maps, and the reference's budget."""
+    def limit_memory(self, arena_bytes: int, budget: int | None = None) -> None:
+        """RLIMIT_AS of a CPU worker: its base, the shared arena it maps, and the reference's budget
+        (`budget`, or the --reference-memory setting)."""
         base = self.status.get("vm_base")
         if type(base) is not int or base <= 0:
             return
         try:
             _, hard = resource.prlimit(self.pid, resource.RLIMIT_AS)
-            soft = base + arena_bytes + settings.memory
+            soft = base + arena_bytes + min(budget or settings.memory, settings.memory)
             resource.prlimit(self.pid, resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard),
                                                            hard))
         except (OSError, ValueError):
@@ -454,6 +456,12 @@ def _device_of(args: Any) -> str:
     return devices.pop() if devices else "cpu"
 
 
+def _has_tensor(args: Any) -> bool:
+    from .transport import _tensors
+
+    return next(iter(_tensors(list(args))), None) is not None
+
+
 _ids = itertools.count(1)
 
 
@@ -468,8 +476,13 @@ def _line(value: Any) -> int | None:
 class ConfinedReference:
     """A compiled reference: call it like `run`; it runs in a confined worker."""
 
-    def __init__(self, code: str, definition: str, entry: str, *, escaped: bool = False) -> None:
+    def __init__(self, code: str, definition: str, entry: str, *, escaped: bool = False,
+                 names: list[str] | None = None) -> None:
         self.code, self.definition, self.entry, self.escaped = code, definition, entry, escaped
+        self.names = list(names) if names is not None else None  # call by keyword, args in this order
+        # tighter bounds than the settings' for this code's calls (an fi_trace init); None: the settings'
+        self.timeout: float | None = None
+        self.memory_bytes: int | None = None
         self.id = next(_ids)
         self.key = (hashlib.sha256(f"{entry}\0{code}".encode()).hexdigest(), "escaped" if escaped else "checked")
 
@@ -479,11 +492,16 @@ class ConfinedReference:
     def __call__(self, *args: Any) -> Any:
         return self.call(args)
 
+    @property
+    def _timeout(self) -> float:
+        return min(self.timeout, settings.timeout) if self.timeout is not None else settings.timeout
+
     def _worker(self, device: str) -> _Worker:
         w = _pool.get(self.key, device, self.definition)
         if self.id not in w.compiled:
             answer = w.request({"op": "compile", "id": self.id, "code": self.code, "definition": self.definition,
-                                "entry": self.entry, "escaped": self.escaped}, self.definition, settings.timeout)
+                                "entry": self.entry, "escaped": self.escaped, "names": self.names},
+                               self.definition, settings.timeout)
             self._raise_for(answer, w)
             w.compiled.add(self.id)
         return w
@@ -493,9 +511,10 @@ class ConfinedReference:
             self._worker(canonical_device(device))
         return self
 
-    def call(self, args: tuple | list, *, seed: int | None = None) -> Any:
-        """run(*args) in the worker; `seed` seeds its RNG (0 when None: every call starts the same)."""
-        device = _device_of(args)
+    def call(self, args: tuple | list, *, seed: int | None = None, device: str | None = None) -> Any:
+        """run(*args) in the worker; `seed` seeds its RNG (0 when None: every call starts the same).
+        `device`: the worker's device where no argument is a tensor (an fi_trace init gets only numbers)."""
+        device = _device_of(args) if device is None or _has_tensor(args) else canonical_device(device)
         with _pool.lock:
             for _ in range(3):  # at most two arena growths that need a new worker
                 w = self._worker(device)
@@ -522,9 +541,9 @@ class ConfinedReference:
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
         w.limit_cpu()
-        w.limit_memory(_pool.host.size)
+        w.limit_memory(_pool.host.size, budget=self.memory_bytes)
         answer = w.request({"op": "call", "id": self.id, "args": specs, "seed": seed, "cpu_size": _pool.host.size,
-                            "input_end": arenas.cursor}, self.definition, settings.timeout)
+                            "input_end": arenas.cursor}, self.definition, self._timeout)
         while "need" in answer:
             want = answer["need"] if isinstance(answer["need"], dict) else {}
             cuda = want.get("cuda", 0)
@@ -537,8 +556,8 @@ class ConfinedReference:
                 raise ReferenceFailure(self.definition, "memory", f"outputs of {_text(cpu, 40)} bytes asked for")
             _pool.host.ensure(cpu)
             buffers["cpu"] = _pool.host.tensor
-            w.limit_memory(_pool.host.size)
-            answer = w.request({"op": "deliver", "cpu_size": _pool.host.size}, self.definition, settings.timeout)
+            w.limit_memory(_pool.host.size, budget=self.memory_bytes)
+            answer = w.request({"op": "deliver", "cpu_size": _pool.host.size}, self.definition, self._timeout)
         return answer, specs, buffers
 
     def _raise_for(self, answer: dict, w: _Worker) -> None:
@@ -581,9 +600,10 @@ class ConfinedReference:
 
 
 def compile_reference(code: str, *, definition: str = "<reference>", entry: str = "run",
-                      device: str | None = None) -> ConfinedReference:
+                      device: str | None = None, names: list[str] | None = None) -> ConfinedReference:
     """Check a reference, then compile it in a confined worker; the result is called like `run`.
 
+    `names`: call the entry with its arguments by keyword, in this order (FlashInfer fi_trace references).
     Raises SandboxError (definition, line, message) when the static check refuses the code or its module
     body fails in the worker; ConfinementUnavailable when this machine cannot confine the worker and the
     user did not allow running without it; ReferenceFailure when the module body times out or crashes.
@@ -595,7 +615,9 @@ def compile_reference(code: str, *, definition: str = "<reference>", entry: str 
     violations = check_reference(code)
     if violations:
         raise SandboxError(definition, violations[0].line, violations[0].message)
-    return ConfinedReference(code, definition, entry).compile(device or "cpu")
+    if names is not None and not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise SandboxError(definition, None, "argument names must be identifiers")
+    return ConfinedReference(code, definition, entry, names=names).compile(device or "cpu")
 
 
 def _compile_as_escaped(code: str, *, definition: str = "<escaped>", entry: str = "run",
@@ -603,6 +625,37 @@ def _compile_as_escaped(code: str, *, definition: str = "<escaped>", entry: str 
     """For tests: compile plain Python, unchecked and with the real builtins, in a confined worker of
     its own, as if a reference had escaped the static check and the module views (a torch gadget)."""
     return ConfinedReference(code, definition, entry, escaped=True).compile(device)
+
+
+class TaskUnavailable(RuntimeError):
+    """A worker task found what it needs missing (e.g. the installed FlashInfer has no flashinfer.trace)."""
+
+
+def run_task(op: str, payload: dict, *, label: str, timeout: float | None = None,
+             memory_bytes: int | None = None, device: str = "cpu") -> Any:
+    """One task of this project's own code that runs third-party code (an op the worker implements:
+    `fi_trace_emit` runs FlashInfer's trace templates and their init) in a confined worker of its
+    own on `device` (a CUDA worker brings CUDA up before it confines itself, as for references),
+    killed afterwards. Returns the answer's `ok` value: untrusted JSON, for the caller to check.
+    Raises TaskUnavailable, ReferenceFailure (timeout, crash, raised) or ConfinementUnavailable."""
+    with _pool.lock:
+        w = _pool.get((f"task:{op}:{next(_ids)}", "checked"), canonical_device(device), label)
+        try:
+            w.limit_cpu()
+            w.limit_memory(_pool.host.size, budget=memory_bytes)
+            answer = w.request({"op": op, **payload}, label, timeout or settings.timeout)
+        finally:
+            _pool.close()  # the task imported third-party modules: no reference runs after it there
+    error = answer.get("error")
+    if isinstance(error, dict) and error.get("kind") == "unavailable":
+        raise TaskUnavailable(_text(error.get("message")))
+    if error is not None:
+        error = error if isinstance(error, dict) else {}
+        raise ReferenceFailure(label, "raised" if error.get("kind") == "raised" else "protocol",
+                               _text(error.get("message")) or "malformed answer")
+    if "ok" not in answer:
+        raise ReferenceFailure(label, "protocol", "the worker's answer has no result")
+    return answer["ok"]
 
 
 def describe_settings() -> dict:

@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import ast
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ALLOWED_MODULES", "SAFE_BUILTIN_NAMES", "TORCH_NN_NAMES", "TYPING_NAMES", "Violation",
-           "attribute_problem", "check_reference", "parse"]
+__all__ = ["ALLOWED_MODULES", "FUTURE_FEATURES", "SAFE_BUILTIN_NAMES", "TORCH_NN_NAMES", "TYPING_NAMES", "Entry",
+           "Violation", "attribute_problem", "check_reference", "entry_point", "parse"]
 
 # Pure-math modules a reference may import (or reach by attribute: `torch.nn.functional`).
 ALLOWED_MODULES: frozenset[str] = frozenset({
     "math", "typing",
     "torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
 })
+
+# `from __future__ import annotations` (FlashInfer's fi_trace starts every reference with it) only: it makes
+# annotations strings that are never evaluated. No other feature, and never `import __future__`.
+FUTURE_FEATURES: frozenset[str] = frozenset({"annotations"})
 
 # `typing` re-exports sys, types, operator, ...; `get_type_hints` evals strings unchecked. Annotations only.
 TYPING_NAMES: frozenset[str] = frozenset({
@@ -167,6 +172,12 @@ class _Checker(ast.NodeVisitor):
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level:
             self.add(node, "relative imports are not allowed")
+            return
+        if node.module == "__future__":
+            bad = [a.name for a in node.names if a.name not in FUTURE_FEATURES or a.asname]
+            if bad:
+                self.add(node, f"from __future__ import {', '.join(bad)} is not allowed "
+                               "(only 'from __future__ import annotations')")
             return
         if node.module not in ALLOWED_MODULES:
             self.add(node, f"import from {node.module!r} is not allowed (allowed: {_ALLOWED_TEXT})")
@@ -334,6 +345,134 @@ def run_parameters(code: str, entry: str = "run") -> list[str] | None:
     if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs:
         return None
     return [p.arg for p in a.args]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The function a reference is called through: `name`, or None and `problem` saying why none is.
+
+    For an fi_trace entry point (`by_name`), `keywords` maps each input it takes to the keyword it is
+    passed as (its own name, or its documented `param`), and `ignored` lists the inputs it does not
+    take: call-site parameters of the API that the reference ignores (never passed to it)."""
+
+    name: str | None
+    problem: str | None = None
+    by_name: bool = False  # the inputs are passed by keyword (an fi_trace entry point), not by position
+    keywords: tuple[tuple[str, str], ...] = ()  # (input, keyword) in input order; only when by_name
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def mapped(self) -> list[tuple[str, str]]:
+        """(input, keyword) pairs where the keyword is the input's `param`, not its name."""
+        return [(i, k) for i, k in self.keywords if i != k]
+
+
+def _keywords(fn: ast.FunctionDef, inputs: list[str], params: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """({input: keyword it is passed as}, inputs it cannot take). An input is taken by a parameter of its
+    own name; else by one named as its documented `param` (that no other input takes by name); else by
+    `**kwargs` under its own name."""
+    a = fn.args
+    by_name = {p.arg for p in a.args + a.kwonlyargs}
+    taken: dict[str, str] = {}
+    unaccepted: list[str] = []
+    for n in inputs:
+        alias = params.get(n)
+        if n in by_name:
+            taken[n] = n
+        elif alias is not None and alias in by_name and alias not in inputs:
+            taken[n] = alias
+        elif a.kwarg is not None:
+            taken[n] = n
+        else:
+            unaccepted.append(n)
+    return taken, unaccepted
+
+
+def _accepts(fn: ast.FunctionDef, inputs: list[str],
+             params: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """(inputs it cannot take by name, its required parameters that no input is passed as)."""
+    a = fn.args
+    taken, unaccepted = _keywords(fn, inputs, params or {})
+    positional = a.posonlyargs + a.args
+    required = [p.arg for p in positional[:len(positional) - len(a.defaults)]]
+    required += [p.arg for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None]
+    posonly = {p.arg for p in a.posonlyargs}
+    passed = set(taken.values())
+    missing = [p for p in required if p not in passed or p in posonly]
+    return unaccepted, missing
+
+
+def entry_point(code: str, inputs: list[str], params: dict[str, str] | None = None,
+                optional: Iterable[str] = ()) -> Entry:
+    """The reference's entry point, parsed (never run). The rule (docs/definitions.md):
+
+    1. a top-level `run`, called with the inputs by position (the public format);
+    2. else the one top-level function that takes every input by name (a parameter of that name, one
+       named as the input's documented `param`, or `**kwargs`) and requires nothing else: FlashInfer's
+       fi_trace names its reference after the template (`_rmsnorm_reference`) and inlines helper
+       functions before it; it is called by keyword;
+    3. else the last top-level function, if it requires nothing that is not an input, takes at least one
+       input, and every input it does not take is `optional`: those are call-site parameters of the API
+       that the reference ignores (`ignored`; never passed to it; validate notes them);
+    4. else none, and `problem` says why (no function, several candidates, or what the last one lacks).
+    `params`: input name -> its `param` field (the API parameter it is passed as), where it has one;
+    `optional`: the inputs marked `"optional": true` (only those may be ignored).
+    """
+    params = params or {}
+    optional = set(optional)
+    try:
+        tree = parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return Entry(None, "the reference does not parse")
+    defs: dict[str, ast.FunctionDef] = {}
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef):
+            defs.pop(n.name, None)
+            defs[n.name] = n  # the last definition of a name wins, and keeps its place last
+    if "run" in defs:
+        return Entry("run")
+    if not defs:
+        return Entry(None, "the reference defines no top-level function (expected run(), or one function "
+                           "taking the inputs by name)")
+
+    def entry(name: str) -> Entry:
+        taken, unaccepted = _keywords(defs[name], inputs, params)
+        return Entry(name, by_name=True, keywords=tuple(taken.items()), ignored=tuple(unaccepted))
+
+    fits = [name for name, fn in defs.items() if _accepts(fn, inputs, params) == ([], [])]
+    if len(fits) == 1:
+        return entry(fits[0])
+    if fits and fits[-1] == list(defs)[-1]:
+        # fi_trace inlines the reference's helpers before it ("# ----- reference -----"): the last wins
+        return entry(fits[-1])
+    if fits:
+        return Entry(None, f"no run(), and {len(fits)} top-level functions take the inputs by name "
+                           f"({', '.join(fits)}): which one is the reference is ambiguous")
+    last = list(defs.values())[-1]
+    unaccepted, missing = _accepts(last, inputs, params)
+    if not missing and len(unaccepted) < len(inputs) and set(unaccepted) <= optional:
+        return entry(last.name)  # rule 3: the inputs it does not take are ignored call-site parameters
+    why = "; ".join(x for x in (
+        f"it has no parameter for input(s) {', '.join(unaccepted)}" + _optional_hint(unaccepted, optional)
+        if unaccepted else "",
+        f"it requires {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not an input"
+        + _param_hint(missing, inputs, params) if missing else "") if x)
+    return Entry(None, f"no run(), and no top-level function takes the inputs by name; the last one, "
+                       f"{last.name}(), does not fit: {why}")
+
+
+def _optional_hint(unaccepted: list[str], optional: set[str]) -> str:
+    required = [n for n in unaccepted if n not in optional]
+    if not required:
+        return ""
+    return f" ({', '.join(required)} not marked \"optional\", so not an ignorable call-site parameter)"
+
+
+def _param_hint(missing: list[str], inputs: list[str], params: dict[str, str]) -> str:
+    """Why a required parameter is no input: say so where no input documents it as its `param`."""
+    if any(params.get(i) in missing for i in inputs):
+        return ""  # an input names it as its param but another input takes that name (reported above)
+    return " (nor any input's \"param\"), and it has no default"
 
 
 def check_reference(code: str) -> list[Violation]:

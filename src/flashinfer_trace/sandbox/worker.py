@@ -4,7 +4,7 @@ Forked from the fork server (`zygote.py`), which has already imported torch (so 
 takes its arenas from the parent, confines itself (`confine.py`) and then serves JSON requests on its
 pipe, one at a time:
 
-    {"op": "compile", "id": N, "code": ..., "definition": ..., "entry": "run"}
+    {"op": "compile", "id": N, "code": ..., "definition": ..., "entry": "run", "names": null | [...]}
     {"op": "call", "id": N, "args": [...], "seed": S, "cpu_size": BYTES}
     {"op": "deliver", "cpu_size": BYTES}      after a {"need": ...} answer: the arena has grown
 
@@ -120,6 +120,24 @@ def _compile_escaped(code: str, definition: str, entry: str):
     return namespace[entry]
 
 
+def _fi_trace_emit(msg: dict, device: str = "cpu") -> dict:
+    """This project's emitter (fitrace/emit.py) runs the installed FlashInfer's trace templates and their
+    init() here, confined: FlashInfer's template code is third-party code like a reference. The answer is
+    JSON the parent checks (fitrace/layout.py); nothing is written here (the worker cannot write).
+    `device`: this worker's (inits that compute values run there after the meta device)."""
+    from ..fitrace.emit import TraceUnavailable, emit_all
+
+    op_types = msg.get("op_types")
+    if op_types is not None and not (isinstance(op_types, list) and all(isinstance(t, str) for t in op_types)):
+        return {"error": {"kind": "protocol", "message": "op_types must be a list of strings"}}
+    try:
+        return {"ok": emit_all(op_types or None, device=device)}
+    except TraceUnavailable as e:
+        return {"error": {"kind": "unavailable", "message": str(e)}}
+    except Exception as e:  # noqa: BLE001 - whatever FlashInfer's import raises, as a message
+        return {"error": {"kind": "raised", "type": type(e).__name__, "message": str(e)[:2000], "line": None}}
+
+
 class _Server:
     def __init__(self, conn, fd: int, settings: dict) -> None:
         self.conn = conn
@@ -142,6 +160,14 @@ class _Server:
             (probe @ probe).sum().item()
             self.buffers["cuda"] = pickle.loads(conn.recv_bytes(MAX_MESSAGE))
             torch.cuda.synchronize()
+        if settings.get("task") == "fi_trace_emit":
+            # FlashInfer itself is an installed library, trusted like torch, and its import writes its JIT
+            # log and workspace under ~/.cache (no writes once confined): it and its traced modules are
+            # imported now, like CUDA above. Its trace templates and their init() run only when asked,
+            # confined (fitrace/emit.py).
+            from ..fitrace.emit import preload
+
+            preload()
         self.confinement = confine.apply(memory_bytes=settings.get("memory_bytes"), gpu=self.gpu,
                                          disable=settings.get("disable", ()))
         confine.finish(self.confinement)
@@ -161,16 +187,21 @@ class _Server:
                     fn = compile_in_namespace(msg["code"], definition=msg["definition"], entry=msg["entry"])
             except Exception as e:  # SandboxError, or anything the module body could raise past it
                 return _error(e, msg["definition"])
-            self.functions[msg["id"]] = (fn, msg["definition"])
+            names = msg.get("names")
+            if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+                return {"error": {"kind": "protocol", "message": "names must be a list of strings"}}
+            self.functions[msg["id"]] = (fn, msg["definition"], names)
             return {"ok": True}
         if op == "call":
             return self.call(msg)
+        if op == "fi_trace_emit":
+            return _fi_trace_emit(msg, self.device)
         if op == "exit":
             return None
         return {"error": {"kind": "protocol", "message": f"unknown op {op!r}"}}
 
     def call(self, msg: dict) -> dict:
-        fn, definition = self.functions[msg["id"]]
+        fn, definition, names = self.functions[msg["id"]]
         self.map_cpu(msg.get("cpu_size", 0))
         arenas = Arenas(self.buffers)
         args = decode({"t": "seq", "kind": "list", "v": msg["args"]}, arenas, clone=False)
@@ -180,7 +211,8 @@ class _Server:
         self.state.restore(int(msg.get("seed") or 0))
         try:
             with torch.inference_mode(False):
-                out = fn(*args)
+                # by keyword where the parent named the arguments (an fi_trace entry point), else by position
+                out = fn(**dict(zip(names, args, strict=True))) if names is not None else fn(*args)
         except BaseException as e:  # noqa: BLE001 - SystemExit / KeyboardInterrupt from a reference too
             return _error(e, definition)
         finally:

@@ -53,7 +53,10 @@ DEFAULT_BUDGET = 600.0
 # First guesses of a job's cost (seconds, cold, measured on an H100 with 0.6.6/0.7.2), used only to
 # start the long jobs first when no earlier report says better.
 GUESS = {"moe": 450, "gemm": 176, "sampling": 146, "gqa_ragged": 68, "mla_ragged": 68, "gqa_paged": 68, "rope": 59,
-         "rmsnorm": 35, "mla_paged": 26, "activation": 8}
+         "rmsnorm": 35, "mla_paged": 26, "activation": 8,
+         "mamba_ssu": 90}  # mamba_ssu: a guess (one selective_state_update module per dtypes/dim/dstate)
+# gdn: a guess, not measured (0.6.x gdn_prefill_sm90 compiles 32 CUTLASS sm90a kernel instantiations)
+GUESS["gdn"] = 300
 NVCC_GB = 4  # memory one nvcc of a CUTLASS kernel can take: bounds the compilers a job may run
 URGENT = 2  # the expected-longest groups' first jobs build at normal priority, every other job at NICE
 NICE = 10

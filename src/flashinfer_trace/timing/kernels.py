@@ -139,6 +139,15 @@ def _prep_sgl_rope(call: Call):
             "in place: setup restores query/key (not timed)")
 
 
+def _prep_fi_mamba_ssu(call: Call):
+    """In place on a cloned state cache: setup copies the pristine cache back before every call (not
+    timed); the tied-parameter views are made once."""
+    from ..groundtruth import flashinfer as fgt
+
+    run, restore = fgt.plan_selective_state_update(call)
+    return run, restore, "in place: setup restores the state cache (not timed)"
+
+
 def _prep_direct(adapter_fn: Callable):
     """Adapters whose whole body is the kernel call (mm_bf16: a transposed view and the call)."""
 
@@ -211,6 +220,7 @@ def _preparers() -> dict[Callable, Preparer]:
         fgt.silu_and_mul: _prep_fi_silu_and_mul,
         fgt.rope: _prep_fi_rope,
         fgt.sampling: _prep_fi_sampling,
+        fgt.mamba_ssu: _prep_fi_mamba_ssu,
         sgt.sampling: _prep_sgl_sampling,
         sgt.fused_add_rmsnorm: _prep_fused_add_rmsnorm(lambda m: m.fused_add_rmsnorm),
         sgt.rmsnorm: _prep_rmsnorm(lambda m: m.rmsnorm),

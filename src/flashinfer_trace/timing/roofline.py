@@ -39,6 +39,12 @@ FLOPs (multiply and add count as two), per op_type:
   of each head being rotated;
 * activation (silu_and_mul): 5 per output element (exp counted as 1: -x, exp, 1 + e, x / (..) and
   the multiply by the up half);
+* mamba_ssu: 7 per element of the state rows live requests update (dt * A, its exp, the decay of the
+  old state, dt x times B, the add, times C and the sum over dstate); only those rows of the state
+  cache are counted as read, and written back (the update is in place);
+* gdn (gated delta rule): 7 * V * K per token and value head (decay, S k, the rank-1 update u k^T,
+  S q); bytes as above, so an MTP call counts its whole state pool (read, and the unchanged pool
+  written) and the intermediate-state buffer when the definition has one;
 * sampling: a rough 1 + 2 * filters per probability (one pass to draw, a compare and an
   accumulate per top-k / top-p filter); sorting and rejection rounds are not modelled.
 
@@ -197,7 +203,17 @@ def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
             reads[name] = math.ceil(kv_tokens * per_token)
             notes.append(f"{name}: {kv_tokens} referenced tokens * {per_token:g} B/token "
                          f"(of {slots} token slots, {full} B allocated)")
-        elif name in MOE_WEIGHTS and "routing_logits" in values:
+        elif definition.op_type == "mamba_ssu" and name == "state" and spec.shape:
+            live, rows = _mamba_rows(values, int(axes[spec.shape[0]]))
+            reads[name] = full * live // rows if rows else 0
+            detail["mamba_live_rows"] = live
+            notes.append(f"{name}: the {live} rows live requests name, of {rows} (read, and written back once)")
+        elif definition.op_type == "dsa_paged" and name in DSA_CACHES and spec.shape and name in values:
+            slots = int(axes[spec.shape[0]]) * int(axes[spec.shape[1]])
+            used = _dsa_slots_read(values)
+            reads[name] = full * used // slots if slots else 0
+            notes.append(f"{name}: {used} token slots read (selected / within seq_lens), of {slots}")
+        elif name in MOE_WEIGHTS and ("routing_logits" in values or "topk_ids" in values):
             num_local = int(axes[spec.shape[0]])
             if moe is None:
                 moe = _moe_active_experts(definition, values, num_local)
@@ -209,6 +225,11 @@ def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
         else:
             reads[name] = full
     writes = {name: _tensor_bytes(spec, axes) for name, spec in definition.outputs.items() if spec.shape is not None}
+    if definition.op_type == "mamba_ssu" and "state" in reads:  # the updated state: the live rows only
+        cache_shape = definition.inputs["state"].shape
+        for name, spec in definition.outputs.items():
+            if spec.shape == cache_shape:
+                writes[name] = reads["state"]
     detail["bytes_read"] = reads
     detail["bytes_written"] = writes
     if kv_tokens is not None:
@@ -221,6 +242,24 @@ def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
 # -- flops --------------------------------------------------------------------------------------------
 def _shape(definition: Definition, inputs: Inputs, name: str) -> list[int]:
     return [int(inputs.axes[a]) for a in definition.inputs[name].shape]
+
+
+def _mamba_rows(values: Mapping[str, Any], rows: int) -> tuple[int, int]:
+    """(live requests, cache rows) of a mamba_ssu call: PAD_SLOT_ID (-1) requests touch no row."""
+    idx = values.get("state_batch_indices")
+    if idx is None:
+        return rows, rows
+    return int((idx >= 0).sum()), rows
+
+
+def _flops_mamba(d: Definition, inputs: Inputs, detail: dict) -> int:
+    x = _shape(d, inputs, "x")
+    dstate = int(inputs.values["state"].shape[-1])
+    live, _ = _mamba_rows(inputs.values, x[0])
+    n = live * math.prod(x[1:]) * dstate
+    detail["flops_formula"] = (f"7 * live state elements = 7 * {n} (dt * A, exp, decay * S, dt x * B, +, * C, sum; "
+                               f"{live} live requests)")
+    return 7 * n
 
 
 def _flops_gemm(d: Definition, inputs: Inputs, detail: dict) -> int:
@@ -307,16 +346,61 @@ def _flops_sampling(d: Definition, inputs: Inputs, detail: dict) -> int:
     return (1 + 2 * filters) * n
 
 
+def _flops_gdn(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """Per token and value head, on the V x K state: decay (1), prediction S k (2), the delta and its
+    outer product u k^T added (2 + 2V), output S q (2): 7 * V * K, plus the gates (a few per head, left
+    out). MTP and decode rows process batch * seq_len tokens, prefill total_seq_len."""
+    v_shape = _shape(d, inputs, "v")
+    tokens = math.prod(v_shape[:-2])
+    heads, dv = v_shape[-2:]
+    dk = _shape(d, inputs, "q")[-1]
+    detail["flops_formula"] = (f"7 * tokens * value heads * V * K = 7 * {tokens} * {heads} * {dv} * {dk} "
+                               f"(decay, S k, u k^T, S q per token)")
+    return 7 * tokens * heads * dv * dk
+
+
 def _tensor_numel(d: Definition, inputs: Inputs, spec: TensorSpec) -> int:
     return _numel(spec, inputs.axes) if spec.shape is not None else 0
 
 
+DSA_CACHES = ("ckv_cache", "kpe_cache", "k_index_cache_fp8")
+
+
+def _dsa_slots_read(values: Mapping[str, Any]) -> int:
+    """Cache slots a dsa_paged call reads: the distinct selected ones (sparse attention), or every
+    token of every request (the indexer scores them all)."""
+    if "sparse_indices" in values:
+        idx = values["sparse_indices"]
+        return int(idx[idx >= 0].unique().numel())
+    return int(values["seq_lens"].long().sum())
+
+
+def _flops_dsa(d: Definition, inputs: Inputs, detail: dict) -> int:
+    values = inputs.values
+    if "sparse_indices" in values:  # absorbed MLA over each row's selected slots
+        pairs = int((values["sparse_indices"] >= 0).sum())
+        heads, ckv = _shape(d, inputs, "q_nope")[-2:]
+        kpe = _shape(d, inputs, "q_pe")[-1]
+        detail.update(visible_pairs=pairs)
+        detail["flops_formula"] = (f"2 * heads * selected pairs * (ckv + kpe) + 2 * heads * pairs * ckv = "
+                                   f"2 * {heads} * {pairs} * ({ckv} + {kpe}) + 2 * {heads} * {pairs} * {ckv}")
+        return 2 * heads * pairs * (ckv + kpe) + 2 * heads * pairs * ckv
+    tokens = _dsa_slots_read(values)  # indexer: every token of every request, all heads
+    heads, dim = _shape(d, inputs, "q_index_fp8")[-2:]
+    detail["flops_formula"] = (f"scored tokens * heads * (2 * head_dim + 3) = {tokens} * {heads} * (2 * {dim} + 3) "
+                               f"(dot product, scale, ReLU, weighted sum; the top-k selection not counted)")
+    return tokens * heads * (2 * dim + 3)
+
+
 _FLOPS = {
+    "dsa_paged": _flops_dsa,
     "gemm": _flops_gemm,
+    "gdn": _flops_gdn,
     "gqa_paged": _flops_gqa,
     "gqa_ragged": _flops_gqa,
     "mla_ragged": _flops_gqa,  # q.k over qk_dim, p.v over vo_dim: the same sum
     "mla_paged": _flops_mla,
+    "mamba_ssu": _flops_mamba,
     "moe": _flops_moe,
     "rmsnorm": _flops_rmsnorm,
     "rope": _flops_rope,

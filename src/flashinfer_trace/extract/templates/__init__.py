@@ -14,10 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from . import (
+    dsa_paged,
     fused_add_rmsnorm,
+    gdn,
     gemm,
     gqa_paged,
     gqa_ragged,
+    mamba_ssu,
     mla_paged,
     mla_ragged,
     moe,
@@ -41,4 +44,8 @@ FAMILIES: dict[str, Callable[..., dict[str, Any]]] = {
     "silu_and_mul": silu_and_mul.silu_and_mul,
     "sampling": sampling.sampling,
     "moe": moe.moe,
+    "mamba_ssu": mamba_ssu.mamba_ssu,
+    "dsa_sparse_attention": dsa_paged.dsa_sparse_attention,
+    "dsa_topk_indexer": dsa_paged.dsa_topk_indexer,
+    "gdn": gdn.gdn,
 }
