@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..fitrace.drift import category
+
 PATTERN = "drift-*.json"
 
 
@@ -23,17 +25,6 @@ def _files(paths: list[str | Path]) -> list[Path]:
             found += sorted(p.rglob(PATTERN))
     return list(dict.fromkeys(found))
 
-
-def _category(field: str) -> str:
-    if field.endswith(".dtype"):
-        return "dtypes"
-    if field.endswith(".shape"):
-        return "shapes"
-    if field.startswith("axes.const"):
-        return "axes.const"
-    if field.startswith("constants."):
-        return "constants"
-    return field
 
 
 def load(paths: list[str | Path]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
@@ -57,7 +48,7 @@ def load(paths: list[str | Path]) -> tuple[list[dict[str, Any]], list[dict[str, 
                 continue
             diffs = [d for d in p.get("differences") or [] if isinstance(d, dict) and "field" in d]
             result = p.get("result") if isinstance(p.get("result"), dict) else {}
-            fields = sorted({_category(str(d["field"])) for d in diffs})
+            fields = sorted({category(str(d["field"])) for d in diffs})
             if result.get("outcome") == "differ":
                 fields.append("results")
             definitions[p["ours"]] = {"state": "drift" if fields else "same", "theirs": p.get("theirs"),
