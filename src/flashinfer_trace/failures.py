@@ -29,9 +29,10 @@ def save_failure(record: dict[str, Any], directory: str | Path = DEFAULT_DIR, *,
                    if record.get(k) is not None)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)[:200]
     target = record.get("definition_path") or record["definition"]
-    record = {**record, "replay": replay_command(target, record.get("size", "small"),
-                                                 int(record.get("seed", 0)), record.get("case"),
-                                                 record.get("source", "torch"), record.get("device", "cpu"))}
+    # a reference-only check (shape, dtype, determinism) has source None: any ground truth replays it
+    record = {**record, "replay": replay_command(target, record.get("size") or "small",
+                                                 int(record.get("seed") or 0), record.get("case"),
+                                                 record.get("source") or "all", record.get("device") or "cpu")}
     if inputs:
         record["inputs_file"] = _save_inputs(record, directory / f"{stem}.safetensors")
     path = directory / f"{stem}.json"

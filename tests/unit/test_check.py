@@ -455,3 +455,15 @@ def test_a_definition_whose_inputs_fail_never_runs_on_the_previous_ones():
     results = [r for r in run(plan(Discovered(defs, []), config), config) if r.definition == "rmsnorm_h64"]
     assert results and {r.status for r in results} == {"error"}
     assert all(r.reason.startswith("inputs: ") and "scale" in r.reason for r in results), [r.reason for r in results]
+
+
+def test_a_reference_only_failure_saves_a_replay_of_every_ground_truth(tmp_path):
+    """A failed shape / dtype / determinism check has no ground-truth source (None): its record still
+    saves, replaying with `--ground-truth all` (on the H100 this crashed `check` mid-run)."""
+    from flashinfer_trace.failures import save_failure
+
+    record = {"definition": "rmsnorm_h8", "check": "deterministic", "status": "fail", "size": "small", "seed": 0,
+              "case": None, "source": None, "device": "cuda:0", "definition_path": None}
+    saved = json.loads(save_failure(record, tmp_path).read_text())
+    assert saved["replay"] == ("flashinfer-trace check rmsnorm_h8 --size small --seed 0 --ground-truth all "
+                               "--device cuda:0")
