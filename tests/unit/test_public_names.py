@@ -97,3 +97,20 @@ def test_a_rope_that_rotates_other_than_two_tensors_is_refused(extra):
 
     why = next(a for a in fgt.ADAPTERS if a.op_type == "rope").applies(Definition.model_validate(data))
     assert why and "rotates a query and a key" in why
+
+
+def test_the_probs_samplers_do_not_claim_a_logits_op():
+    """fi_trace files some logits-side ops under `sampling` (top_k_mask_logits: logits, top_k); the
+    hand-written sampler adapter needs probs (on the H100 it raised KeyError 'probs' before this)."""
+    from flashinfer_trace.groundtruth import flashinfer as fgt
+
+    var = {"type": "var"}
+    t = lambda shape, dtype: {"shape": shape, "dtype": dtype}  # noqa: E731
+    d = Definition.model_validate({
+        "name": "top_k_mask_logits_v32", "op_type": "sampling",
+        "axes": {"batch_size": var, "vocab_size": {"type": "const", "value": 32}},
+        "inputs": {"logits": t(["batch_size", "vocab_size"], "float32"), "top_k": t(["batch_size"], "int32")},
+        "outputs": {"masked": t(["batch_size", "vocab_size"], "float32")},
+        "reference": "def run(logits, top_k):\n    return logits\n"})
+    why = next(a for a in fgt.ADAPTERS if a.op_type == "sampling").applies(d)
+    assert why and "probs" in why
