@@ -127,7 +127,9 @@ def test_torch_ground_truth_agrees_with_our_references(stage, case):
 def test_torch_ground_truth_agrees_with_the_public_references(path):
     d = load_definition(path)
     x = generate_inputs(d, "small", seed=0)
-    _close(run_reference(d, x.clone()), get_ground_truth("torch", d, device="cpu")(x))
+    ref, gt = run_reference(d, x.clone()), get_ground_truth("torch", d, device="cpu")(x)
+    assert [tuple(t.shape) for t in ref] == [tuple(t.shape) for t in gt]
+    _close(ref, gt)
 
 
 def test_the_ground_truth_catches_a_transposed_state():
