@@ -29,13 +29,16 @@ WORKSPACE_BYTES = 512 << 20
 HALF = frozenset({"bfloat16", "float16"})
 _GDN_DTYPES = frozenset({"bfloat16", "float16", "float32"})  # 16-bit q/k/v/a/b, float32 A_log/dt_bias/state
 
-_workspaces: dict[str, torch.Tensor] = {}
+_workspaces: dict[tuple[str, bool, int], torch.Tensor] = {}
 
 
-def workspace(device: torch.device) -> torch.Tensor:
-    key = str(device)
+def workspace(device: torch.device, *, zeroed: bool = False, nbytes: int = WORKSPACE_BYTES) -> torch.Tensor:
+    """One buffer per (device, kind, size), kept for the process. `zeroed`: trtllm-gen keeps semaphores
+    in its workspace, which must be zero on first use (a separate buffer: wrappers leave theirs dirty)."""
+    key = (str(device), zeroed, nbytes)
     if key not in _workspaces:
-        _workspaces[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        make = torch.zeros if zeroed else torch.empty
+        _workspaces[key] = make(nbytes, dtype=torch.uint8, device=device)
     return _workspaces[key]
 
 

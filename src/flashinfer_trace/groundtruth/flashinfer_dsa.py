@@ -23,21 +23,12 @@ import torch
 from packaging.specifiers import SpecifierSet
 
 from .base import Adapter, Call, GroundTruthUnavailable
-from .flashinfer import PACKAGE, accepts
+from .flashinfer import PACKAGE, accepts, workspace
 from .torch_dsa import attention_applies, indexer_applies
 
 TRTLLM_PAGE_SIZES = (32, 64)  # the trtllm-gen MLA kernels' block sizes
 QK_NOPE_HEAD_DIM = 128  # DeepSeek's pre-absorption nope dim: an argument the kernel validates, not a shape here
 WORKSPACE_BYTES = 128 << 20
-_workspaces: dict[str, torch.Tensor] = {}
-
-
-def _zeroed_workspace(device: torch.device) -> torch.Tensor:
-    """trtllm-gen keeps semaphores in its workspace: it must be zero on first use."""
-    key = str(device)
-    if key not in _workspaces:
-        _workspaces[key] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    return _workspaces[key]
 
 
 def sparse_attention_applies(d) -> str | None:
@@ -66,7 +57,8 @@ def sparse_attention(call: Call) -> tuple:
     indices = x["sparse_indices"].to(torch.int32)
     topk = indices.shape[-1]
     seq_lens = torch.full((tokens,), pool, dtype=torch.int32, device=query.device)
-    out, lse = fn(query, kv, _zeroed_workspace(query.device), QK_NOPE_HEAD_DIM, ckv_dim, kpe_dim,
+    buffer = workspace(query.device, zeroed=True, nbytes=WORKSPACE_BYTES)  # trtllm-gen's semaphores: zeroed
+    out, lse = fn(query, kv, buffer, QK_NOPE_HEAD_DIM, ckv_dim, kpe_dim,
                   indices.unsqueeze(1).contiguous(), seq_lens, pool,
                   sparse_mla_top_k=topk, bmm1_scale=float(x["sm_scale"]), bmm2_scale=1.0, backend="trtllm-gen",
                   return_lse=True, return_lse_base="base2")
