@@ -22,6 +22,7 @@ from pydantic import (
     StrictStr,
     field_serializer,
     field_validator,
+    model_validator,
 )
 
 from .dtypes import DType
@@ -35,6 +36,24 @@ def is_literal_dim(axis: object) -> bool:
     (`"0"` is no dimension a kernel is written for: it stays an undeclared axis)."""
     return (isinstance(axis, str) and axis.isascii() and axis.isdigit() and len(axis) <= 18
             and str(int(axis)) == axis and int(axis) > 0)
+
+
+def implicit_axes(data: Any) -> list[str]:
+    """Axis names a FlashInfer fi_trace file (one with `init` or `check`) uses in shapes without declaring
+    them (`gemm_fp8`'s `K_div_block_size`): var axes by implication, valued by the template's `init` or a
+    constraint. A hand-written file gets no such leniency: there an undeclared name is most likely a typo."""
+    if not isinstance(data, dict) or not ("init" in data or "check" in data):
+        return []
+    axes = data.get("axes") if isinstance(data.get("axes"), dict) else {}
+    found: list[str] = []
+    for section in ("inputs", "outputs"):
+        specs = data.get(section) if isinstance(data.get(section), dict) else {}
+        for spec in specs.values():
+            shape = spec.get("shape") if isinstance(spec, dict) else None
+            for a in shape if isinstance(shape, list) else ():
+                if isinstance(a, str) and a and not is_literal_dim(a) and a not in axes and a not in found:
+                    found.append(a)
+    return found
 
 
 class ConstAxis(BaseModel):
@@ -122,6 +141,15 @@ class Definition(BaseModel):
     init: StrictStr | None = None
 
     _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declare_implicit_axes(cls, data: Any) -> Any:
+        extra = implicit_axes(data)
+        if not extra:
+            return data
+        note = "undeclared in the fi_trace file: a var axis by implication"
+        return {**data, "axes": {**data["axes"], **{a: {"type": "var", "description": note} for a in extra}}}
 
     # -- reading it like the JSON -------------------------------------------------------------
     @cached_property

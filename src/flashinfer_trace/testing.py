@@ -59,6 +59,7 @@ __all__ = [
     "output_problems",
     "reference_function",
     "run_reference",
+    "shape_fits",
     "tolerance_for",
 ]
 
@@ -164,9 +165,17 @@ def is_sampler(definition: Definition) -> bool:
     return first is None or first.dtype is None or not first.dtype.is_float
 
 
-def expected_shapes(definition: Definition, inputs: Inputs) -> list[list[int] | None]:
-    """Each output's shape from the definition's axes as bound by these inputs (None: a scalar)."""
-    return [None if s.shape is None else [inputs.axes[a] for a in s.shape] for s in definition.outputs.values()]
+def expected_shapes(definition: Definition, inputs: Inputs) -> list[list[int | None] | None]:
+    """Each output's shape from the definition's axes as bound by these inputs (None: a scalar). A dimension
+    no input binds is None: an axis only an output has, which the reference sizes (fi_trace's scale counts)."""
+    return [None if s.shape is None else [inputs.axes.get(a) for a in s.shape] for s in definition.outputs.values()]
+
+
+def shape_fits(got: list[int] | None, want: list[int | None] | None) -> bool:
+    """`got` is `want`, where a None dimension of `want` (sized by the reference) takes any size."""
+    if got is None or want is None:
+        return got is want
+    return len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want, strict=True))
 
 
 def expected_dtypes(definition: Definition) -> list[str]:
@@ -193,7 +202,7 @@ def output_problems(definition: Definition, inputs: Inputs, outputs: tuple) -> l
         got_shape = getattr(value, "shape", None)
         got_shape = None if got_shape is None else list(got_shape)
         got_dtype = str(getattr(value, "dtype", type(value).__name__)).replace("torch.", "")
-        if got_shape != shape:
+        if not shape_fits(got_shape, shape):
             problems.append(f"{name}: shape {got_shape}, expected {shape}")
         if got_dtype != dtype:
             problems.append(f"{name}: dtype {got_dtype}, expected {dtype}")

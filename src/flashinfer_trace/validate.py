@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import constraints as _constraints
-from .definition import UNKNOWN_DTYPE, Definition, is_literal_dim
+from .definition import UNKNOWN_DTYPE, Definition, implicit_axes, is_literal_dim
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,13 @@ def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder
                            f"op_type {_snippet(op_type)} disagrees with the folder {_snippet(folder)} the file is in"))
 
     axes = data.get("axes") if isinstance(data.get("axes"), dict) else {}
+    implicit = implicit_axes(data)
+    if implicit:
+        notes += [Problem(file, json_path("axes", a), "implicit-axis",
+                          f"axis {a!r} is used in a shape but not declared: in an fi_trace file, a var axis by "
+                          "implication (its value comes from the template's init or a constraint)")
+                  for a in implicit]
+        axes = {**axes, **{a: {"type": "var"} for a in implicit}}
     inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
     outputs = data.get("outputs") if isinstance(data.get("outputs"), dict) else {}
 
@@ -287,7 +294,7 @@ def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder
 
 def _reference_problems(code: str, input_names: list[str], file: str, params: dict[str, str] | None = None,
                         notes: list[Problem] | None = None, optional: Sequence[str] = ()) -> list[Problem]:
-    from .sandbox.static import check_reference, entry_point, parse
+    from .sandbox.static import check_reference, entry_point, parse, undefined_names
 
     try:
         tree = parse(code)
@@ -301,13 +308,21 @@ def _reference_problems(code: str, input_names: list[str], file: str, params: di
     if entry.name is None:
         out.append(Problem(file, "$.reference", "reference-run", entry.problem or "no entry point"))
         return out
+    out += [Problem(file, "$.reference", "reference-undefined",
+                    f"{fn}() reads {name!r}, which the reference neither defines nor imports: calling it raises "
+                    "NameError (a helper left out of the file?)") for fn, name in undefined_names(code, entry.name)]
     if entry.by_name:  # fi_trace: the function takes the inputs by name (entry_point checked that)
         if notes is not None:
+            renamed = dict(entry.renamed)
             notes += [Problem(file, json_path("inputs", n), "ignored-input",
                               f"{entry.name}() does not take {n!r}: a call-site parameter of the API that the "
                               "reference ignores (generated, never passed to it)") for n in entry.ignored]
             notes += [Problem(file, json_path("inputs", n, "param"), "param-input",
-                              f"{entry.name}() takes {n!r} as its documented param {k!r}") for n, k in entry.mapped]
+                              f"{entry.name}() takes {n!r} as its documented param {k!r}")
+                      for n, k in entry.mapped if n not in renamed]
+            notes += [Problem(file, json_path("inputs", n), "renamed-param",
+                              f"{entry.name}() has no parameter {n!r}; it takes it as {k!r}, the required "
+                              "parameter at the same position (passed by that keyword)") for n, k in renamed.items()]
         return out
     runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
     args = runs[-1].args

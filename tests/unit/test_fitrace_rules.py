@@ -127,6 +127,63 @@ def test_param_never_takes_a_name_another_input_has(fi):
     assert dict(entry_point(REFERENCE, ["x", "w"], {"w": "x"}).keywords) == {"x": "x", "w": "w"}
 
 
+# -- rule 4: a parameter renamed in place, bound by its position ------------------------------------
+RENAMED = """from __future__ import annotations
+import torch
+
+def _scale_rows_reference(input, w):
+    return input * w
+"""
+
+
+def test_a_renamed_parameter_binds_by_position_when_the_signature_lines_up(fi):
+    # fi_trace 0.7.2.post1's gemma_rmsnorm: inputs hidden_states, weight; reference (input, weight)
+    fi["inputs"] = {"hidden_states": fi["inputs"]["x"], "w": fi["inputs"]["w"]}
+    fi["reference"] = RENAMED
+    assert problems_and_notes(fi) == ([], [("renamed-param", "$.inputs.hidden_states")])
+    d = Definition.model_validate(fi)
+    assert d.reference_keywords == ["input", "w"]
+    x, w = torch.randn(2, 8), torch.randn(8)
+    (y,) = run_reference(d, Inputs(d.name, "small", 0, None, {"hidden_states": x, "w": w}, {"rows": 2, "width": 8}))
+    assert torch.equal(y, x * w)
+
+
+def test_a_position_binds_nothing_when_the_signature_does_not_line_up(fi):
+    fi["inputs"] = {"hidden_states": fi["inputs"]["x"], "w": fi["inputs"]["w"]}
+    fi["reference"] = RENAMED.replace("(input, w)", "(input, w, paged_kv_cache)")  # 3 parameters, 2 inputs
+    assert problems_and_notes(fi)[0] == [("reference-run", "$.reference")]
+    fi["reference"] = RENAMED.replace("(input, w)", "(w, input)")  # only the first parameter may be renamed
+    assert problems_and_notes(fi)[0] == [("reference-run", "$.reference")]
+    fi["inputs"] = {"w": fi["inputs"]["w"], "hidden_states": fi["inputs"]["hidden_states"]}
+    assert problems_and_notes(fi)[0] == [("reference-run", "$.reference")]  # w is taken by name
+
+
+# -- a name nothing binds: the reference cannot run ----------------------------------------------------
+def test_a_helper_left_out_is_a_problem_naming_function_and_name(fi):
+    fi["reference"] = REFERENCE.replace("# ----- reference dependencies -----\ndef _scaled(x, s):\n    return x * s\n",
+                                        "")
+    problems, _ = problems_and_notes(fi)
+    assert problems == [("reference-undefined", "$.reference")]
+    (p,) = check_data(fi, "f.json")
+    assert "_scale_rows_reference() reads '_scaled'" in p.message and "NameError" in p.message
+
+
+@pytest.mark.parametrize("code, undefined", [
+    # annotations are strings under the __future__ import, evaluated at definition time without it
+    ("from __future__ import annotations\ndef f(x: Optional[int]) -> Tuple:\n    return x\n", []),
+    ("def f(x: Optional[int]):\n    return x\n", [("f", "Optional")]),
+    # locals of every kind, nested functions, comprehensions, builtins, module constants
+    ("K = 2\ndef f(x):\n    y = [i * K for i in range(3)]\n    def g(a):\n        return a + len(y)\n"
+     "    for j in y:\n        x = g(j)\n    return max(x, 0)\n", []),
+    # only what the entry reaches counts; a helper's helper does
+    ("def h(x):\n    return nope(x)\ndef g(x):\n    return gone(x)\ndef f(x):\n    return g(x)\n", [("g", "gone")]),
+])
+def test_undefined_names_follow_the_calls_from_the_entry(code, undefined):
+    from flashinfer_trace.sandbox.static import undefined_names
+
+    assert undefined_names(code, "f") == undefined
+
+
 # -- rule: a var axis that sizes nothing is harmless ----------------------------------------------
 def test_unused_var_axis_is_a_note_and_needs_no_value(fi):
     fi["axes"]["one"] = {"type": "var", "description": "placeholder"}
@@ -142,6 +199,20 @@ def test_undeclared_named_axis_stays_an_error(fi):
     assert problems_and_notes(fi)[0] == [("unknown-axis", "$.inputs.w.shape[0]")]
     fi["constraints"] = ["num_rows == rows"]
     assert ("constraint-name", "$.constraints[0]") in problems_and_notes(fi)[0]
+
+
+def test_in_an_fi_trace_file_an_undeclared_axis_is_an_implicit_var_axis(fi):
+    # fi_trace 0.7.2.post1's paged_mqa_logits: shapes use num_rows, a constraint derives it; never declared
+    fi["init"] = "def init(rows, device='cpu', seed=0):\n    return {}\n"
+    fi["inputs"]["w"]["shape"] = ["width_div_block"]
+    fi["constraints"] = ["num_rows == rows"]
+    fi["outputs"]["lse"] = {"shape": ["num_rows"], "dtype": "float32"}
+    problems, notes = problems_and_notes(fi)
+    assert problems == []
+    assert notes == [("implicit-axis", "$.axes.width_div_block"), ("implicit-axis", "$.axes.num_rows")]
+    d = Definition.model_validate(fi)
+    assert {"width_div_block", "num_rows"} <= set(d.var_axes) and "num_rows" not in fi["axes"]
+    assert "implicit" not in json.dumps(fi)  # the file's own data is not touched
 
 
 # -- rule: a string scalar is a string argument ------------------------------------------------------
@@ -251,8 +322,10 @@ def test_validate_output_prints_notes(fi, tmp_path):
 def test_real_emission_rejections_are_the_genuinely_broken_kinds():
     reports, summary = validate_paths([EMITTED])
     accepted = summary.files - summary.files_with_problems
-    assert summary.files == 128 and accepted >= 103
-    broken = {"reference-sandbox", "missing-field", "unknown-axis", "constraint-name", "dtype", "reference-run"}
+    # import-fi-trace of 0.7.2.post1 on a CPU: 121 files, 103 accepted (18 defective: no reference, a reference
+    # importing flashinfer, wrappers traced without their plan, a reference parameter no input gives)
+    assert summary.files == 121 and accepted >= 103
+    broken = {"reference-sandbox", "missing-field", "dtype", "reference-run"}
     assert set(summary.by_kind) <= broken
     for r in reports:  # every string dtype left is on a tensor, every dtype problem names the field
         assert all(p.file == r.file and p.path.startswith("$") for p in r.problems)

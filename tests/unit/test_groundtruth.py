@@ -624,3 +624,13 @@ def test_a_moe_without_an_expert_offset_has_every_expert_local():
     data["axes"]["num_local_experts"]["value"] = 64  # fewer weights than routed experts, and no offset
     fewer = Definition.model_validate(data)
     assert "cannot tell which are local" in sem.moe_applies(fewer)
+
+
+def test_an_absent_softmax_scale_is_flashinfers_default():
+    import math
+
+    from flashinfer_trace.groundtruth import semantics as sem
+
+    assert sem.sm_scale({"sm_scale": None}, 128) == 1 / math.sqrt(128)  # fi_trace's inits pass None
+    assert sem.sm_scale({}, 576) == 1 / math.sqrt(576)
+    assert sem.sm_scale({"sm_scale": torch.tensor(0.25)}, 128) == 0.25

@@ -300,6 +300,20 @@ def test_imports_inside_run_and_from_submodule():
     assert relu.tolist() == [0.0, 4.0] and norm.item() == pytest.approx(math.sqrt(5))
 
 
+def test_torch_builds_tensors_from_lists_inside_the_namespace():
+    # torch's C++ imports torch.storage through the reference's own `__import__` (a list as fromlist):
+    # it gets torch's real module; the reference itself still imports nothing outside the allowlist
+    from flashinfer_trace.sandbox.namespace import _Modules
+
+    out = compile_reference("import torch\ndef run(x):\n    return x + torch.tensor([1.0, 2.0])\n")(torch.zeros(2))
+    assert out.tolist() == [1.0, 2.0]
+    guarded = _Modules()
+    for name, fromlist in (("torch.storage", ()), ("torch.storage", None), ("os", []), ("torch.no_such", []),
+                           ("torch.storage", ["x"])):
+        with pytest.raises(ImportError, match="not allowed"):
+            guarded.import_(name, None, None, fromlist, 0)
+
+
 def test_each_compile_gets_its_own_namespace():
     code = "CALLS = []\n\ndef run(x):\n    CALLS.append(x)\n    return len(CALLS)\n"
     first, second = compile_reference(code), compile_reference(code)

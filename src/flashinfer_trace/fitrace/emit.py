@@ -18,18 +18,21 @@ is the confined way). Templates that cannot be emitted are results too, each wit
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import inspect
 import io
 import os
 import sys
+import textwrap
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MIN_VERSION", "TraceUnavailable", "emit_all", "traced_modules", "var_axis_values"]
+__all__ = ["MIN_VERSION", "TraceUnavailable", "complete_reference", "emit_all", "restore_params", "traced_modules",
+           "var_axis_values"]
 
 MIN_VERSION = "0.7"  # flashinfer.trace (TraceTemplate, fi_trace) first shipped in 0.7.0
 
@@ -170,6 +173,86 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}"
 
 
+_CONSTANT_TYPES = (bool, int, float, str, type(None))
+
+
+def complete_reference(definition: dict[str, Any], reference_fn: Any) -> list[str]:
+    """Add to the definition's reference the helpers it calls but fi_trace left out; return their names.
+
+    fi_trace writes a template's reference with the helpers it was told to inline and drops others that
+    its module defines (0.7.2.post1: `_rotate`, `_apply_rope_core`, `_single_prefill_reference`, ...): such
+    a file raises NameError when run. Each missing name that the reference function's module binds to a
+    plain function (its source) or a literal constant goes in before the entry function (which stays last:
+    the entry rule picks the last one), helpers of helpers too. Names nothing binds stay missing, and so
+    does everything where an added helper would change which function is the entry point."""
+    from ..sandbox.static import parse, undefined_names  # noqa: PLC0415 - standard library only
+
+    code = definition.get("reference")
+    try:  # `@torch.no_grad()` wraps it: the wrapper's globals are torch's
+        scope = getattr(inspect.unwrap(reference_fn), "__globals__", None) if callable(reference_fn) else None
+    except ValueError:  # a wrapper cycle
+        scope = None
+    if not isinstance(code, str) or not isinstance(scope, dict):
+        return []
+    added: list[str] = []
+    for _ in range(16):  # each round adds what the previous round's helpers need
+        missing = [n for n in dict.fromkeys(name for _, name in undefined_names(code, None)) if n not in added]
+        pieces = []
+        for name in missing:
+            value = scope.get(name)
+            if inspect.isfunction(value) and value.__name__ == name:
+                try:
+                    pieces.append(textwrap.dedent(inspect.getsource(value)).rstrip())
+                except (OSError, TypeError):
+                    continue
+            elif isinstance(value, _CONSTANT_TYPES) and name in scope:
+                pieces.append(f"{name} = {value!r}")
+            else:
+                continue
+            added.append(name)
+        if not pieces:
+            break
+        tree = parse(code)
+        last = [n for n in tree.body if isinstance(n, ast.FunctionDef)][-1]
+        start = min([last.lineno, *(d.lineno for d in last.decorator_list)]) - 1
+        lines = code.splitlines()
+        code = "\n".join([*lines[:start], "# ----- helpers inlined by flashinfer-trace import-fi-trace -----",
+                          *"\n\n".join(pieces).splitlines(), "", *lines[start:]]) + "\n"
+    if added and _entry(code, definition) == _entry(definition["reference"], definition):
+        definition["reference"] = code
+        return added
+    return []  # an added helper would become the entry point (it takes every input): keep the file as written
+
+
+def restore_params(definition: dict[str, Any], template: Any) -> dict[str, str]:
+    """Write back each input's `param` that the template declares but fi_trace leaves out of the file
+    (0.7.2.post1 writes `param` on outputs only): `hidden_states` is passed as the API's `input`. Returns
+    {input: param} for those written; the `param` rule (docs/definitions.md) then binds them."""
+    declared = getattr(template, "inputs", None)
+    inputs = definition.get("inputs")
+    if not isinstance(declared, dict) or not isinstance(inputs, dict):
+        return {}
+    restored = {}
+    for name, spec in declared.items():
+        param = getattr(spec, "param", None)
+        mine = inputs.get(name)
+        names = [getattr(s, "param", None) for s in declared.values()]
+        if (isinstance(param, str) and param != name and isinstance(mine, dict) and "param" not in mine
+                and names.count(param) == 1):  # one API parameter split over several inputs is a tuple: no
+            mine["param"] = param
+            restored[name] = param
+    return restored
+
+
+def _entry(code: str, definition: dict[str, Any]) -> str | None:
+    from ..sandbox.static import entry_point  # noqa: PLC0415
+
+    inputs = definition.get("inputs") if isinstance(definition.get("inputs"), dict) else {}
+    specs = {n: s for n, s in inputs.items() if isinstance(s, dict)}
+    params = {n: s["param"] for n, s in specs.items() if isinstance(s.get("param"), str)}
+    return entry_point(code, list(inputs), params, [n for n, s in specs.items() if s.get("optional") is True]).name
+
+
 def _emit_one(template, fi_api: str, device: str) -> dict[str, Any]:
     if template.init is None:
         raise LookupError("no-init: the template has no init(), so nothing makes its call arguments")
@@ -193,7 +276,8 @@ def _emit_one(template, fi_api: str, device: str) -> dict[str, Any]:
 def emit_all(op_types: Iterable[str] | None = None, *, device: str = "cpu") -> dict[str, Any]:
     """Every registered (API, template) pair's definition, or why not.
 
-    Returns {"flashinfer_version", "results": [{"fi_api", "label", "op_type", "definition"} |
+    Returns {"flashinfer_version", "results": [{"fi_api", "label", "op_type", "definition"[, "params",
+    "inlined"]} |
     {"fi_api", "label", "op_type", "error"}], "import_failures": {module: reason}}.
     """
     flashinfer, version = _flashinfer()
@@ -221,6 +305,12 @@ def emit_all(op_types: Iterable[str] | None = None, *, device: str = "cpu") -> d
             entry: dict[str, Any] = {"fi_api": fi_api, "label": str(label), "op_type": op_type}
             try:
                 entry["definition"] = _emit_one(template, fi_api, device)
+                restored = restore_params(entry["definition"], template)
+                if restored:
+                    entry["params"] = restored
+                inlined = complete_reference(entry["definition"], getattr(template, "reference", None))
+                if inlined:
+                    entry["inlined"] = inlined
             except Exception as e:  # noqa: BLE001
                 entry["error"] = str(e) if isinstance(e, (LookupError, RuntimeError)) else _reason(e)
             results.append(entry)

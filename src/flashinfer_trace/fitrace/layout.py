@@ -34,6 +34,11 @@ def _without_api_tags(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "tags": [t for t in d.get("tags", []) if not (isinstance(t, str) and t.startswith("fi_api:"))]}
 
 
+def _of(r: dict[str, Any], key: str, kind: type) -> Any:
+    value = r.get(key)
+    return value if isinstance(value, kind) else kind()
+
+
 def write_layout(emitted: dict[str, Any], out: Path) -> dict[str, Any]:
     """Write the definitions of `emit.emit_all`'s result under `out`; return the manifest (also written)."""
     out = Path(out)
@@ -68,7 +73,9 @@ def write_layout(emitted: dict[str, Any], out: Path) -> dict[str, Any]:
             d = {**d, "tags": [*tags, f"fi_api:{fi_api}"]}
         seen = files.get(name)
         if seen is None:
-            files[name] = {"definition": d, "op_type": op_type, "fi_api": [fi_api]}
+            files[name] = {"definition": d, "op_type": op_type, "fi_api": [fi_api],
+                           "inlined": [_text(h, 100) for h in _of(r, "inlined", list)],
+                           "params": {_text(k, 100): _text(v, 100) for k, v in _of(r, "params", dict).items()}}
         elif _without_api_tags(seen["definition"]) == _without_api_tags(d):
             for t in d["tags"]:  # the same definition from another API: one file, both APIs tagged
                 if t not in seen["definition"]["tags"]:
@@ -87,8 +94,11 @@ def write_layout(emitted: dict[str, Any], out: Path) -> dict[str, Any]:
         "count": len(files),
         "op_types": len({f["op_type"] for f in files.values()}),
         "failed": len(failures),
+        # what import-fi-trace added to FlashInfer's file: `params`, inputs' `param` the template declares
+        # and the file leaves out; `inlined`, helpers the reference calls that the file leaves out
         "definitions": [{"name": n, "op_type": f["op_type"], "file": f"{f['op_type']}/{n}.json",
-                         "fi_api": f["fi_api"]} for n, f in sorted(files.items())],
+                         "fi_api": f["fi_api"], **{k: f[k] for k in ("params", "inlined") if f[k]}}
+                        for n, f in sorted(files.items())],
         "failures": failures,
         "import_failures": {_text(k, 200): _text(v, 500)
                             for k, v in (emitted.get("import_failures") or {}).items()},

@@ -162,7 +162,7 @@ def plan_gqa_decode(call: Call, buffer: torch.Tensor | None = None, *, tensor_co
     extra_init = {"use_tensor_cores": True} if tensor_cores else {}
     w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls), **extra_init)
     w.plan(indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
-           q_data_type=q.dtype, kv_data_type=kc.dtype, sm_scale=float(x["sm_scale"]))
+           q_data_type=q.dtype, kv_data_type=kc.dtype, sm_scale=sem.sm_scale(x, q.shape[-1]))
     extra = _lse_base2(w.run)
     return lambda: w.run(q, (kc, vc), return_lse=True, **extra)
 
@@ -189,7 +189,7 @@ def plan_gqa_prefill_paged(call: Call, buffer: torch.Tensor | None = None):
     w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
     # head_dim is passed positionally: its keyword was renamed head_dim_qk in 0.2.1
     w.plan(x["qo_indptr"].to(torch.int32), indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
-           causal=sem.is_causal(call.definition), sm_scale=float(x["sm_scale"]),
+           causal=sem.is_causal(call.definition), sm_scale=sem.sm_scale(x, q.shape[-1]),
            q_data_type=q.dtype, kv_data_type=kc.dtype)
     extra = _lse_base2(w.run)
     return lambda: w.run(q, (kc, vc), return_lse=True, **extra)
@@ -211,7 +211,7 @@ def plan_gqa_prefill_ragged(call: Call, buffer: torch.Tensor | None = None):
         vo = {"head_dim_vo": v.shape[-1]}
     w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
     w.plan(x["qo_indptr"].to(torch.int32), x["kv_indptr"].to(torch.int32), q.shape[1], k.shape[1], q.shape[2],
-           causal=sem.is_causal(call.definition), sm_scale=float(x["sm_scale"]),
+           causal=sem.is_causal(call.definition), sm_scale=sem.sm_scale(x, q.shape[-1]),
            q_data_type=q.dtype, kv_data_type=k.dtype, **vo)
     extra = _lse_base2(w.run)
     return lambda: w.run(q, k, v, return_lse=True, **extra)
@@ -239,7 +239,8 @@ def plan_mla(call: Call, buffer: torch.Tensor | None = None):
     cls = fi.mla.BatchMLAPagedAttentionWrapper
     w = cls(workspace(q_nope.device) if buffer is None else buffer, **_fa2(cls))
     w.plan(_mla_qo_indptr(call, indptr), indptr, indices, kv_len, q_nope.shape[1], ckv.shape[-1], kpe.shape[-1],
-           page, sem.is_causal(call.definition), float(x["sm_scale"]), q_nope.dtype, ckv.dtype)
+           page, sem.is_causal(call.definition), sem.sm_scale(x, q_nope.shape[-1] + q_pe.shape[-1]), q_nope.dtype,
+           ckv.dtype)
     extra = _lse_base2(w.run)
     return lambda: w.run(q_nope, q_pe, ckv, kpe, return_lse=True, **extra)
 

@@ -8,6 +8,7 @@ the torch, FlashInfer and SGLang adapters.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -292,3 +293,10 @@ def mamba_dt_softplus(definition: Definition, values: dict | None = None) -> boo
             if name == "softplus":
                 return True
     return False
+
+
+def sm_scale(values: dict, head_dim: int) -> float:
+    """The softmax scale an attention call is given; absent (fi_trace's inits pass `sm_scale=None`, the
+    APIs' default) it is FlashInfer's default, 1 / sqrt(head_dim of the query-key product)."""
+    given = values.get("sm_scale")
+    return 1.0 / math.sqrt(head_dim) if given is None else float(given)

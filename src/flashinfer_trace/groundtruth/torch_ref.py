@@ -93,7 +93,7 @@ def _requests(call: Call):
 
 def _attention(call: Call, queries, keys, values, num_rows: int, heads: int, dv: int) -> tuple:
     d, x = call.definition, _values(call)
-    scale = float(x["sm_scale"])
+    scale = sem.sm_scale(x, queries.shape[-1])
     causal = sem.is_causal(d)
     out = torch.zeros(num_rows, heads, dv, dtype=F64, device=queries.device)
     lse = torch.full((num_rows, heads), -math.inf, dtype=F64, device=queries.device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import sys
 import types
 import warnings
 from collections.abc import Callable
@@ -53,6 +54,12 @@ class _Modules:
         if (name == "__future__" and level == 0 and isinstance(fromlist, tuple) and fromlist
                 and set(fromlist) <= FUTURE_FEATURES):
             return self.view(name)  # `from __future__ import annotations` executes this import too
+        if (level == 0 and type(fromlist) is list and fromlist in ([], ["__doc__"]) and isinstance(name, str)
+                and name.partition(".")[0] == "torch" and name in sys.modules):
+            # torch's C++ imports its own modules through the caller's `__import__` (PyImport_Import passes a
+            # list as fromlist, [] or ["__doc__"] by Python version; an import statement a tuple or None):
+            # `torch.tensor([..])` in a reference asks for torch.storage this way. It gets torch's real module.
+            return sys.modules[name]
         if level != 0 or not isinstance(name, str) or name not in ALLOWED_MODULES:
             raise ImportError(f"import of {name!r} is not allowed in a reference")
         # Real semantics: `import a.b.c [as x]` gets the top package and walks attributes (IMPORT_FROM);

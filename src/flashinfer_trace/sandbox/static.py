@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["ALLOWED_MODULES", "FUTURE_FEATURES", "SAFE_BUILTIN_NAMES", "TORCH_NN_NAMES", "TYPING_NAMES", "Entry",
-           "Violation", "attribute_problem", "check_reference", "entry_point", "parse"]
+           "Violation", "attribute_problem", "check_reference", "entry_point", "parse", "undefined_names"]
 
 # Pure-math modules a reference may import (or reach by attribute: `torch.nn.functional`).
 ALLOWED_MODULES: frozenset[str] = frozenset({
@@ -360,6 +360,7 @@ class Entry:
     by_name: bool = False  # the inputs are passed by keyword (an fi_trace entry point), not by position
     keywords: tuple[tuple[str, str], ...] = ()  # (input, keyword) in input order; only when by_name
     ignored: tuple[str, ...] = ()
+    renamed: tuple[tuple[str, str], ...] = ()  # (input, parameter) bound by position (rule 4)
 
     @property
     def mapped(self) -> list[tuple[str, str]]:
@@ -414,7 +415,11 @@ def entry_point(code: str, inputs: list[str], params: dict[str, str] | None = No
     3. else the last top-level function, if it requires nothing that is not an input, takes at least one
        input, and every input it does not take is `optional`: those are call-site parameters of the API
        that the reference ignores (`ignored`; never passed to it; validate notes them);
-    4. else none, and `problem` says why (no function, several candidates, or what the last one lacks).
+    4. else the last one, if its positional parameters line up one to one with the inputs, and the only one
+       it requires that is no input is its first, while no parameter takes the first input
+       (`_gemma_rmsnorm_reference(input, weight)` for inputs `hidden_states`, `weight`): the template
+       renamed the API's first parameter and the reference kept its name (`renamed`; noted);
+    5. else none, and `problem` says why (no function, several candidates, or what the last one lacks).
     `params`: input name -> its `param` field (the API parameter it is passed as), where it has one;
     `optional`: the inputs marked `"optional": true` (only those may be ignored).
     """
@@ -435,9 +440,10 @@ def entry_point(code: str, inputs: list[str], params: dict[str, str] | None = No
         return Entry(None, "the reference defines no top-level function (expected run(), or one function "
                            "taking the inputs by name)")
 
-    def entry(name: str) -> Entry:
-        taken, unaccepted = _keywords(defs[name], inputs, params)
-        return Entry(name, by_name=True, keywords=tuple(taken.items()), ignored=tuple(unaccepted))
+    def entry(name: str, renamed: dict[str, str] | None = None) -> Entry:
+        taken, unaccepted = _keywords(defs[name], inputs, {**params, **(renamed or {})})
+        return Entry(name, by_name=True, keywords=tuple(taken.items()), ignored=tuple(unaccepted),
+                     renamed=tuple((renamed or {}).items()))
 
     fits = [name for name, fn in defs.items() if _accepts(fn, inputs, params) == ([], [])]
     if len(fits) == 1:
@@ -452,6 +458,11 @@ def entry_point(code: str, inputs: list[str], params: dict[str, str] | None = No
     unaccepted, missing = _accepts(last, inputs, params)
     if not missing and len(unaccepted) < len(inputs) and set(unaccepted) <= optional:
         return entry(last.name)  # rule 3: the inputs it does not take are ignored call-site parameters
+    renamed = _renamed(last, inputs, params, missing)
+    if renamed:
+        unaccepted, missing = _accepts(last, inputs, {**params, **renamed})
+        if not missing and set(unaccepted) <= optional:
+            return entry(last.name, renamed)  # rule 4: a parameter renamed in place
     why = "; ".join(x for x in (
         f"it has no parameter for input(s) {', '.join(unaccepted)}" + _optional_hint(unaccepted, optional)
         if unaccepted else "",
@@ -459,6 +470,19 @@ def entry_point(code: str, inputs: list[str], params: dict[str, str] | None = No
         + _param_hint(missing, inputs, params) if missing else "") if x)
     return Entry(None, f"no run(), and no top-level function takes the inputs by name; the last one, "
                        f"{last.name}(), does not fit: {why}")
+
+
+def _renamed(fn: ast.FunctionDef, inputs: list[str], params: dict[str, str], missing: list[str]) -> dict[str, str]:
+    """{first input: first parameter} where the first parameter is the one required parameter no input is
+    passed as, the first input is taken by no parameter, and the positional parameters line up one to one
+    with the inputs; else {}. Only the first: a template names the API's `input` after what it holds
+    (`hidden_states`); anywhere else a position is too weak a reason (a `return_lse` is no `workspace`)."""
+    positional = [p.arg for p in fn.args.args]
+    if (fn.args.posonlyargs or len(positional) != len(inputs) or missing != positional[:1]
+            or inputs[0] in set(positional) | {p.arg for p in fn.args.kwonlyargs} | set(params.values())
+            or inputs[0] in params):
+        return {}
+    return {inputs[0]: positional[0]}
 
 
 def _optional_hint(unaccepted: list[str], optional: set[str]) -> str:
@@ -473,6 +497,84 @@ def _param_hint(missing: list[str], inputs: list[str], params: dict[str, str]) -
     if any(params.get(i) in missing for i in inputs):
         return ""  # an input names it as its param but another input takes that name (reported above)
     return " (nor any input's \"param\"), and it has no default"
+
+
+def _annotations(fn: ast.FunctionDef) -> list[ast.expr]:
+    a = fn.args
+    found = [x.annotation for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg)
+             if x is not None and x.annotation is not None]
+    return found + ([fn.returns] if fn.returns is not None else [])
+
+
+def _loads(node: ast.AST, skip: set[int]) -> list[ast.Name]:
+    """Names read under `node`, leaving out the subtrees in `skip` (by id)."""
+    out: list[ast.Name] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            out.append(n)
+        stack.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def undefined_names(code: str, entry: str | None) -> list[tuple[str, str]]:
+    """(function, name) for each name that a function reachable from `entry` (None: every top-level
+    function) reads but that nothing binds:
+    no parameter or assignment of its own, no top-level definition or import, no builtin. Such a reference
+    raises NameError when called (fi_trace leaves some helpers out of the file it writes). Annotations count
+    only where they are evaluated (no `from __future__ import annotations`)."""
+    import builtins
+
+    try:
+        tree = parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    lazy = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in tree.body)
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    module = set(dir(builtins))
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef):
+            module.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            module.update((a.asname or a.name).split(".")[0] for a in n.names)
+        else:
+            module.update(x.id for x in ast.walk(n) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Store))
+    found: list[tuple[str, str]] = []
+    todo = [entry] if entry is not None else list(defs)[::-1]
+    seen = set(todo)
+    while todo:
+        fn = defs.get(todo.pop())
+        if fn is None:
+            continue
+        own: set[str] = set()  # everything bound anywhere inside it (nested functions included): lenient
+        skip: set[int] = {id(x) for x in _annotations(fn)} if lazy else set()
+        for x in ast.walk(fn):
+            if isinstance(x, ast.arg):
+                own.add(x.arg)
+            elif isinstance(x, ast.Name) and isinstance(x.ctx, (ast.Store, ast.Del)):
+                own.add(x.id)
+            elif isinstance(x, ast.FunctionDef) and x is not fn:
+                own.add(x.name)
+                if lazy:
+                    skip.update(id(y) for y in _annotations(x))
+            elif isinstance(x, ast.Import | ast.ImportFrom):
+                own.update((a.asname or a.name).split(".")[0] for a in x.names)
+            elif isinstance(x, ast.ExceptHandler) and x.name:
+                own.add(x.name)
+            elif isinstance(x, ast.AnnAssign) and lazy:
+                skip.add(id(x.annotation))
+        for name in _loads(fn, skip):
+            if name.id in own:
+                continue
+            if name.id in defs and name.id not in seen:
+                seen.add(name.id)
+                todo.append(name.id)
+            elif name.id not in module and (fn.name, name.id) not in found:
+                found.append((fn.name, name.id))
+    return found
 
 
 def check_reference(code: str) -> list[Violation]:
