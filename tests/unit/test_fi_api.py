@@ -55,6 +55,19 @@ def kv_sum(q, paged_kv_cache):
 class PagedWrapper:
     def run(self, q):
         return q
+
+
+class BackendSupportedError(Exception):
+    pass
+
+
+def blackwell_only(input):
+    raise BackendSupportedError("blackwell_only does not support compute capability 90; supported compute "
+                                "capabilities: [100, 103, 107]")
+
+
+def picky(input):
+    raise ValueError("tensors do not satisfy the picky contract")
 '''
 
 GEMMA = '''
@@ -136,6 +149,21 @@ def ref_norm(x, w, eps):
 
 
 # -- availability -----------------------------------------------------------------------------------
+def test_a_kernel_refusing_this_gpu_is_arch_unsupported_and_other_raises_stay_errors(fake_flashinfer):
+    fake_flashinfer("0.7.2.post1")
+    d = definition("bw", "thing", "flashinfer.norm.blackwell_only", {"input": tensor()}, {"out": tensor()})
+    gt = get_ground_truth("flashinfer", d, device="cuda")
+    with pytest.raises(GroundTruthUnavailable) as exc:
+        dataclasses.replace(gt, device="cpu")(inputs_for(d))
+    assert exc.value.kind == "arch-unsupported"
+    assert "flashinfer.norm.blackwell_only: BackendSupportedError: blackwell_only does not support compute " \
+           "capability 90" in exc.value.detail
+    d = definition("pk", "thing", "flashinfer.norm.picky", {"input": tensor()}, {"out": tensor()})
+    with pytest.raises(ValueError, match="contract"):  # not about the GPU: an error of the check, as before
+        run_on_cpu(d, inputs_for(d))
+
+
+
 def test_attribute_missing_in_one_version_is_api_missing_naming_it(fake_flashinfer):
     fake_flashinfer("0.6.6")
     e = reason(gemma(param="input"))
