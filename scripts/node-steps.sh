@@ -8,6 +8,14 @@
 #   scripts/node-steps.sh probe alone mps-on mps-off        (diagnostics)
 #   DEFS=".public/definitions" FI=0.6.6 scripts/node-steps.sh public   (flashinfer-trace check vs FlashInfer)
 #   scripts/node-steps.sh fi072a, then at once fi072b + FI=0.7.2.post1 public: 0.7.2.post1 moved in two calls
+#   BG="fitrace public fitrace-check" scripts/node-steps.sh bg, then W=540 scripts/node-steps.sh collect (each
+#   call returns what has finished; the steps go on between calls while the machine stays warm)
+#   sglang 0.5.16 (constraints/cu130-torch2.11-fi0.6.14-sglang0.5.16.toml) in 9 consecutive calls (the
+#   machine stays warm 30 s between calls: /tmp survives; each call carries at most 64 MiB, tree included):
+#     carry [.sk1] .. [.sk6]: sgl-piece; carry [.sk7, .wsgl2]: sgl-piece; carry [.wsgl3]: sgl-piece;
+#     carry [.wsgl]: sgl-install sgl-probe
+#   (.skN: sglang-kernel 0.4.5's wheel in 55 MiB pieces, .sk1/SHA256 its PyPI sha256; .wsgl: sglang,
+#   flashinfer-python 0.6.14, transformers, ...; .wsgl2: torchvision 0.26.0, pillow, ...; .wsgl3: xgrammar)
 #
 # unit: the GPU unit tests (confined CUDA worker, cupti timer); cold / warm: nox -s references-cuda13
 # (the first run of a machine is cold: prebuild included); mutants: planted bugs against FlashInfer in
@@ -16,6 +24,9 @@
 # background (setsid: it outlives the call while the machine stays warm) and waiting for it; moe: the
 # MoE tests against FlashInfer added to the references session (--resume). probe: the GPU, its clocks
 # and MPS; alone: one test process (K: its -k); mps-on / mps-off: a system MPS daemon by hand.
+# sgl-piece: the .skN pieces and .wsgl* wheels carried in this call to /tmp/sgk-parts, /tmp/sgl-wheels;
+# sgl-install: the pieces joined in order and checked against .sk1/SHA256 (no install on a mismatch),
+# then everything into /tmp/sgl (--target); sgl-probe: scripts/sgl-probe.py, each module's import.
 # Each step's summary goes to $OUT/log.txt and its results to $OUT/<step>.tgz (OUT: results/node).
 # T: a nox step's time limit (s), TM: the mutants' (SIGINT first: finished results are kept).
 set -u
@@ -45,6 +56,7 @@ JITC=$HOME/.cache/flashinfer-trace/jit/cu130-torch2.11-fi0.6.6  # the references
 NOXARGS=(--wheelhouse .whl --preinstalled-torch --jobs ${J:-8})  # J: test processes
 for s in "$@"; do
   case $s in
+    [A-Z]*=*) export "$s"; continue ;;  # VAR=value between steps: set for the steps after it
     unit) step unit; unit_env
       PYTHONPATH=src:/tmp/unit timeout 300 python3 -m pytest -p no:cacheprovider -q -rs \
         tests/unit/test_sandbox_confinement.py tests/unit/test_bench.py -k "cuda or gpu" 2>&1 | tail -25 | tee -a "$LOG" ;;
@@ -57,9 +69,9 @@ for s in "$@"; do
       FLASHINFER_WORKSPACE_BASE=$JITC .nox/references-cuda13/bin/python -m flashinfer_trace.sweep.session references \
         --combination constraints/cu130-torch2.11-fi0.6.6.toml --session alone --results results/alone --jobs 1 \
         -- -k "${K:-rmsnorm and medium}" 2>&1 | tail -3 | tee -a "$LOG"; keep alone alone ;;
-    public) step "check ${DEFS:-.public/definitions} vs flashinfer ${FI:-0.6.6}"; unit_env; fi_env  # DEFS: dirs/files
+    public) DEFS=${DEFS:-.public/definitions}; step "check $DEFS vs flashinfer ${FI:-0.6.6}"; unit_env; fi_env  # DEFS: dirs/files (, or space)
       FIP=/tmp/fi066; [ "${FI:-0.6.6}" = 0.6.6 ] || FIP=/tmp/fi072; start=$SECONDS
-      PYTHONPATH=src:/tmp/unit:$FIP timeout -s INT -k 20 ${T:-500} python3 -m flashinfer_trace.cli check ${DEFS:-.public/definitions} \
+      PYTHONPATH=src:/tmp/unit:$FIP timeout -s INT -k 20 ${T:-500} python3 -m flashinfer_trace.cli check ${DEFS//,/ } \
         --ground-truth flashinfer --size small --no-progress --results "$OUT/check-${FI:-0.6.6}.jsonl" --jit-budget ${JB:-600} \
         --save-failures "$OUT/failures-${FI:-0.6.6}" 2>&1 | grep -v "^  \|Warning" | tail -${TAILN:-80} | tee -a "$LOG"
       echo "check: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
@@ -69,16 +81,62 @@ for s in "$@"; do
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi072 .w072b/*.whl .whl/apache_tvm_ffi*.whl \
         .whl/nvidia_cudnn_frontend*.whl 2>&1 | tail -2 | tee -a "$LOG"
       PYTHONPATH=/tmp/fi072 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1 | tee -a "$LOG" ;;
-    fitrace) step "flashinfer 0.7.2.post1's own definitions: import-fi-trace, validate, drift, check vs FlashInfer"
+    fitrace) step "flashinfer 0.7.2.post1's own definitions: import-fi-trace, validate, drift"
       unit_env; FT="$OUT/fi-trace-0.7.2.post1"; PP=src:/tmp/unit:/tmp/fi072; start=$SECONDS
       PYTHONPATH=$PP timeout 240 python3 -m flashinfer_trace.cli import-fi-trace --out "$FT" --device cuda 2>&1 | grep -v Warn | tail -8 | tee -a "$LOG"
       PYTHONPATH=$PP python3 -m flashinfer_trace.cli validate "$FT" 2>&1 | tail -1 | tee -a "$LOG"
       PYTHONPATH=$PP timeout 150 python3 -m flashinfer_trace.cli drift --upstream "$FT" --fi-version 0.7.2.post1 \
         --out "$OUT/drift-0.7.2.post1.json" 2>&1 | grep -v Warn | tail -6 | tee -a "$LOG"
-      PYTHONPATH=$PP timeout -s INT -k 20 ${T:-200} python3 -m flashinfer_trace.cli check "$FT" --ground-truth flashinfer \
-        --size small --no-edge-cases --no-progress --results "$OUT/check-fi-trace.jsonl" --jit-budget ${JB:-150} 2>&1 \
-        | grep -v "^│\|Warn" | tail -${TAILN:-40} | tee -a "$LOG"
       echo "fitrace: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
+    fitrace-check) step "flashinfer 0.7.2.post1's own definitions (all but MoE) vs FlashInfer: fi_api: tags resolved"
+      unit_env; FT="$OUT/fi-trace-0.7.2.post1"; start=$SECONDS
+      PYTHONPATH=src:/tmp/unit:/tmp/fi072 timeout -s INT -k 20 ${T:-200} python3 -m flashinfer_trace.cli check \
+        $(ls -d "$FT"/*/ | grep -v "/moe") --ground-truth flashinfer --size small --no-edge-cases --no-progress \
+        --results "$OUT/check-fi-trace.jsonl" --jit-budget ${JB:-150} 2>&1 | grep -v "^│\|Warn" | tail -${TAILN:-40} | tee -a "$LOG"
+      echo "fitrace-check: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
+    bg) step "in the background (setsid: it outlives this call while the machine stays warm): ${BG:-}"
+      mkdir -p /tmp/bgout; rm -f /tmp/bgout/DONE
+      setsid nohup env OUT=/tmp/bgout bash -c "bash scripts/node-steps.sh ${BG:-}; date +%T > /tmp/bgout/DONE" \
+        > /tmp/bgout/stdout.txt 2>&1 < /dev/null &
+      echo "started: $!" | tee -a "$LOG" ;;
+    collect) step "collect the background steps' results (waiting up to ${W:-0} s for them to end)"; end=$((SECONDS + ${W:-0}))
+      while [ $SECONDS -lt $end ] && [ ! -f /tmp/bgout/DONE ]; do sleep 10; done
+      [ -f /tmp/bgout/DONE ] && echo "background steps ended at $(cat /tmp/bgout/DONE)" | tee -a "$LOG" \
+        || echo "background steps still running" | tee -a "$LOG"
+      cp -r /tmp/bgout "$OUT/bg" 2>/dev/null; tail -${TAILN:-40} /tmp/bgout/log.txt | tee -a "$LOG" ;;
+    sgl-piece) step "sglang: the pieces and wheels carried in this call -> /tmp/sgk-parts, /tmp/sgl-wheels"
+      mkdir -p /tmp/sgk-parts /tmp/sgl-wheels
+      for d in .sk*/; do [ -d "$d" ] || continue; cp "$d"sglang_kernel.part* /tmp/sgk-parts/
+        [ -f "$d"SHA256 ] && cp "$d"SHA256 /tmp/sgk-parts/; done
+      for d in .wsgl*/; do [ -d "$d" ] && cp "$d"*.whl /tmp/sgl-wheels/; done
+      for d in .sk*/ .wsgl*/; do [ -f "$d"SHA256SUMS ] && { (cd "$d" && sha256sum --quiet -c SHA256SUMS) 2>&1 \
+        || echo "sgl-piece: $d damaged in transit: carry it again"; } | tee -a "$LOG"; done
+      echo "pieces: $(cd /tmp/sgk-parts && ls sglang_kernel.part* 2>/dev/null | tr '\n' ' ')$([ -f /tmp/sgk-parts/SHA256 ] && echo '+ SHA256');" \
+        "wheels: $(ls /tmp/sgl-wheels | wc -l)" | tee -a "$LOG" ;;
+    sgl-install) step "sglang 0.5.16 into /tmp/sgl: sglang-kernel 0.4.5 from its pieces (sha256 checked), the .wsgl* wheels"
+      for d in .wsgl*/; do [ -d "$d" ] && mkdir -p /tmp/sgl-wheels && cp "$d"*.whl /tmp/sgl-wheels/; done
+      if ! read -r want whl < /tmp/sgk-parts/SHA256 2>/dev/null; then
+        echo "sgl-install: no /tmp/sgk-parts/SHA256: carry .sk1 (with sgl-piece) on this warm machine first" | tee -a "$LOG"; continue; fi
+      cat /tmp/sgk-parts/sglang_kernel.part* > "/tmp/sgk-parts/$whl"  # part01, part02, ...: the glob's order
+      got=$(sha256sum "/tmp/sgk-parts/$whl" | cut -d' ' -f1)
+      if [ "$got" != "$want" ]; then
+        echo "sgl-install: REFUSED: $whl joined from pieces $(cd /tmp/sgk-parts && echo sglang_kernel.part* | tr -dc '0-9 ')" \
+          "has sha256 $got, PyPI publishes $want: a piece is missing or damaged (carry it again with sgl-piece)" | tee -a "$LOG"
+        rm -f "/tmp/sgk-parts/$whl"; continue; fi
+      echo "sglang-kernel wheel: sha256 $got matches" | tee -a "$LOG"; rm -rf /tmp/sgl
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sgl "/tmp/sgk-parts/$whl" /tmp/sgl-wheels/*.whl \
+        2>&1 | grep -v "root user" | tail -3 | tee -a "$LOG"
+      PYTHONPATH=/tmp/sgl timeout 120 python3 scripts/sgl-probe.py --versions sgl_kernel:rmsnorm,fused_add_rmsnorm,silu_and_mul \
+        2>&1 | grep -v Warn | tail -4 | tee -a "$LOG" ;;
+    sgl-check) step "definitions vs SGLang 0.5.16 (sgl_kernel, Triton attention and MoE): ${DEFS:-definitions}"; unit_env
+      start=$SECONDS
+      PYTHONPATH=src:/tmp/unit:/tmp/sgl timeout -s INT -k 20 ${T:-400} python3 -m flashinfer_trace.cli check ${DEFS//,/ } \
+        --ground-truth sglang --size small --no-edge-cases --no-progress --results "$OUT/check-sglang.jsonl" \
+        --jit-budget ${JB:-300} --save-failures "$OUT/failures-sglang" 2>&1 | grep -v "^│\|Warn" | tail -${TAILN:-40} | tee -a "$LOG"
+      echo "sgl-check: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
+    sgl-probe) step "sglang modules on PYTHONPATH=src:/tmp/unit:/tmp/sgl: ok or the exception, per module"
+      PYTHONPATH=src:/tmp/unit:/tmp/sgl timeout ${T:-400} python3 scripts/sgl-probe.py --versions --json "$OUT/sgl-probe.json" \
+        2>&1 | grep -v Warn | tail -${TAILN:-40} | tee -a "$LOG" ;;
     mps-on) step "MPS on"; nvidia-cuda-mps-control -d 2>&1 | tee -a "$LOG" ;;
     mps-off) step "MPS off"; echo quit | nvidia-cuda-mps-control 2>&1 | tee -a "$LOG" ;;
     probe) step probe; nvidia-smi --query-gpu=name,compute_mode,clocks.sm,clocks.max.sm --format=csv | tee -a "$LOG"

@@ -1,22 +1,28 @@
-"""SGLang ground truth: the `sgl_kernel` operators, the fallback where FlashInfer has no API.
+"""SGLang ground truth: the `sgl_kernel` operators, and the Triton kernels of the full `sglang` package.
 
 `sgl_kernel` (distributed as sgl-kernel up to 0.3.21, then as sglang-kernel) is compiled against
 one exact torch version; against any other it fails to import, and that failure, with its
-message, is the skip reason the matrix shows. The Triton fused MoE lives in the full `sglang`
-package, which is only importable with its serving stack installed; its adapter is declared
-against that package so an environment without it says so.
+message, is the skip reason the matrix shows. Signatures read from sglang-kernel 0.4.5 (the kernel
+of sglang 0.5.16 / 0.5.17, torch 2.11): `rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None)`,
+`fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None)`, `silu_and_mul(input, out=None)`;
+0.4.5 exports no `apply_rope_with_cos_sin_cache_inplace` and (off MUSA) no `top_k_top_p_sampling_from_probs`
+(sglang 0.5.16 calls `sglang.jit_kernel.rope` and FlashInfer's sampler instead), so those two adapters
+are `api-missing` there. The Triton fused MoE and attention live in the full `sglang` package, at
+paths that moved between releases (sglang_triton.py has the table, and the attention adapters).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import semantics as sem
+from . import sglang_triton
 from .base import Adapter, Call, Package
+from .sglang_triton import FUSED_EXPERTS, RUNNER_CONFIG, SGLANG, TOPK_OUTPUT, needs
 
 KERNELS = Package("sgl_kernel", ("sglang-kernel", "sgl-kernel"), "sgl_kernel")
-# Importing the Triton MoE module imports the serving stack; its failure is the reason to show.
-TRITON_MOE = Package("sglang.srt.layers.moe.fused_moe_triton", ("sglang",), "sglang")
 HALF = frozenset({"bfloat16", "float16"})
 
 
@@ -70,6 +76,23 @@ def sampling(call: Call) -> tuple:
     return (out,)
 
 
+def publish_server_args() -> None:
+    """fused_experts reads the process's ServerArgs (`enable_fused_moe_sum_all_reduce`; 0.5.17 through
+    `get_exec()`, which exists only once ServerArgs are published) and raises "Global server args is
+    not set yet!" without them. When none are published, publish sglang's defaults for a dummy model
+    (`model_path="dummy"` skips every model lookup in ServerArgs.__post_init__) through the setter
+    every release read has, `server_args.set_global_server_args_for_scheduler`."""
+    import importlib
+
+    sa = importlib.import_module("sglang.srt.server_args")
+    try:
+        sa.get_global_server_args()
+        return
+    except ValueError:
+        pass
+    sa.set_global_server_args_for_scheduler(sa.ServerArgs(model_path="dummy"))
+
+
 def triton_moe(call: Call) -> tuple:
     """sglang's Triton fused MoE with fp8 w8a8 128x128 block scales on this rank's experts.
 
@@ -77,32 +100,36 @@ def triton_moe(call: Call) -> tuple:
     sglang (the definition has [up; gate]), expert ids are local, and the routing (this
     package's DeepSeek-V3 routing, unscaled) is passed in; routed_scaling_factor goes to the
     runner config, which applies it in the final reduction. Tokens' choices of experts on other
-    ranks get weight 0.
+    ranks get weight 0. The runner runs in place on a copy of the activations: its out-of-place
+    path allocates the output through the tensor-parallel group (`get_tp_group()`), which exists
+    only inside a server. num_experts = num_local_experts (this rank's experts), as in a
+    tensor-parallel deployment, so no expert filtering applies.
     """
-    import importlib
-
     from .torch_ref import dequantized_activations, route
 
-    d, x = call.definition, call.inputs.values
-    topk = importlib.import_module("sglang.srt.layers.moe.topk")
-    runner = importlib.import_module("sglang.srt.layers.moe.moe_runner")
+    d, x, v = call.definition, call.inputs.values, call.version
+    fused_experts, topk_output, runner_config = (loc.get(v) for loc in (FUSED_EXPERTS, TOPK_OUTPUT, RUNNER_CONFIG))
+    publish_server_args()
     block = sem.moe_block(d)
-    act = dequantized_activations(d, x).to(torch.bfloat16)
+    act = dequantized_activations(d, x).to(torch.bfloat16, copy=True).contiguous()  # overwritten in place
     scaling = float(x.get("routed_scaling_factor", 1.0))
     ids, weights = route(d, {**x, "routed_scaling_factor": 1.0})
     w1, s1 = x["gemm1_weights"], x["gemm1_weights_scale"]
     local, offset = w1.shape[0], sem.expert_offset(call.definition, x)
     mine = (ids >= offset) & (ids < offset + local)
     inter, inter_blocks = w1.shape[1] // 2, s1.shape[1] // 2
-    w13 = torch.cat([w1[:, inter:], w1[:, :inter]], dim=1)
-    s13 = torch.cat([s1[:, inter_blocks:], s1[:, :inter_blocks]], dim=1).to(torch.float32)
-    routing = topk.StandardTopKOutput(torch.where(mine, weights, 0.0).to(torch.float32),
-                                      torch.where(mine, ids - offset, 0).to(torch.int32), x["routing_logits"])
-    config = runner.MoeRunnerConfig(activation="silu", inplace=False, routed_scaling_factor=scaling)
-    out = call.module.fused_experts(act, w13, x["gemm2_weights"], routing, config, use_fp8_w8a8=True,
-                                    w1_scale=s13, w2_scale=x["gemm2_weights_scale"].to(torch.float32),
-                                    block_shape=[block, block])
-    return (out,)
+    w13 = torch.cat([w1[:, inter:], w1[:, :inter]], dim=1).contiguous()
+    s13 = torch.cat([s1[:, inter_blocks:], s1[:, :inter_blocks]], dim=1).to(torch.float32).contiguous()
+    routing = topk_output(torch.where(mine, weights, 0.0).to(torch.float32),
+                          torch.where(mine, ids - offset, 0).to(torch.int32), x["routing_logits"])
+    fields = {f.name for f in dataclasses.fields(runner_config)}
+    sizes = {k: val for k, val in (("num_experts", local), ("num_local_experts", local), ("top_k", ids.shape[1]))
+             if k in fields}
+    config = runner_config(activation="silu", inplace=True, routed_scaling_factor=scaling, **sizes)
+    out = fused_experts(act, w13, x["gemm2_weights"].contiguous(), routing, config, use_fp8_w8a8=True,
+                        w1_scale=s13, w2_scale=x["gemm2_weights_scale"].to(torch.float32).contiguous(),
+                        block_shape=[block, block])
+    return (act if out is None else out,)
 
 
 def _has(*names: str):
@@ -129,7 +156,8 @@ ADAPTERS = [
     Adapter("sglang", "sampling", "sgl_kernel.top_k_top_p_sampling_from_probs", sampling, package=KERNELS,
             requires=("top_k_top_p_sampling_from_probs",), applies=_has("probs"), needs_cuda=True,
             kind="sampler"),
-    Adapter("sglang", "moe", "sglang.srt.layers.moe.fused_moe_triton.fused_experts (fp8 w8a8, block 128)",
-            triton_moe, package=TRITON_MOE, requires=("fused_experts",), applies=sem.fp8_moe_applies,
+    Adapter("sglang", "moe", "sglang Triton fused_experts (fp8 w8a8, block 128)", triton_moe, package=SGLANG,
+            resolve=needs(FUSED_EXPERTS, TOPK_OUTPUT, RUNNER_CONFIG), applies=sem.fp8_moe_applies,
             params=(sem.moe_routing,), needs_cuda=True),
+    *sglang_triton.ADAPTERS,
 ]
