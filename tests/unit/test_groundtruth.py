@@ -634,3 +634,26 @@ def test_an_absent_softmax_scale_is_flashinfers_default():
     assert sem.sm_scale({"sm_scale": None}, 128) == 1 / math.sqrt(128)  # fi_trace's inits pass None
     assert sem.sm_scale({}, 576) == 1 / math.sqrt(576)
     assert sem.sm_scale({"sm_scale": torch.tensor(0.25)}, 128) == 0.25
+
+
+def test_no_plain_rmsnorm_ground_truth_claims_a_gemma_norm():
+    # fi_trace's gemma_rmsnorm scales by (weight + 1): a plain rmsnorm kernel or formula computes another
+    # function (on the H100 FlashInfer's rmsnorm adapter took it and "failed" by a factor near 2)
+    from flashinfer_trace.definition import Definition
+    from flashinfer_trace.groundtruth import flashinfer as fi_gt
+    from flashinfer_trace.groundtruth import sglang as sgl_gt
+    from flashinfer_trace.groundtruth import torch_ref
+
+    spec = {"shape": ["rows", "hidden"], "dtype": "bfloat16"}
+    base = {"op_type": "rmsnorm", "axes": {"rows": {"type": "var"}, "hidden": {"type": "const", "value": 8}},
+            "inputs": {"hidden_states": spec, "weight": {"shape": ["hidden"], "dtype": "bfloat16"}},
+            "outputs": {"output": spec}, "reference": "def run(hidden_states, weight):\n    return hidden_states\n"}
+    plain = Definition.model_validate({**base, "name": "rmsnorm_h8"})
+    gemma = Definition.model_validate({**base, "name": "gemma_rmsnorm_h8",
+                                       "tags": ["fi_api:flashinfer.norm.gemma_rmsnorm"]})
+    norms = [a for m in (fi_gt, sgl_gt, torch_ref) for a in m.ADAPTERS
+             if a.op_type == "rmsnorm" and "fused" not in a.api]
+    assert len(norms) == 3
+    for a in norms:
+        assert a.applies(plain) is None
+        assert "Gemma-style" in a.applies(gemma)

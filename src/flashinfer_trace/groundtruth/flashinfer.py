@@ -432,12 +432,12 @@ def mamba_ssu(call: Call) -> tuple:
 
 # -- the adapters -----------------------------------------------------------------------------------
 def _plain_norm(d) -> str | None:
-    return "fused add + norm (see fused_add_rmsnorm)" if sem.is_fused_add(d) else \
-        sem.missing_inputs(d, ("hidden_states", "weight"))
+    return sem.gemma_norm(d) or ("fused add + norm (see fused_add_rmsnorm)" if sem.is_fused_add(d) else
+                                 sem.missing_inputs(d, ("hidden_states", "weight")))
 
 
 def _fused_norm(d) -> str | None:
-    return None if sem.is_fused_add(d) else "not a fused add + norm"
+    return sem.gemma_norm(d) or (None if sem.is_fused_add(d) else "not a fused add + norm")
 
 
 def _stage(want: str, *names: str):

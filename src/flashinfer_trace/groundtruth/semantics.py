@@ -58,6 +58,15 @@ def is_fused_add(definition: Definition) -> bool:
     return "residual" in definition.inputs
 
 
+def gemma_norm(definition: Definition) -> str | None:
+    """Why a plain RMSNorm ground truth does not apply: Gemma's RMSNorm scales by (weight + 1) (fi_trace's
+    `gemma_rmsnorm_*`, tagged `fi_api:flashinfer.norm.gemma_*`). A plain kernel computes another function."""
+    tagged = any("gemma" in t for t in definition.tag_values("fi_api"))
+    if tagged or definition.name.startswith("gemma"):
+        return "Gemma-style RMSNorm (weight + 1): the plain rmsnorm computes another function"
+    return None
+
+
 def norm_outputs(definition: Definition, output: torch.Tensor, residual: torch.Tensor | None) -> tuple:
     """Outputs in definition order. A fused add + norm has the normalised result first and the
     updated residual second when the definition lists it (public definitions may list only the

@@ -406,7 +406,7 @@ ADAPTERS = [
     Adapter("torch", "mamba_ssu", "selective state update: exp(dt * A) decay + einsum (float64)",
             selective_state_update, applies=sem.mamba_applies, params=(sem.mamba_dt_softplus,)),
     Adapter("torch", "rmsnorm", "torch.nn.functional.rms_norm (float64)", rmsnorm,
-            applies=_needs("hidden_states", "weight"), params=(sem.eps,)),
+            applies=lambda d: sem.gemma_norm(d) or _needs("hidden_states", "weight")(d), params=(sem.eps,)),
     Adapter("torch", "gemm", "torch.nn.functional.linear (float64)", gemm, applies=_needs("A", "B")),
     Adapter("torch", "gqa_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
             applies=_needs("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale")),
