@@ -1,5 +1,5 @@
-"""python -m flashinfer_trace.matrix build RESULTS... -o OUT | diff OLD NEW  (what `nox -s matrix` runs:
-no torch needed)."""
+"""python -m flashinfer_trace.matrix build RESULTS... -o OUT | diff OLD NEW | portable FILES  (what `nox -s
+matrix` runs: no torch needed)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 from . import build, diff_matrices, render_diff_md, write_matrix
+from .portable import portable, portable_file
+
+TEXT_SUFFIXES = (".json", ".jsonl", ".log", ".txt", ".md", ".html", ".toml")
 
 
 def add_commands(sub) -> None:
@@ -16,7 +19,13 @@ def add_commands(sub) -> None:
     b.add_argument("results", nargs="+", help="results/ folders or single session folders")
     b.add_argument("-o", "--output", default="matrix", help="output folder (default: matrix)")
     b.add_argument("--definitions", default="definitions", help="definitions folder, for op types and models")
+    b.add_argument("--root", default=".", help="paths under it are written relative to it (default: .)")
     b.set_defaults(run=run_build)
+    p = sub.add_parser("portable", help="rewrite result files (.json, .jsonl, logs; folders: all below) in place so "
+                                        "they name no machine: paths under --root relative, $HOME as ~")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--root", default=".")
+    p.set_defaults(run=run_portable)
     d = sub.add_parser("diff", help="status and performance regressions between two matrix.json; exit 1 on any")
     d.add_argument("old")
     d.add_argument("new")
@@ -26,7 +35,7 @@ def add_commands(sub) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    matrix = build(args.results, definitions_dir=args.definitions)
+    matrix = portable(build(args.results, definitions_dir=args.definitions), args.root)
     files = write_matrix(matrix, args.output)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(matrix["summary"].items()))
     print(f"{len(matrix['environments'])} environment(s) x {len(matrix['definitions'])} definition(s): {counts}")
@@ -34,6 +43,14 @@ def run_build(args: argparse.Namespace) -> int:
         print(f"problem: {p['path']}: {p['problem']}", file=sys.stderr)
     for f in files:
         print(f"wrote {f}")
+    return 0
+
+
+def run_portable(args: argparse.Namespace) -> int:
+    files = [f for p in map(Path, args.paths) for f in ([p] if p.is_file() else sorted(p.rglob("*")))
+             if f.is_file() and f.suffix in TEXT_SUFFIXES]
+    changed = [f for f in files if portable_file(f, args.root)]
+    print(f"{len(changed)} of {len(files)} file(s) rewritten")
     return 0
 
 
