@@ -117,9 +117,17 @@ def two_sample_chi2(a: torch.Tensor, b: torch.Tensor, vocab: int) -> tuple[float
     return chi2, df, chi2_sf(chi2, df), bins
 
 
+def distribution_input(definition: Definition) -> str:
+    """The input a sampler draws from: `probs`, else `logits` (fi_trace's `sampling_from_logits`)."""
+    for name in ("probs", "logits"):
+        if name in definition.inputs:
+            return name
+    raise KeyError(f"{definition.name}: a sampler needs a probs or logits input, it has {', '.join(definition.inputs)}")
+
+
 def repeat_rows(definition: Definition, inputs: Inputs, times: int, rows: slice | None = None) -> list:
     """The inputs with every row of the batch repeated `times` times (row-major)."""
-    batch_axis = definition.inputs["probs"].shape[0]
+    batch_axis = definition.inputs[distribution_input(definition)].shape[0]
     args = []
     for name, value in inputs.values.items():
         spec = definition.inputs[name]
@@ -137,8 +145,7 @@ def draw_reference(definition: Definition, inputs: Inputs, draws: int, seed: int
     from .testing import reference_function
 
     run = reference_function(definition)
-    probs = inputs.values["probs"]
-    batch, vocab = probs.shape
+    batch, vocab = inputs.values[distribution_input(definition)].shape
     rows_per_call = max(1, CHUNK_ELEMENTS // max(vocab, 1))
     out = torch.empty(batch, draws, dtype=torch.int64)
     for row in range(batch):
@@ -179,11 +186,14 @@ def compare_samples(reference: torch.Tensor, ground_truth: torch.Tensor, vocab: 
     return report
 
 
-def allowed_tokens(definition: Definition, inputs: Inputs, slack: float) -> torch.Tensor:
-    """[batch, vocab] bool: what the filters may keep, from the independent torch computation."""
+def allowed_tokens(definition: Definition, inputs: Inputs, slack: float) -> torch.Tensor | None:
+    """[batch, vocab] bool: what the filters may keep, from the independent torch computation; None for a
+    sampler of logits (the torch filters read probabilities): then only the distributions are compared."""
     from .groundtruth.base import Call
     from .groundtruth.torch_ref import filtered_distribution
 
+    if distribution_input(definition) != "probs":
+        return None
     return filtered_distribution(Call(definition, inputs, None, None), top_p_slack=slack) > 0
 
 
@@ -191,7 +201,7 @@ def check_sampler(definition: Definition, inputs: Inputs, ground_truth: GroundTr
                   settings: SamplingSettings, seed: int) -> SampleReport:
     reference = draw_reference(definition, inputs, settings.draws, seed)
     expected = ground_truth(inputs, draws=settings.draws)[0]
-    vocab = inputs.values["probs"].shape[1]
+    vocab = inputs.values[distribution_input(definition)].shape[1]
     return compare_samples(reference, expected, vocab, allowed_tokens(definition, inputs, settings.top_p_slack),
                            settings)
 

@@ -294,3 +294,24 @@ def test_reference_draws_in_several_calls_are_independent(monkeypatch):
     chunks = draws[0].reshape(4, 16)
     assert len({tuple(c.tolist()) for c in chunks}) == 4, "every call drew the same tokens"
     assert torch.equal(draws, compare_samples.draw_reference(d, inputs, 64, seed=3))  # still replays
+
+
+def test_a_sampler_of_logits_repeats_its_logits_rows_and_has_no_probability_support():
+    from flashinfer_trace.compare_samples import allowed_tokens, distribution_input, repeat_rows
+
+    d = Definition.model_validate({
+        "name": "sampling_from_logits_v4", "op_type": "sampling",
+        "axes": {"batch": {"type": "var"}, "vocab": {"type": "const", "value": 4}},
+        "inputs": {"logits": {"shape": ["batch", "vocab"], "dtype": "float32"}, "temperature": {"shape": None,
+                                                                                               "dtype": "float32"}},
+        "outputs": {"samples": {"shape": ["batch"], "dtype": "int32"}},
+        "reference": "import torch\n\ndef run(logits, temperature):\n    return logits.argmax(-1)\n"})
+    logits = torch.arange(8.0).reshape(2, 4)
+    x = Inputs(d.name, "small", 0, None, {"logits": logits, "temperature": 1.0}, {"batch": 2, "vocab": 4})
+    assert distribution_input(d) == "logits"
+    rows, temperature = repeat_rows(d, x, 3, slice(1, 2))
+    assert rows.tolist() == [[4.0, 5.0, 6.0, 7.0]] * 3 and temperature == 1.0
+    assert allowed_tokens(d, x, 0.0) is None  # the torch filters read probabilities: distributions only
+    with pytest.raises(KeyError, match="needs a probs or logits input"):
+        distribution_input(Definition.model_validate({**d.as_dict, "inputs": {
+            "x": {"shape": ["batch", "vocab"], "dtype": "float32"}}, "reference": "def run(x):\n    return x\n"}))

@@ -68,6 +68,11 @@ def blackwell_only(input):
 
 def picky(input):
     raise ValueError("tensors do not satisfy the picky contract")
+
+
+def sampling_from_logits(logits, deterministic=True, generator=None):
+    calls.append(("sampling_from_logits", tuple(logits.shape)))
+    return torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=generator).squeeze(1).to(torch.int32)
 '''
 
 GEMMA = '''
@@ -149,6 +154,28 @@ def ref_norm(x, w, eps):
 
 
 # -- availability -----------------------------------------------------------------------------------
+def test_a_sampler_found_by_its_tag_draws_per_row_from_repeated_rows(fake_flashinfer):
+    # fi_trace's sampling_from_logits: one call gives one token per row; the comparison needs [batch, draws]
+    fake_flashinfer("0.7.2.post1")
+    d = Definition.model_validate({
+        "name": "sampling_from_logits_v8", "op_type": "sampling",
+        "tags": ["fi_api:flashinfer.norm.sampling_from_logits"],
+        "axes": {"batch": {"type": "var"}, "vocab": {"type": "const", "value": 8}},
+        "inputs": {"logits": {"shape": ["batch", "vocab"], "dtype": "float32"}},
+        "outputs": {"samples": {"shape": ["batch"], "dtype": "int32"}},
+        "reference": "import torch\n\ndef run(logits):\n    return logits.argmax(-1)\n"})
+    logits = torch.full((2, 8), -30.0)
+    logits[0, 3] = logits[1, 6] = 30.0  # each row all but certain of one token
+    gt = get_ground_truth("flashinfer", d, device="cuda")
+    assert gt.kind == "sampler"
+    (samples,) = dataclasses.replace(gt, device="cpu")(Inputs(d.name, "small", 0, None, {"logits": logits},
+                                                             {"batch": 2, "vocab": 8}), draws=300)
+    assert samples.shape == (2, 300) and samples.dtype == torch.int64
+    assert samples[0].eq(3).all() and samples[1].eq(6).all()
+    calls = sys.modules["flashinfer.norm"].calls
+    assert calls == [("sampling_from_logits", (256, 8)), ("sampling_from_logits", (44, 8))] * 2
+
+
 def test_a_kernel_refusing_this_gpu_is_arch_unsupported_and_other_raises_stay_errors(fake_flashinfer):
     fake_flashinfer("0.7.2.post1")
     d = definition("bw", "thing", "flashinfer.norm.blackwell_only", {"input": tensor()}, {"out": tensor()})

@@ -237,16 +237,44 @@ def arch_gate(e: BaseException) -> str | None:
     return text[:300] if _ARCH_GATE.search(text) else None
 
 
+ROWS_PER_CALL = 256  # a sampler's repeated rows per API call
+
+
+def run_sampler(p: Plan, c: Call) -> tuple:
+    """A sampler's [batch, draws] token ids: the API called on each row repeated, its first output read.
+    (One call per row gives one draw per row: too few to compare distributions.)"""
+    import dataclasses
+
+    from ..compare_samples import distribution_input, repeat_rows
+
+    d, x = c.definition, c.inputs.values
+    dist = x[distribution_input(d)]
+    out = torch.empty(dist.shape[0], c.draws, dtype=torch.int64, device=dist.device)
+    for row in range(dist.shape[0]):
+        done = 0
+        while done < c.draws:
+            n = min(c.draws - done, ROWS_PER_CALL)
+            named = dict(zip(x, repeat_rows(d, c.inputs, n, slice(row, row + 1)), strict=True))
+            one = dataclasses.replace(c, inputs=dataclasses.replace(c.inputs, values=named))
+            out[row, done:done + n] = run(p, one)[0].reshape(-1).to(torch.int64)
+            done += n
+    return (out,)
+
+
 def adapters(definition: Definition) -> list[Adapter]:
     """One adapter per `fi_api:` tag of the definition (none without one)."""
+    from ..testing import is_sampler
+
+    sampler = is_sampler(definition)
     out = []
     for path in api_paths(definition):
         def check(module: ModuleType, version: Version | None, d: Definition, path: str = path) -> None:
             plan(module, version, d, path)
 
         def call(c: Call, path: str = path) -> tuple:
-            return run(plan(c.module, c.version, c.definition, path), c)
+            p = plan(c.module, c.version, c.definition, path)
+            return run_sampler(p, c) if sampler else run(p, c)
 
         out.append(Adapter("flashinfer", definition.op_type, f"{NAMESPACE}:{path}", call, package=PACKAGE,
-                           needs_cuda=True, resolve=check))
+                           needs_cuda=True, resolve=check, kind="sampler" if sampler else "exact"))
     return out
