@@ -590,3 +590,50 @@ def test_sglang_kernel_045_norm_keywords_and_missing_ops(monkeypatch, sm90):
     rope = load_definition(sorted((SHIPPED / "rope").glob("*.json"))[0])
     e = unavailable(rope)
     assert str(e) == "api-missing: sgl_kernel 0.4.5 has no apply_rope_with_cos_sin_cache_inplace"
+
+
+# -- sglang's JIT RoPE (sgl_kernel 0.4.5 has none) ------------------------------------------------------------
+def _fake_rotary_embedding(calls: list):
+    def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=True):
+        """In place on [tokens, heads * head_size], the first rot_dim of each head rotated (own formula)."""
+        calls.append(dict(shape=tuple(query.shape), head_size=head_size, is_neox=is_neox))
+        rot = cos_sin_cache.shape[-1]
+        cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)  # [tokens, rot / 2]
+        for t in (query, key):
+            x = t.view(t.shape[0], -1, head_size)
+            r = x[..., :rot].float()
+            if is_neox:
+                a, b = r[..., : rot // 2], r[..., rot // 2:]
+            else:
+                a, b = r[..., 0::2], r[..., 1::2]
+            c, s = cos[:, None, :], sin[:, None, :]
+            ra, rb = a * c - b * s, b * c + a * s
+            out = torch.cat([ra, rb], -1) if is_neox else torch.stack([ra, rb], -1).flatten(-2)
+            x[..., :rot] = out.to(t.dtype)
+        return query, key
+    return rotary_embedding
+
+
+@pytest.mark.parametrize("version, module", [("0.5.16", "sglang.jit_kernel.rope"),
+                                             ("0.5.17", "sglang.kernels.ops.attention.rope")])
+def test_rope_goes_through_sglangs_jit_kernel_where_it_lives(monkeypatch, sm90, version, module):
+    calls: list = []
+    install(monkeypatch, version, {module: {"rotary_embedding": _fake_rotary_embedding(calls)}})
+    d = load_definition(sorted((SHIPPED / "rope").glob("*.json"))[0])
+    gt = get_ground_truth("sglang", d, device="cuda")
+    assert gt.api == "sglang rotary_embedding (JIT kernel)"
+    x = generate_inputs(d, "small", seed=0)
+    got = on_cpu(gt)(x)
+    want = get_ground_truth("torch", d, device="cpu")(x)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.double(), w.double(), atol=3e-2, rtol=3e-2)
+    q = x.values[sgt.sem.rope_rotated(d)[0]]
+    assert calls == [dict(shape=(q.shape[0], q.shape[1] * q.shape[2]), head_size=q.shape[2],
+                          is_neox=sgt.sem.rope_is_neox(d))]
+    assert torch.equal(x.values[sgt.sem.rope_rotated(d)[0]], q)  # the caller's inputs are untouched
+
+
+def test_rope_in_an_sglang_without_a_known_place_says_where_it_looked(monkeypatch, sm90):
+    install(monkeypatch, "0.5.8", {})
+    e = unavailable(load_definition(sorted((SHIPPED / "rope").glob("*.json"))[0]))
+    assert e.kind == "api-missing" and "sglang 0.5.8: no known location of" in str(e)

@@ -20,7 +20,7 @@ import torch
 from . import semantics as sem
 from . import sglang_triton
 from .base import Adapter, Call, Package
-from .sglang_triton import FUSED_EXPERTS, RUNNER_CONFIG, SGLANG, TOPK_OUTPUT, needs
+from .sglang_triton import FUSED_EXPERTS, ROPE, RUNNER_CONFIG, SGLANG, TOPK_OUTPUT, needs
 
 KERNELS = Package("sgl_kernel", ("sglang-kernel", "sgl-kernel"), "sgl_kernel")
 HALF = frozenset({"bfloat16", "float16"})
@@ -46,15 +46,23 @@ def silu_and_mul(call: Call) -> tuple:
     return (out if result is None else result,)
 
 
-def rope(call: Call) -> tuple:
-    """In place on flattened [tokens, heads * head_dim] copies."""
-    sk, x = call.module, call.inputs.values
+def _rope_in_place(fn, call: Call) -> tuple:
+    """fn(positions, q, k, head_dim, cos_sin_cache, is_neox=) in place on flattened [tokens, heads * head_dim]
+    copies: sgl_kernel's apply_rope_with_cos_sin_cache_inplace and sglang's JIT rotary_embedding alike."""
+    x = call.inputs.values
     q, k = (x[n].clone() for n in sem.rope_rotated(call.definition))
     tokens, _, head_dim = q.shape
     qf, kf = q.view(tokens, -1), k.view(tokens, -1)
-    sk.apply_rope_with_cos_sin_cache_inplace(x["positions"], qf, kf, head_dim, x["cos_sin_cache"],
-                                             is_neox=sem.rope_is_neox(call.definition))
+    fn(x["positions"], qf, kf, head_dim, x["cos_sin_cache"], is_neox=sem.rope_is_neox(call.definition))
     return q, k
+
+
+def rope(call: Call) -> tuple:
+    return _rope_in_place(call.module.apply_rope_with_cos_sin_cache_inplace, call)
+
+
+def rope_jit(call: Call) -> tuple:
+    return _rope_in_place(ROPE.get(call.version), call)
 
 
 def sampling(call: Call) -> tuple:
@@ -154,6 +162,10 @@ ADAPTERS = [
                 None if len(sem.rope_rotated(d)) == 2 else "rotates a query and a key"),
             dtypes=frozenset(HALF | {"float32"}),
             needs_cuda=True, params=(sem.rope_is_neox,)),
+    Adapter("sglang", "rope", "sglang rotary_embedding (JIT kernel)", rope_jit, package=SGLANG, resolve=needs(ROPE),
+            applies=lambda d: _has(*sem.ROPE_TABLES)(d) or (
+                None if len(sem.rope_rotated(d)) == 2 else "rotates a query and a key"),
+            dtypes=frozenset(HALF | {"float32"}), needs_cuda=True, params=(sem.rope_is_neox,)),
     Adapter("sglang", "sampling", "sgl_kernel.top_k_top_p_sampling_from_probs", sampling, package=KERNELS,
             requires=("top_k_top_p_sampling_from_probs",), applies=_has("probs"), needs_cuda=True,
             kind="sampler"),

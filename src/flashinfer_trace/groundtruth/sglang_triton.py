@@ -89,6 +89,10 @@ EXTEND = Located("extend_attention_fwd", ((">=0.5.16", f"{_ATTN_NEW}.extend_atte
 FUSED_EXPERTS = Located("fused_experts", (
     (">=0.5.11", "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe"),
     (">=0.5.10,<0.5.11", "sglang.srt.layers.moe.fused_moe_triton.fused_moe")))
+# sglang's own RoPE kernel (a JIT module; sgl_kernel 0.4.5 dropped apply_rope_with_cos_sin_cache_inplace):
+# rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox), in place on [tokens, heads * dim]
+ROPE = Located("rotary_embedding", ((">=0.5.17", "sglang.kernels.ops.attention.rope"),
+                                    (">=0.5.10,<0.5.17", "sglang.jit_kernel.rope")))
 TOPK_OUTPUT = Located("StandardTopKOutput", ((">=0.5.10", "sglang.srt.layers.moe.topk"),))
 RUNNER_CONFIG = Located("MoeRunnerConfig", ((">=0.5.10", "sglang.srt.layers.moe.moe_runner"),))
 
