@@ -233,10 +233,10 @@ def restore_params(definition: dict[str, Any], template: Any) -> dict[str, str]:
     if not isinstance(declared, dict) or not isinstance(inputs, dict):
         return {}
     restored = {}
+    names = [getattr(s, "param", None) for s in declared.values()]
     for name, spec in declared.items():
         param = getattr(spec, "param", None)
         mine = inputs.get(name)
-        names = [getattr(s, "param", None) for s in declared.values()]
         if (isinstance(param, str) and param != name and isinstance(mine, dict) and "param" not in mine
                 and names.count(param) == 1):  # one API parameter split over several inputs is a tuple: no
             mine["param"] = param
