@@ -13,7 +13,8 @@
 #   sglang 0.5.16 (constraints/cu130-torch2.11-fi0.6.14-sglang0.5.16.toml) in 9 consecutive calls (the
 #   machine stays warm 30 s between calls: /tmp survives; each call carries at most 64 MiB, tree included):
 #     carry [.sk1] .. [.sk6]: sgl-piece; carry [.sk7, .wsgl2]: sgl-piece; carry [.wsgl3]: sgl-piece;
-#     carry [.wsgl]: sgl-install sgl-probe
+#     carry [.wsgl]: sgl-install sgl-probe; then (carry [.whl]) sgl-nox: the combination's nox session, its pins
+#     from the joined wheels, sglang's import closure through --extra-wheels
 #   (.skN: sglang-kernel 0.4.5's wheel in 55 MiB pieces, .sk1/SHA256 its PyPI sha256; .wsgl: sglang,
 #   flashinfer-python 0.6.14, transformers, ...; .wsgl2: torchvision 0.26.0, pillow, ...; .wsgl3: xgrammar)
 #
@@ -134,6 +135,13 @@ for s in "$@"; do
         --ground-truth sglang --size small --no-edge-cases --no-progress --results "$OUT/check-sglang.jsonl" \
         --jit-budget ${JB:-300} --save-failures "$OUT/failures-sglang" 2>&1 | grep -v "^│\|Warn" | tail -${TAILN:-40} | tee -a "$LOG"
       echo "sgl-check: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
+    sgl-nox) step "nox -s references-cu130-torch2.11-fi0.6.14-sglang0.5.16: offline, the node's torch, sglang's closure as extra wheels"
+      nox_env; mkdir -p /tmp/wh-sgl; ln -sf "$PWD"/.whl/*.whl /tmp/sgl-wheels/*.whl /tmp/sgk-parts/*.whl /tmp/wh-sgl/ 2>/dev/null
+      start=$SECONDS
+      timeout -s INT -k 30 ${T:-500} /tmp/noxenv/bin/nox -s references-cu130-torch2.11-fi0.6.14-sglang0.5.16 -- \
+        --wheelhouse /tmp/wh-sgl --extra-wheels /tmp/sgl-wheels --preinstalled-torch --jobs ${J:-8} \
+        -k "${K:-not (moe and flashinfer)}" 2>&1 | tail -12 | tee -a "$LOG"
+      echo "sgl-nox: $((SECONDS - start)) s wall" | tee -a "$LOG"; keep references-sglang references-cu130-torch2.11-fi0.6.14-sglang0.5.16 ;;
     sgl-probe) step "sglang modules on PYTHONPATH=src:/tmp/unit:/tmp/sgl: ok or the exception, per module"
       PYTHONPATH=src:/tmp/unit:/tmp/sgl timeout ${T:-400} python3 scripts/sgl-probe.py --versions --json "$OUT/sgl-probe.json" \
         2>&1 | grep -v Warn | tail -${TAILN:-40} | tee -a "$LOG" ;;

@@ -280,3 +280,41 @@ def test_an_interrupt_during_the_prebuild_keeps_every_record(tmp_path, monkeypat
     s = json.loads((out / "session.json").read_text())
     assert rc == 130 and s["status"] == "interrupted" and "during the JIT prebuild after 2 test(s)" in s["reason"]
     assert s["counts"] == {"passed": 2} and s["jit"]["counts"] == {"built": 1} and s["jit"]["interrupted"]
+
+
+def test_offline_extra_wheels_go_in_after_the_pins_without_dependencies(tmp_path, monkeypatch):
+    # sglang 0.5.16 on the node: its pins go in --no-deps, so the modules it imports (xgrammar, torchvision, ...)
+    # come from a folder of their own, each --no-deps, after the pins (a pin's wheel is never replaced)
+    from flashinfer_trace.sweep import install as inst
+
+    site, wheels, extra = tmp_path / "site", tmp_path / "wheels", tmp_path / "extra"
+    for d in (site, wheels, extra):
+        d.mkdir()
+    (extra / "xgrammar-0.2.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"x")
+    (extra / "dill-0.4.1-py3-none-any.whl").write_bytes(b"y")
+    commands: list[list[str]] = []
+
+    def run(self, cmd):
+        commands.append([str(c) for c in cmd])
+        if "--target" in commands[-1]:  # pip makes the folder
+            Path(commands[-1][commands[-1].index("--target") + 1]).mkdir(parents=True, exist_ok=True)
+        return ""
+
+    monkeypatch.setattr(inst._Runner, "__call__", run)
+    monkeypatch.setattr(inst, "site_packages", lambda python: site)
+    monkeypatch.setenv("FLASHINFER_TRACE_SITE", str(tmp_path / "combos"))
+    combo = load_combination(ROOT / "constraints" / "cu130-torch2.11-fi0.6.14-sglang0.5.16.toml")
+    result = inst._install(combo, sys.executable, InstallOptions(wheelhouse=wheels, extra_wheels=extra,
+                                                                 preinstalled_torch=sys.executable),
+                           project=ROOT, log=tmp_path / "install.log")
+    assert result.ok, result.error
+    pins = next(i for i, c in enumerate(commands) if "sglang==0.5.16" in c)
+    extras = next(i for i, c in enumerate(commands) if any(a.endswith("manylinux_2_28_x86_64.whl") for a in c))
+    assert pins < extras and "--no-deps" in commands[pins] and "--no-deps" in commands[extras]
+    assert "--upgrade" not in commands[extras] and sum(a.endswith(".whl") for a in commands[extras]) == 2
+    opts, _ = inst.parse_session_args(["--wheelhouse", str(wheels), "--extra-wheels", str(extra)], environ={})
+    assert opts.extra_wheels == extra
+    with pytest.raises(ValueError, match="--extra-wheels needs --wheelhouse"):
+        inst.parse_session_args(["--extra-wheels", str(extra)], environ={})
+    with pytest.raises(ValueError, match="not a folder"):
+        inst.parse_session_args(["--wheelhouse", str(wheels), "--extra-wheels", str(tmp_path / "no")], environ={})

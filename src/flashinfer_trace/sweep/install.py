@@ -4,7 +4,8 @@
   (FLASHINFER_TRACE_TORCH_INDEX, default https://download.pytorch.org/whl/<variant>; for the CPU
   variant pip's own index, which on CI serves the CPU wheel), then the other pins with the
   combination as constraints, then the project with its dev extras.
-* offline (`--wheelhouse DIR`): everything from DIR with no index; the pins go in with `--no-deps`
+* offline (`--wheelhouse DIR [--extra-wheels DIR2]`): everything from DIR with no index; the pins go in
+  with `--no-deps` (and every wheel of DIR2 after them, `--no-deps`: a pinned package's import closure)
   (a wheelhouse carries what the kernels need, not FlashInfer's whole optional closure) into one
   folder per combination ($FLASHINFER_TRACE_SITE/<combination>, layered in by a .pth file), so
   every session of a combination sees the same paths: FlashInfer's JIT build files embed the
@@ -46,13 +47,17 @@ DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version < '3.11'", "pytest", "pytest-timeout",
                         "pytest-benchmark", "landlock>=1.0.0.dev5; sys_platform == 'linux'",
                         "pyseccomp>=0.1.2; sys_platform == 'linux'")
-SESSION_FLAGS = ("--wheelhouse", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout", "--resume",
-                 "--jit-budget", "--no-mps")
+SESSION_FLAGS = ("--wheelhouse", "--extra-wheels", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout",
+                 "--resume", "--jit-budget", "--no-mps")
 
 
 @dataclass
 class InstallOptions:
     wheelhouse: Path | None = None
+    # offline only: every wheel in this folder goes in too, --no-deps, beside the pins. What a pinned package
+    # imports but the combination does not pin (sglang's import closure: xgrammar, torchvision, ...): with
+    # --no-deps pins it would be missing, and resolving sglang's whole dependency tree offline is not possible.
+    extra_wheels: Path | None = None
     preinstalled_torch: str | None = None  # the python whose torch to reuse
     torch_index: str | None = None
     jobs: int | None = None
@@ -121,6 +126,8 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
         i += 1
         if name == "--wheelhouse":
             opts.wheelhouse = Path(value)
+        elif name == "--extra-wheels":
+            opts.extra_wheels = Path(value)
         elif name == "--preinstalled-torch":
             opts.preinstalled_torch = value or "python3"
         elif name == "--torch-index":
@@ -131,8 +138,11 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             opts.test_timeout = float(value)
         elif name == "--jit-budget":
             opts.jit_budget = float(value)
-    if opts.wheelhouse is not None and not opts.wheelhouse.is_dir():
-        raise ValueError(f"--wheelhouse {opts.wheelhouse}: not a folder")
+    for flag, folder in (("--wheelhouse", opts.wheelhouse), ("--extra-wheels", opts.extra_wheels)):
+        if folder is not None and not folder.is_dir():
+            raise ValueError(f"{flag} {folder}: not a folder")
+    if opts.extra_wheels is not None and opts.wheelhouse is None:
+        raise ValueError("--extra-wheels needs --wheelhouse (offline mode: the pins go in with --no-deps)")
     return opts, rest
 
 
@@ -222,7 +232,8 @@ def install_key(combo: Combination, python: str, options: InstallOptions, projec
     if torch_file:
         version = Path(torch_file).with_name("version.py")
         torch_stamp = [str(version), version.stat().st_mtime if version.is_file() else None]
-    wheels = sorted((p.name, p.stat().st_size) for p in options.wheelhouse.iterdir()) if options.wheelhouse else None
+    wheels = sorted((p.name, p.stat().st_size) for d in (options.wheelhouse, options.extra_wheels) if d
+                    for p in d.iterdir()) if options.wheelhouse else None
     pyproject = project / "pyproject.toml"
     parts = [combo.sha256, options.mode, python, options.preinstalled_torch, torch_stamp, wheels, str(project),
              PROJECT_REQUIREMENTS, hashlib.sha256(pyproject.read_bytes()).hexdigest() if pyproject.is_file() else None,
@@ -298,10 +309,14 @@ def _install(combo: Combination, python: str, options: InstallOptions, *, projec
         if options.wheelhouse:
             target = combination_site(combo)
             stamp = target / STAMP
-            if others and not (stamp.is_file() and stamp.read_text() == combo.sha256):
+            extra = sorted(str(p) for p in options.extra_wheels.glob("*.whl")) if options.extra_wheels else []
+            want = combo.sha256 + "".join(f"\n{Path(p).name}" for p in extra)
+            if others and not (stamp.is_file() and stamp.read_text() == want):
                 shutil.rmtree(target, ignore_errors=True)
                 run([*pip, *wh, "--no-deps", "--target", str(target), *others])
-                stamp.write_text(combo.sha256)
+                if extra:  # after the pins: a pin's own wheel wins where the folder has another version
+                    run([*pip, "--no-index", "--no-deps", "--target", str(target), *extra])
+                stamp.write_text(want)
             if others:
                 (site / "flashinfer_trace_combo.pth").write_text(str(target) + "\n")
                 run.steps.append(f"layered {target} via flashinfer_trace_combo.pth")
