@@ -146,7 +146,7 @@ class Definition(BaseModel):
     @classmethod
     def _declare_implicit_axes(cls, data: Any) -> Any:
         extra = implicit_axes(data)
-        if not extra:
+        if not extra or not isinstance(data.get("axes"), dict):  # malformed axes: the structure check says so
             return data
         note = "undeclared in the fi_trace file: a var axis by implication"
         return {**data, "axes": {**data["axes"], **{a: {"type": "var", "description": note} for a in extra}}}

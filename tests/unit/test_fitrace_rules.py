@@ -329,3 +329,12 @@ def test_real_emission_rejections_are_the_genuinely_broken_kinds():
     assert set(summary.by_kind) <= broken
     for r in reports:  # every string dtype left is on a tensor, every dtype problem names the field
         assert all(p.file == r.file and p.path.startswith("$") for p in r.problems)
+
+
+def test_implicit_axes_never_crash_on_malformed_axes(fi):
+    fi["init"] = "def init(rows, device='cpu', seed=0):\n    return {}\n"
+    fi["inputs"]["w"]["shape"] = ["undeclared"]
+    for axes in ([1], "x", None, 3):
+        fi["axes"] = axes
+        problems, _ = problems_and_notes(fi)
+        assert ("type", "$.axes") in problems or any(p[1].startswith("$.axes") for p in problems)
