@@ -373,7 +373,9 @@ class _Sink:
 
 
 _SINK = _Sink()
-_REGISTERED: set[int] = set()  # id() of each cupti module whose buffer callbacks are registered (once a process)
+# Each cupti module whose buffer callbacks are registered (once a process), held itself: an id() outlives a
+# collected object and may come back for another (seen in the unit suite: a fake's callbacks never registered).
+_REGISTERED: list[Any] = []
 
 
 def _record_kinds(cupti: Any) -> dict[int, str]:
@@ -429,12 +431,12 @@ class CuptiTracer:
 
     def start(self) -> CuptiTracer:
         c = self.cupti
-        if id(c) not in _REGISTERED:
+        if not any(r is c for r in _REGISTERED):
             try:
                 c.activity_register_callbacks(_buffer_requested, _buffer_completed_for(c))
             except Exception as e:  # noqa: BLE001 - cuptiError, or a driver CUPTI cannot use
                 raise CuptiUnavailable(_cupti_error(c, e, "activity_register_callbacks")) from e
-            _REGISTERED.add(id(c))
+            _REGISTERED.append(c)
         try:
             c.activity_enable(c.ActivityKind.CONCURRENT_KERNEL)
         except Exception as e:  # noqa: BLE001 - e.g. CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED under ncu
