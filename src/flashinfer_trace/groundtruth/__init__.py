@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from packaging.version import Version
 
 from . import fi_api, flashinfer, flashinfer_dsa, sglang, torch_ref
-from .base import SOURCES, Adapter, Call, GroundTruthUnavailable, availability
+from .base import SOURCES, Adapter, Call, GroundTruthUnavailable, arch_gate, availability
 
 if TYPE_CHECKING:
     from ..definition import Definition
@@ -72,7 +72,15 @@ class GroundTruth:
 
     def __call__(self, inputs: Inputs, *, draws: int = 1) -> tuple:
         """Outputs in the definition's order (for a sampler: samples [batch, draws] per output)."""
-        out = self.adapter.fn(Call(self.definition, inputs.on(self.device), self.module, self.version, draws))
+        try:
+            out = self.adapter.fn(Call(self.definition, inputs.on(self.device), self.module, self.version, draws))
+        except GroundTruthUnavailable:
+            raise
+        except Exception as e:  # a kernel refusing this GPU in its own words is a skip, whatever the adapter
+            gate = arch_gate(e)
+            if gate is None:
+                raise
+            raise GroundTruthUnavailable("arch-unsupported", f"{self.api}: {gate}") from e
         return out if isinstance(out, tuple) else (out,)
 
 

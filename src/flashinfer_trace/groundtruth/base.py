@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -240,3 +241,19 @@ def _check_prebuild(adapter: Adapter, definition: Definition) -> None:
     if record is not None and record.api == adapter.api and record.status in ("build-failed", "build-timeout"):
         detail = record.message or record.status
         raise GroundTruthUnavailable(record.status, f"{adapter.api}: {detail}")
+
+
+# What FlashInfer 0.7.2.post1's kernels raise on a GPU they are not built for (seen on the H100, sm90):
+# "does not support compute capability 90; supported compute capabilities: [100, 103, 107]", "requires SM120
+# or SM121 (Blackwell)", "is only supported on SM12x GPUs", "requires a Blackwell GPU (SM100+ ...)",
+# "does not support backend 'cutlass' with capability 90", "TGV GEMM requires SM100, SM103, SM107".
+_ARCH_GATE = re.compile(
+    r"(?:does not support (?:compute )?capability \d+|does not support backend \S+ with capability \d+"
+    r"|requires? (?:an? )?(?:SM\s?\d{2,3}|Blackwell|Hopper)|only supported on SM\s?\d|requires SM\d{2,3}"
+    r"|is only supported on (?:SM|sm)\d)", re.IGNORECASE)
+
+
+def arch_gate(e: BaseException) -> str | None:
+    """The kernel's own message when an exception says this GPU's architecture is not one it runs on."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text[:300] if _ARCH_GATE.search(text) else None

@@ -25,7 +25,6 @@ preferred (`groundtruth.get_ground_truth` tries this one only for a definition n
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -204,13 +203,7 @@ def run(p: Plan, call: Call) -> tuple:
                 kwargs[param] = x[source]
         else:
             kwargs[param] = tuple(x[s] for s in source)
-    try:
-        values = _as_values(p.fn(**kwargs))
-    except Exception as e:
-        gate = arch_gate(e)
-        if gate is None:
-            raise
-        raise GroundTruthUnavailable("arch-unsupported", f"{p.path}: {gate}") from e
+    values = _as_values(p.fn(**kwargs))
     if len(values) != len(p.returned):
         reads = f"{len(p.returned)} output(s) from its return value ({', '.join(p.returned) or 'none'})"
         if p.in_place:
@@ -219,22 +212,6 @@ def run(p: Plan, call: Call) -> tuple:
                                                     f"{call.definition.name} reads {reads}")
     returned = dict(zip(p.returned, values, strict=True))
     return tuple(x[p.in_place[n]] if n in p.in_place else returned[n] for n in call.definition.outputs)
-
-
-# What FlashInfer 0.7.2.post1's kernels raise on a GPU they are not built for (seen on the H100, sm90):
-# "does not support compute capability 90; supported compute capabilities: [100, 103, 107]", "requires SM120
-# or SM121 (Blackwell)", "is only supported on SM12x GPUs", "requires a Blackwell GPU (SM100+ ...)",
-# "does not support backend 'cutlass' with capability 90", "TGV GEMM requires SM100, SM103, SM107".
-_ARCH_GATE = re.compile(
-    r"(?:does not support (?:compute )?capability \d+|does not support backend \S+ with capability \d+"
-    r"|requires? (?:an? )?(?:SM\s?\d{2,3}|Blackwell|Hopper)|only supported on SM\s?\d|requires SM\d{2,3}"
-    r"|is only supported on (?:SM|sm)\d)", re.IGNORECASE)
-
-
-def arch_gate(e: BaseException) -> str | None:
-    """The kernel's own message when an exception says this GPU's architecture is not one it runs on."""
-    text = " ".join(f"{type(e).__name__}: {e}".split())
-    return text[:300] if _ARCH_GATE.search(text) else None
 
 
 ROWS_PER_CALL = 256  # a sampler's repeated rows per API call
