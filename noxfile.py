@@ -127,18 +127,23 @@ for _c in COMBOS:
     for _arch in _c.archs:
         _register(f"references-{_c.id}-{_arch}", "references", _c, _arch,
                   [*_base, _arch, *(["nightly"] if _c.nightly else [])], f"reference suite, {_c.label}, {_arch}")
+    if _c.gpu:  # every GPU combination gets its prebuild and its benchmarks: timings across releases
+        _register(f"jit-{_c.id}", "jit", _c, None, ["jit", _cuda, f"combo:{_c.id}"],
+                  f"JIT prebuild only (every module the ground truths need, in parallel), {_c.label}")
+        _register(f"bench-{_c.id}", "bench", _c, None, ["bench", _cuda, f"combo:{_c.id}"],
+                  f"device-time benchmarks of the ground truths, {_c.label}, {_where}")
+        for _arch in _c.archs:
+            _register(f"bench-{_c.id}-{_arch}", "bench", _c, _arch,
+                      ["bench", _cuda, _arch, *(["nightly"] if _c.nightly else []), f"combo:{_c.id}"],
+                      f"device-time benchmarks, {_c.label}, {_arch}")
     for _alias in _c.default_for:
         _register(f"references-{_alias}", "references", _c, None, ["references", _alias, f"combo:{_c.id}"],
                   f"reference suite on the default {_alias} combination ({_c.label})", default=_alias == "cpu")
         if _c.gpu:
             _register(f"jit-{_alias}", "jit", _c, None, ["jit", _alias, f"combo:{_c.id}"],
-                      f"JIT prebuild only (every module the ground truths need, in parallel), {_c.label}")
+                      f"JIT prebuild only, the default {_alias} combination ({_c.label})")
             _register(f"bench-{_alias}", "bench", _c, None, ["bench", _alias, f"combo:{_c.id}"],
-                      f"device-time benchmarks of the ground truths, {_c.label}")
-            for _arch in _c.archs:
-                _register(f"bench-{_c.id}-{_arch}", "bench", _c, _arch,
-                          ["bench", _alias, _arch, "nightly", f"combo:{_c.id}"],
-                          f"device-time benchmarks, {_c.label}, {_arch}")
+                      f"device-time benchmarks of the ground truths, the default {_alias} combination ({_c.label})")
 
 
 @nox.session(venv_backend="virtualenv", tags=["tests"])

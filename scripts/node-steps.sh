@@ -53,6 +53,19 @@ fi_env() {  # flashinfer 0.6.6 for plain runs
     .whl/apache_tvm_ffi*.whl .whl/nvidia_cudnn_frontend*.whl >/dev/null
 }
 keep() { tar czf "$OUT/$1.tgz" -C results "${@:2}" 2>/dev/null; }
+all_done() { for c in "$@"; do [ -f "$c/DONE" ] || return 1; done; }
+RES=${RES:-/tmp/results}  # the sweep steps' results ($FLASHINFER_TRACE_RESULTS): outside the tree, kept between calls
+sess() {  # sess NAME K [ARGS...]: one nox session, offline (wheelhouse $WH, extra wheels $XW), the node's torch
+  local name=$1 k=$2 start=$SECONDS rc; shift 2; nox_env; mkdir -p "$RES"
+  step "nox -s $name -- -k '$k' $*"
+  FLASHINFER_TRACE_RESULTS=$RES timeout -s INT -k 30 ${T:-1500} /tmp/noxenv/bin/nox -s "$name" -- \
+    --wheelhouse "${WH:-/tmp/wh}" ${XW:+--extra-wheels "$XW"} --preinstalled-torch --jobs ${J:-8} -k "$k" "$@" \
+    > "$RES/nox-$name.log" 2>&1; rc=$?
+  echo "$name: rc $rc, $((SECONDS - start)) s wall" | tee -a "$LOG"; tail -3 "$RES/nox-$name.log" | tee -a "$LOG"
+  python3 -c "import json, sys; s = json.load(open(sys.argv[1])); j = s.get('jit') or {}
+print(s['status'], s.get('reason'), s.get('counts'), s.get('wall_seconds'), j.get('counts'), j.get('wall_seconds'))" \
+    "$RES/$name/session.json" 2>&1 | tail -1 | tee -a "$LOG"
+}
 JITC=$HOME/.cache/flashinfer-trace/jit/cu130-torch2.11-fi0.6.6  # the references session's JIT cache
 NOXARGS=(--wheelhouse .whl --preinstalled-torch --jobs ${J:-8})  # J: test processes
 for s in "$@"; do
@@ -95,16 +108,42 @@ for s in "$@"; do
         $(ls -d "$FT"/*/ | grep -v "/moe") --ground-truth flashinfer --size small --no-edge-cases --no-progress \
         --results "$OUT/check-fi-trace.jsonl" --jit-budget ${JB:-150} 2>&1 | grep -v "^│\|Warn" | tail -${TAILN:-40} | tee -a "$LOG"
       echo "fitrace-check: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
-    bg) step "in the background (setsid: it outlives this call while the machine stays warm): ${BG:-}"
-      mkdir -p /tmp/bgout; rm -f /tmp/bgout/DONE
-      setsid nohup env OUT=/tmp/bgout bash -c "bash scripts/node-steps.sh ${BG:-}; date +%T > /tmp/bgout/DONE" \
-        > /tmp/bgout/stdout.txt 2>&1 < /dev/null &
+    bg) B=/tmp/${BGN:-bgout}; step "in the background as $B (setsid: it outlives this call while the machine stays warm): ${BG:-}"
+      mkdir -p "$B"; rm -f "$B/DONE"
+      setsid nohup env OUT="$B" bash -c "bash scripts/node-steps.sh ${BG:-}; date +%T > $B/DONE" \
+        > "$B/stdout.txt" 2>&1 < /dev/null &
       echo "started: $!" | tee -a "$LOG" ;;
-    collect) step "collect the background steps' results (waiting up to ${W:-0} s for them to end)"; end=$((SECONDS + ${W:-0}))
-      while [ $SECONDS -lt $end ] && [ ! -f /tmp/bgout/DONE ]; do sleep 10; done
-      [ -f /tmp/bgout/DONE ] && echo "background steps ended at $(cat /tmp/bgout/DONE)" | tee -a "$LOG" \
-        || echo "background steps still running" | tee -a "$LOG"
-      cp -r /tmp/bgout "$OUT/bg" 2>/dev/null; tail -${TAILN:-40} /tmp/bgout/log.txt | tee -a "$LOG" ;;
+    collect) step "collect the background steps' results (waiting up to ${W:-0} s for ${BGN:-every chain} to end)"
+      end=$((SECONDS + ${W:-0})); chains=$(ls -d /tmp/${BGN:-bg*}/ 2>/dev/null)
+      while [ $SECONDS -lt $end ] && ! all_done $chains; do sleep 10; done
+      for c in $chains; do n=$(basename "$c")
+        [ -f "$c/DONE" ] && echo "[$n] ended at $(cat "$c/DONE")" | tee -a "$LOG" || echo "[$n] still running" | tee -a "$LOG"
+        tail -${TAILN:-12} "$c/log.txt" 2>/dev/null | sed "s/^/[$n] /" | tee -a "$LOG"
+        [ "$n" = bgout ] && cp -r /tmp/bgout "$OUT/bg" 2>/dev/null; done
+      for b in $HOME/.cache/flashinfer-trace/jit/*/*/*/cached_ops/fused_moe_90; do [ -f "$b/build.ninja" ] || continue
+        echo "fused_moe_90 ($b): $(find "$b" -name '*.o' | wc -l) of $(grep -c '^build .*\.o:' "$b/build.ninja") objects," \
+          "$(ls "$b"/*.so 2>/dev/null | wc -l) library" | tee -a "$LOG"; done
+      [ -d "$RES" ] && tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; uptime | tee -a "$LOG" ;;
+    wh) step "wheelhouse ${WH:=/tmp/wh} <- ${FROM:-.whl}${XFROM:+; extra wheels ${XW:=/tmp/xw} <- $XFROM}"
+      mkdir -p "$WH"; for d in ${FROM:-.whl}; do cp "$d"/*.whl "$WH"/; done
+      if [ -n "${XFROM:-}" ]; then mkdir -p "$XW"; for d in $XFROM; do cp "$d"/*.whl "$XW"/; done; fi
+      echo "$(ls "$WH" | wc -l) wheels in $WH${XW:+, $(ls "$XW" 2>/dev/null | wc -l) in $XW}" | tee -a "$LOG" ;;
+    ref) sess "references-$C" "${K:-not (moe and flashinfer)}" ${JB:+--jit-budget $JB} ;;  # C: the combination's id
+    refmoe) sess "references-$C" "moe and flashinfer" --resume --jit-budget ${JB:-120} ;;  # after jitmoe: from the cache
+    jitmoe) sess "jit-$C" "moe and flashinfer" --jit-budget ${JB:-1700} ;;
+    jitc) sess "jit-$C" "${K:-not (moe and flashinfer)}" --jit-budget ${JB:-1200} ;;  # the prebuild alone (CPU)
+    benchc) sess "bench-$C" "${KB:-not moe}" --bench-sources=${BS:-flashinfer,sglang} ;;  # BS: torch is one release
+    noxenv) nox_env ;;  # before chains that start nox sessions at once
+    sgl-join) step "sglang-kernel 0.4.5 joined from its pieces, sha256 checked; wheelhouse /tmp/wh-sgl = /tmp/wh + sglang's"
+      if ! read -r want whl < /tmp/sgk-parts/SHA256 2>/dev/null; then
+        echo "sgl-join: no /tmp/sgk-parts/SHA256: carry .sk1 (with sgl-piece) on this warm machine first" | tee -a "$LOG"; continue; fi
+      cat /tmp/sgk-parts/sglang_kernel.part* > "/tmp/sgk-parts/$whl"; got=$(sha256sum "/tmp/sgk-parts/$whl" | cut -d' ' -f1)
+      if [ "$got" != "$want" ]; then rm -f "/tmp/sgk-parts/$whl"
+        echo "sgl-join: REFUSED: sha256 $got, PyPI publishes $want: a piece is missing or damaged" | tee -a "$LOG"; continue; fi
+      mkdir -p /tmp/wh-sgl; ln -sf /tmp/wh/*.whl /tmp/sgl-wheels/*.whl "/tmp/sgk-parts/$whl" /tmp/wh-sgl/
+      echo "sha256 $got matches; $(ls /tmp/wh-sgl | wc -l) wheels in /tmp/wh-sgl" | tee -a "$LOG" ;;
+    mark) touch "/tmp/mark-$MK" ;;  # MK: a marker another chain awaits
+    await) step "waiting for $MK"; until [ -e "/tmp/mark-$MK" ] || [ -e "$MK" ]; do sleep 5; done ;;
     sgl-piece) step "sglang: the pieces and wheels carried in this call -> /tmp/sgk-parts, /tmp/sgl-wheels"
       mkdir -p /tmp/sgk-parts /tmp/sgl-wheels
       for d in .sk*/; do [ -d "$d" ] || continue; cp "$d"sglang_kernel.part* /tmp/sgk-parts/

@@ -318,3 +318,20 @@ def test_offline_extra_wheels_go_in_after_the_pins_without_dependencies(tmp_path
         inst.parse_session_args(["--extra-wheels", str(extra)], environ={})
     with pytest.raises(ValueError, match="not a folder"):
         inst.parse_session_args(["--wheelhouse", str(wheels), "--extra-wheels", str(tmp_path / "no")], environ={})
+
+
+def test_each_reference_test_gives_its_cached_cuda_blocks_back(monkeypatch):
+    """Sixteen processes share one GPU in a session: blocks one caches after a large case must go back
+    to the device (a false OutOfMemoryError on the H100 otherwise), and a process without CUDA is left alone."""
+    import types
+
+    from flashinfer_trace import pytest_plugin
+
+    calls = []
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: calls.append("empty"))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    pytest_plugin.release_cuda_cache()
+    assert calls == ["empty"]
+    cuda.is_initialized = lambda: False
+    pytest_plugin.release_cuda_cache()
+    assert calls == ["empty"]

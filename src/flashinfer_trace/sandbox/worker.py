@@ -248,6 +248,8 @@ class _Server:
                 return
             _send(self.conn, reply)
             gc.collect()  # finalizers of what the reference left (generators holding contexts) run now
+            if self.gpu:  # what the reference allocated goes back to the GPU, not this process's cache
+                torch.cuda.empty_cache()
 
 
 def main(conn, arena_fd: int, settings: dict) -> None:
