@@ -110,9 +110,12 @@ for s in "$@"; do
       echo "fitrace-check: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
     bg) B=/tmp/${BGN:-bgout}; step "in the background as $B (setsid: it outlives this call while the machine stays warm): ${BG:-}"
       mkdir -p "$B"; rm -f "$B/DONE"
-      setsid nohup env OUT="$B" bash -c "bash scripts/node-steps.sh ${BG:-}; date +%T > $B/DONE" \
-        > "$B/stdout.txt" 2>&1 < /dev/null &
-      echo "started: $!" | tee -a "$LOG" ;;
+      # from a copy of the tree made once per machine: each call syncs the working tree, and an import in a
+      # chain that met a half-synced package failed ("cannot import name ... (unknown location)": 96 jobs)
+      [ -d /tmp/tree ] || { mkdir -p /tmp/tree && tar --exclude='./.sk*' --exclude='./.w*' --exclude='./.nox' \
+        --exclude='./results' --exclude='./.public' --exclude='./.venv' --exclude='./.git' -cf - . | tar -xf - -C /tmp/tree; }
+      (cd /tmp/tree && setsid nohup env OUT="$B" bash -c "bash scripts/node-steps.sh ${BG:-}; date +%T > $B/DONE" \
+        > "$B/stdout.txt" 2>&1 < /dev/null &); echo "started" | tee -a "$LOG" ;;
     collect) step "collect the background steps' results (waiting up to ${W:-0} s for ${BGN:-every chain} to end)"
       end=$((SECONDS + ${W:-0})); chains=$(ls -d /tmp/${BGN:-bg*}/ 2>/dev/null)
       while [ $SECONDS -lt $end ] && ! all_done $chains; do sleep 10; done

@@ -200,6 +200,21 @@ def test_gdn_decode_module_failing_on_cutlass_is_not_installed(monkeypatch):
     assert e.value.kind == "not-installed"
 
 
+@pytest.mark.parametrize("version", ["0.6.14", "0.7.2"])
+def test_a_prefill_with_cute_dsl_kernels_needs_cutlass_dsl_whatever_its_version(monkeypatch, version):
+    """Read from the module, not the number: 0.6.14's gdn_prefill already imports the DSL kernel (None
+    without nvidia-cutlass-dsl; the call raised NotImplementedError on the H100, 24 false failures)."""
+    prefill = types.ModuleType("flashinfer.gdn_prefill")
+    prefill.chunk_gated_delta_rule = lambda *a, **k: None
+    prefill.chunk_gated_delta_rule_sm90 = None
+    _fake_flashinfer(monkeypatch, version, gdn_prefill=prefill)
+    _no_cutlass(monkeypatch)
+    with pytest.raises(GroundTruthUnavailable) as e:
+        get_ground_truth("flashinfer", load_definition(OURS["prefill"]), device="cuda")
+    assert e.value.kind == "not-installed" and "nvidia-cutlass-dsl" in str(e.value)
+    assert f"flashinfer {version} runs gdn prefill as CuTe-DSL" in str(e.value)
+
+
 def test_prefill_0_7_needs_cutlass_dsl_and_0_6_runs_the_jit_kernel(monkeypatch):
     seen: dict = {}
 
@@ -209,13 +224,15 @@ def test_prefill_0_7_needs_cutlass_dsl_and_0_6_runs_the_jit_kernel(monkeypatch):
                     cu=cu_seqlens, state=initial_state)
         return torch.zeros(q.shape[0], v.shape[1], v.shape[2], dtype=q.dtype), initial_state
 
-    prefill = types.ModuleType("flashinfer.gdn_prefill")
-    prefill.chunk_gated_delta_rule = chunk_gated_delta_rule
+    dsl = types.ModuleType("flashinfer.gdn_prefill")
+    dsl.chunk_gated_delta_rule, dsl.chunk_gated_delta_rule_sm90 = chunk_gated_delta_rule, None
     d = load_definition(OURS["prefill"])
-    _fake_flashinfer(monkeypatch, "0.7.2", gdn_prefill=prefill)
+    _fake_flashinfer(monkeypatch, "0.7.2", gdn_prefill=dsl)
     _no_cutlass(monkeypatch)
     with pytest.raises(GroundTruthUnavailable, match="nvidia-cutlass-dsl"):
         get_ground_truth("flashinfer", d, device="cuda")
+    prefill = types.ModuleType("flashinfer.gdn_prefill")
+    prefill.chunk_gated_delta_rule = chunk_gated_delta_rule
     _fake_flashinfer(monkeypatch, "0.6.6", gdn_prefill=prefill)
     gt = get_ground_truth("flashinfer", d, device="cuda")
     assert gt.api == "flashinfer.gdn_prefill.chunk_gated_delta_rule"

@@ -265,3 +265,29 @@ def test_a_cell_says_which_kernel_path_ran():
              for i in range(2)]
     c = cell("d", Environment("e", "c", "sm90"), tests)
     assert c["state"] == "pass" and c["sources"]["flashinfer"]["api"] == api
+
+
+def test_a_jit_session_gives_the_build_times_per_module_and_is_no_problem(results):
+    """The sessions of a combination share one JIT cache: the jit session compiled, the references session
+    after it found everything cached. The matrix reports the compiling prebuild and each module's time."""
+    pins = {"torch": "2.11.0", "flashinfer-python": "0.6.6"}
+    refs = json.loads((results / "references-cuda13" / "session.json").read_text())
+    refs["jit"] = {"counts": {"cached": 3}, "wall_seconds": 1.2}
+    write_json(results / "references-cuda13" / "session.json", refs)
+    jit = results / "jit-cuda13"
+    info = SessionInfo("jit-cuda13", "cu130-fi066", arch="sm90", finished="2026-11-22T10:30:00")
+    info.jit = {"counts": {"built": 2, "cached": 1}, "wall_seconds": 300.0, "modules_built": ["norm", "sampling"]}
+    write_session(jit, info, manifest=manifest("cu130-fi066", pins, "13", "9.0"))
+    (jit / "jit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"definition": "rmsnorm_h4096", "status": "built", "seconds": 40.04, "modules": ["norm"]},
+        {"definition": "top_k_v1", "status": "built", "seconds": 108.6, "modules": ["sampling"]},
+        {"definition": "rmsnorm_h2048", "status": "cached", "seconds": 0.1, "modules": []},
+        {"definition": "moe_x", "status": "build-timeout", "seconds": 600.0, "modules": []}]))
+    m = build([results], definitions_dir=ROOT / "definitions")
+    assert not [p for p in m["problems"] if "jit-cuda13" in p["path"]]
+    env = {e["id"]: e for e in m["environments"]}["cu130-fi066@sm90"]
+    assert env["jit"]["session"] == "jit-cuda13" and env["jit"]["counts"] == {"built": 2, "cached": 1}
+    assert [(x["module"], x["seconds"], x["definition"]) for x in env["jit"]["modules"]] == [
+        ("sampling", 108.6, "top_k_v1"), ("norm", 40.0, "rmsnorm_h4096")]
+    md = render_md(m)
+    assert "## JIT builds per module" in md and "| `sampling` | 108.6 | `top_k_v1` |" in md

@@ -595,7 +595,10 @@ def test_sglang_kernel_045_norm_keywords_and_missing_ops(monkeypatch, sm90):
 # -- sglang's JIT RoPE (sgl_kernel 0.4.5 has none) ------------------------------------------------------------
 def _fake_rotary_embedding(calls: list):
     def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=True):
-        """In place on [tokens, heads * head_size], the first rot_dim of each head rotated (own formula)."""
+        """In place on [tokens, heads * head_size], the first rot_dim of each head rotated (own formula), with
+        the kernel's contract (elementwise/pos_enc.cuh): int64 positions, the cache in the query's dtype."""
+        assert positions.dtype == torch.int64, "the kernel reads positions as int64"
+        assert cos_sin_cache.dtype == query.dtype, "the kernel reads the cache as the query's dtype"
         calls.append(dict(shape=tuple(query.shape), head_size=head_size, is_neox=is_neox))
         rot = cos_sin_cache.shape[-1]
         cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)  # [tokens, rot / 2]

@@ -544,15 +544,14 @@ ADAPTERS = [
             requires=("mamba.selective_state_update",), applies=sem.mamba_applies,
             params=(sem.mamba_dt_softplus,), dtypes=frozenset({"bfloat16", "float16", "float32"}),
             needs_cuda=True, min_cc=(8, 0)),
-    # gdn (flashinfer_gdn.py): 0.6.x prefill is a CUDA JIT module built for sm90a only; 0.7.x prefill and
-    # every decode / MTP kernel are CuTe-DSL (nvidia-cutlass-dsl), checked by `resolve` before any call
+    # gdn (flashinfer_gdn.py): early prefill is a CUDA JIT module built for sm90a only; later prefill (read
+    # from the module) and every decode / MTP kernel are CuTe-DSL (nvidia-cutlass-dsl), checked before any call
     Adapter("flashinfer", "gdn", "flashinfer.gdn_prefill.chunk_gated_delta_rule", gdn.prefill, package=PACKAGE,
-            resolve=gdn.needs_module("gdn_prefill", "chunk_gated_delta_rule", below="0.7"),
+            resolve=gdn.needs_jit_prefill("chunk_gated_delta_rule"),
             applies=gdn.applies("prefill", "cu_seqlens"), dtypes=_GDN_DTYPES, needs_cuda=True, min_cc=(9, 0),
             max_cc=(9, 0)),
     Adapter("flashinfer", "gdn", "flashinfer.gdn_prefill.chunk_gated_delta_rule(CuTe-DSL)", gdn.prefill,
-            package=PACKAGE, versions=SpecifierSet(">=0.7"),
-            resolve=gdn.needs_cutlass_dsl("gdn_prefill", "chunk_gated_delta_rule"),
+            package=PACKAGE, resolve=gdn.needs_dsl_prefill("chunk_gated_delta_rule"),
             applies=gdn.applies("prefill", "cu_seqlens"), dtypes=_GDN_DTYPES, needs_cuda=True, min_cc=(9, 0)),
     Adapter("flashinfer", "gdn", "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose", gdn.decode,
             package=PACKAGE, resolve=gdn.needs_cutlass_dsl("gdn_decode", "gated_delta_rule_decode_pretranspose"),

@@ -9,8 +9,11 @@ What the versions need (read from the 0.6.6 and 0.7.2.post1 sources):
   beta = sigmoid(b) in float32, as the definitions' references do; `initial_state` and the final
   state are k-last `[N, HV, V, K]` float32 (the definitions' layout) and `output_final_state=True`
   returns them. `use_qk_l2norm_in_kernel=False`: the definitions do not normalise q and k.
-* prefill, 0.7.x: every arch runs CuTe-DSL kernels (`gdn_kernels.chunk_gated_delta_rule_sm90` is
-  None without nvidia-cutlass-dsl, and the call raises NotImplementedError): needs `cutlass`.
+* prefill, later (0.6.14 and 0.7.x seen): every arch runs CuTe-DSL kernels (`gdn_kernels.
+  chunk_gated_delta_rule_sm90` is None without nvidia-cutlass-dsl, and the call raises
+  NotImplementedError): needs `cutlass`. Which path a release takes is read from `flashinfer.gdn_prefill`
+  itself (it imports `chunk_gated_delta_rule_sm90`), not from its number: 0.6.14 has the DSL path, and
+  a version bound guessed at 0.7 made its 24 prefill checks fail on the H100 instead of skipping.
 * decode and MTP, every version: CuTe-DSL kernels. 0.6.x imports `cutlass` at the top of
   `flashinfer.gdn_decode`, 0.7.x inside `gdn_kernels` (the float32-state paths then call None).
   Without nvidia-cutlass-dsl the adapter is a `not-installed` skip that names it, decided before
@@ -31,7 +34,6 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
-from packaging.version import Version
 
 from .base import Call, GroundTruthUnavailable
 
@@ -71,17 +73,37 @@ def needs_cutlass_dsl(module_name: str, attr: str):
     return resolve
 
 
-def needs_module(module_name: str, attr: str, below: str):
-    """A `resolve` check for a non-DSL entry point of versions before `below`: the submodule imports and
-    has `attr`. From `below` on another adapter runs the API (its own reason is the telling one, so
-    this one says `unsupported`, the earliest kind, rather than `api-missing`)."""
+DSL_PREFILL = "chunk_gated_delta_rule_sm90"  # what a gdn_prefill module with CuTe-DSL kernels imports
+
+
+def prefill_is_dsl(fi: ModuleType) -> bool:
+    return DSL_PREFILL in vars(_import(fi, "gdn_prefill"))
+
+
+def needs_jit_prefill(attr: str):
+    """A `resolve` check for the CUDA JIT prefill: the release's gdn_prefill has `attr` and no CuTe-DSL path
+    (a release with one runs the DSL adapter, whose reason is the telling one: this one says
+    `unsupported`, the earliest kind, rather than `api-missing`)."""
 
     def resolve(fi: ModuleType, version, definition) -> None:
-        if version is not None and version >= Version(below):
-            raise GroundTruthUnavailable("unsupported", f"flashinfer {version}: the {module_name} JIT kernel path "
-                                                        f"is the one of versions before {below}")
-        if getattr(_import(fi, module_name), attr, None) is None:
-            raise GroundTruthUnavailable("api-missing", f"flashinfer {version} has no {module_name}.{attr}")
+        if prefill_is_dsl(fi):
+            raise GroundTruthUnavailable("unsupported", f"flashinfer {version} runs gdn prefill as CuTe-DSL "
+                                                        f"kernels ({DSL_PREFILL}): no CUDA JIT path")
+        if getattr(_import(fi, "gdn_prefill"), attr, None) is None:
+            raise GroundTruthUnavailable("api-missing", f"flashinfer {version} has no gdn_prefill.{attr}")
+
+    return resolve
+
+
+def needs_dsl_prefill(attr: str):
+    """A `resolve` check for the CuTe-DSL prefill: the release has that path, and nvidia-cutlass-dsl is there."""
+    dsl = needs_cutlass_dsl("gdn_prefill", attr)
+
+    def resolve(fi: ModuleType, version, definition) -> None:
+        if not prefill_is_dsl(fi):
+            raise GroundTruthUnavailable("unsupported", f"flashinfer {version} runs gdn prefill as a CUDA JIT "
+                                                        "module: no CuTe-DSL path")
+        dsl(fi, version, definition)
 
     return resolve
 

@@ -46,14 +46,17 @@ def silu_and_mul(call: Call) -> tuple:
     return (out if result is None else result,)
 
 
-def _rope_in_place(fn, call: Call) -> tuple:
+def _rope_in_place(fn, call: Call, *, cache_in_query_dtype: bool = False) -> tuple:
     """fn(positions, q, k, head_dim, cos_sin_cache, is_neox=) in place on flattened [tokens, heads * head_dim]
     copies: sgl_kernel's apply_rope_with_cos_sin_cache_inplace and sglang's JIT rotary_embedding alike."""
     x = call.inputs.values
     q, k = (x[n].clone() for n in sem.rope_rotated(call.definition))
     tokens, _, head_dim = q.shape
     qf, kf = q.view(tokens, -1), k.view(tokens, -1)
-    fn(x["positions"], qf, kf, head_dim, x["cos_sin_cache"], is_neox=sem.rope_is_neox(call.definition))
+    positions, cache = x["positions"], x["cos_sin_cache"]
+    if cache_in_query_dtype:
+        positions, cache = positions.long(), cache.to(q.dtype)
+    fn(positions, qf, kf, head_dim, cache, is_neox=sem.rope_is_neox(call.definition))
     return q, k
 
 
@@ -62,7 +65,10 @@ def rope(call: Call) -> tuple:
 
 
 def rope_jit(call: Call) -> tuple:
-    return _rope_in_place(ROPE.get(call.version), call)
+    """The JIT kernel (elementwise/pos_enc.cuh) reads positions as int64 and the cache as the query's own
+    dtype, as sglang's RotaryEmbedding keeps it; a float32 cache is read as bf16 pairs: inf and nan on the
+    H100 (the first sweep, 40 failures). The cos/sin rounding to bf16 is SGLang's, and the matrix shows it."""
+    return _rope_in_place(ROPE.get(call.version), call, cache_in_query_dtype=True)
 
 
 def sampling(call: Call) -> tuple:

@@ -62,6 +62,7 @@ class SessionData:
     manifest: dict[str, Any] = field(default_factory=dict)
     tests: list[dict[str, Any]] | None = None
     benchmarks: list[dict[str, Any]] = field(default_factory=list)
+    builds: list[dict[str, Any]] = field(default_factory=list)  # jit.jsonl: the prebuild's records, one per job
 
 
 @dataclass
@@ -113,8 +114,9 @@ def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | 
                                     "reason": "session.json missing or unreadable"})
     manifest = _load_json(folder / "env.json", problems, required=False) or {}
     streamed = (folder / "tests.jsonl").is_file()
+    runs_tests = not str(session.get("session", "")).startswith("jit")  # a jit session only builds
     tests_doc = _load_json(folder / "tests.json", problems,
-                           required=session.get("status") in ("ok", "tests-failed") and not streamed)
+                           required=session.get("status") in ("ok", "tests-failed") and not streamed and runs_tests)
     tests = None
     if isinstance(tests_doc, dict) and isinstance(tests_doc.get("tests"), list):
         tests = [t for t in tests_doc["tests"] if isinstance(t, dict) and "nodeid" in t and "status" in t]
@@ -126,7 +128,7 @@ def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | 
         if session.get("status") == "running":
             session = {**session, "status": "interrupted",
                        "reason": f"the session stopped while running; {len(tests)} streamed test record(s)"}
-    if tests is None and session.get("status") in ("ok", "tests-failed"):
+    if tests is None and session.get("status") in ("ok", "tests-failed") and runs_tests:
         session = {**session, "status": "corrupt", "reason": "tests.json missing or unreadable"}
     bench = _load_json(folder / "benchmark.json", problems, required=False)
     benchmarks = bench.get("benchmarks", []) if isinstance(bench, dict) else []
@@ -134,7 +136,8 @@ def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | 
     if streamed_bench:
         seen = {b.get("fullname") for b in streamed_bench}
         benchmarks = streamed_bench + [b for b in benchmarks if isinstance(b, dict) and b.get("fullname") not in seen]
-    return SessionData(folder, session, manifest if isinstance(manifest, dict) else {}, tests, benchmarks)
+    builds = [b for b in read_jsonl(folder / "jit.jsonl") if isinstance(b, dict)]
+    return SessionData(folder, session, manifest if isinstance(manifest, dict) else {}, tests, benchmarks, builds)
 
 
 # -- environments -----------------------------------------------------------------------------------
@@ -207,15 +210,33 @@ def environment_record(env: Environment) -> dict[str, Any]:
 
 
 def jit_summary(env: Environment) -> dict[str, Any] | None:
-    """The newest JIT prebuild of this environment (a references, bench or jit session's)."""
-    for s in env.sessions:
-        jit = s.session.get("jit")
-        if isinstance(jit, dict) and isinstance(jit.get("counts"), dict):
-            return {"session": s.session.get("session"), "counts": jit["counts"],
-                    "wall_seconds": jit.get("wall_seconds"), "modules_built": len(jit.get("modules_built") or []),
-                    "slowest": (jit.get("slowest") or [])[:5],
-                    "compiled_during_tests": jit.get("compiled_during_tests")}
-    return None
+    """The environment's JIT prebuild that compiled the most (a jit session's, typically: the sessions of a
+    combination share one cache, so the references session after it finds everything cached), and every
+    module's build time from the sessions' jit.jsonl: what a cold machine pays for this release."""
+    found = [s for s in env.sessions if isinstance(s.session.get("jit"), dict)
+             and isinstance(s.session["jit"].get("counts"), dict)]
+    if not found:
+        return None
+    s = max(found, key=lambda s: s.session["jit"]["counts"].get("built", 0))  # max keeps the first of a tie
+    jit = s.session["jit"]
+    return {"session": s.session.get("session"), "counts": jit["counts"],
+            "wall_seconds": jit.get("wall_seconds"), "modules_built": len(jit.get("modules_built") or []),
+            "slowest": (jit.get("slowest") or [])[:5], "compiled_during_tests": jit.get("compiled_during_tests"),
+            "modules": module_builds(env.sessions)}
+
+
+def module_builds(sessions: list[SessionData]) -> list[dict[str, Any]]:
+    """Each module a prebuild compiled: its seconds (wall, under that run's load), the job that built it."""
+    best: dict[str, dict[str, Any]] = {}
+    for s in sessions:
+        for b in s.builds:
+            if b.get("status") != "built" or not isinstance(b.get("seconds"), (int, float)):
+                continue
+            for m in b.get("modules") or []:
+                if isinstance(m, str) and m not in best:
+                    best[m] = {"module": m, "seconds": round(float(b["seconds"]), 1), "definition": b.get("definition"),
+                               "session": s.session.get("session")}
+    return sorted(best.values(), key=lambda r: -r["seconds"])
 
 
 def jit_label(jit: dict[str, Any] | None) -> str:

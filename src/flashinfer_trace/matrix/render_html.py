@@ -194,8 +194,13 @@ def _manifest_facts(env: dict) -> dict[str, str | None]:
         "Python": python,
         "references ran": env.get("sandbox"),  # confined / unconfined (allowed) / refused (docs/sandbox.md)
         "JIT prebuild": jit_label(env.get("jit")) if env.get("jit") else None,
+        "slowest JIT modules": ", ".join(f"{m['module']} {m['seconds']} s" for m in _modules(env)[:5]) or None,
         "git": manifest.get("git_sha"),
     }
+
+
+def _modules(env: dict) -> list[dict]:
+    return (env.get("jit") or {}).get("modules") or []
 
 
 def _cell_title(definition: str, env: dict, cell: dict | None, states: dict) -> str:

@@ -63,6 +63,14 @@ def render_md(matrix: dict[str, Any]) -> str:
         lines.append(f"| {_esc(e['label'])} | {_esc(e.get('gpu') or '-')} | {e['status']} | "
                      f"{_esc(e.get('sandbox') or 'not recorded')} | {_esc(jit_label(e.get('jit')))} | "
                      f"{', '.join(e['sessions'])} | {_esc(e.get('reason') or '')} |")
+    built = [e for e in envs if (e.get("jit") or {}).get("modules")]
+    if built:
+        lines += ["", "## JIT builds per module", "",
+                  "Wall seconds of each module's first compilation (the prebuild runs modules in parallel, so "
+                  "a module's time includes the load of the others).", "",
+                  "| environment | module | seconds | first needed by |", "|---|---|---|---|"]
+        lines += [f"| {_esc(e['label'])} | `{_esc(m['module'])}` | {m['seconds']} | `{_esc(m.get('definition'))}` |"
+                  for e in built for m in e["jit"]["modules"]]
     if matrix["problems"]:
         lines += ["", "## Problems with the inputs", ""]
         lines += [f"- `{_esc(p['path'])}`: {_esc(p['problem'])}" for p in matrix["problems"]]
