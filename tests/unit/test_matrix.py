@@ -291,3 +291,33 @@ def test_a_jit_session_gives_the_build_times_per_module_and_is_no_problem(result
         ("sampling", 108.6, "top_k_v1"), ("norm", 40.0, "rmsnorm_h4096")]
     md = render_md(m)
     assert "## JIT builds per module" in md and "| `sampling` | 108.6 | `top_k_v1` |" in md
+
+
+def test_a_snapshot_may_keep_tests_json_gzipped(results):
+    """The committed snapshot's large files are compressed (the tree travels to the GPU node, 64 MiB a call)."""
+    import gzip
+
+    before = build([results], definitions_dir=ROOT / "definitions")
+    tests = results / "references-cuda13" / "tests.json"
+    tests.with_name("tests.json.gz").write_bytes(gzip.compress(tests.read_bytes()))
+    tests.unlink()
+    after = build([results], definitions_dir=ROOT / "definitions")
+    assert cells_of(after) == cells_of(before) and after["problems"] == before["problems"]
+    tests.with_name("tests.json.gz").write_bytes(b"\x1f\x8b truncated")
+    broken = build([results], definitions_dir=ROOT / "definitions")
+    assert any("tests.json.gz" in p["path"] and p["problem"].startswith("corrupt") for p in broken["problems"])
+
+
+def test_combinations_without_results_are_listed_as_not_run_with_the_reason(results):
+    """CUDA 12 combinations have no node here: the matrix says so instead of leaving them out unseen."""
+    from flashinfer_trace.matrix.render_html import render_html
+    from flashinfer_trace.sweep.combos import load_combinations
+
+    combos = load_combinations(ROOT / "constraints")
+    m = build([results], definitions_dir=ROOT / "definitions", combinations=combos, not_run_note="no CUDA 12 node")
+    missing = {c["combination"]: c for c in m["not_run"]}
+    assert "cu128-torch2.9-fi0.6.6" in missing and "cpu-torch2.13" not in missing  # the fixture ran the CPU one
+    assert missing["cu128-torch2.9-fi0.6.6"]["cuda"] == "12"
+    assert missing["cu128-torch2.9-fi0.6.6"]["reason"] == "no session results in these inputs: no CUDA 12 node"
+    assert "## Combinations not run" in render_md(m) and "no CUDA 12 node" in render_html(m)
+    assert build([results], definitions_dir=ROOT / "definitions")["not_run"] == []

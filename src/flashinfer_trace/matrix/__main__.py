@@ -20,6 +20,9 @@ def add_commands(sub) -> None:
     b.add_argument("-o", "--output", default="matrix", help="output folder (default: matrix)")
     b.add_argument("--definitions", default="definitions", help="definitions folder, for op types and models")
     b.add_argument("--root", default=".", help="paths under it are written relative to it (default: .)")
+    b.add_argument("--constraints", default="constraints",
+                   help="combinations folder: those without results are listed as not run (default: constraints)")
+    b.add_argument("--not-run-note", help="why combinations have no results here (e.g. no CUDA 12 node)")
     b.set_defaults(run=run_build)
     p = sub.add_parser("portable", help="rewrite result files (.json, .jsonl, logs; folders: all below) in place so "
                                         "they name no machine: paths under --root relative, $HOME as ~")
@@ -35,7 +38,13 @@ def add_commands(sub) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    matrix = portable(build(args.results, definitions_dir=args.definitions), args.root)
+    combos = None
+    if args.constraints and Path(args.constraints).is_dir():
+        from ..sweep.combos import load_combinations
+
+        combos = load_combinations(Path(args.constraints))
+    matrix = portable(build(args.results, definitions_dir=args.definitions, combinations=combos,
+                            not_run_note=args.not_run_note), args.root)
     files = write_matrix(matrix, args.output)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(matrix["summary"].items()))
     print(f"{len(matrix['environments'])} environment(s) x {len(matrix['definitions'])} definition(s): {counts}")

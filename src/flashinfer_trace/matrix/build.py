@@ -94,13 +94,21 @@ def _is_session(folder: Path) -> bool:
 
 
 def _load_json(path: Path, problems: list[dict[str, str]], required: bool) -> Any:
+    """`path`, or `path`.gz where a committed snapshot keeps its large files compressed."""
+    packed = path.with_name(path.name + ".gz")
+    if not path.exists() and packed.exists():
+        path = packed
     if not path.exists():
         if required:
             problems.append({"path": str(path), "problem": "missing"})
         return None
     try:
+        if path.suffix == ".gz":
+            import gzip
+
+            return json.loads(gzip.decompress(path.read_bytes()))
         return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
         problems.append({"path": str(path), "problem": f"corrupt: {e}"})
         return None
 
@@ -390,7 +398,17 @@ def definition_records(sessions: list[SessionData], definitions_dir: Path | None
     return sorted(seen.values(), key=lambda d: (d["op_type"] or "", d["name"]))
 
 
-def build(paths: list[str | Path], *, definitions_dir: str | Path | None = None) -> dict[str, Any]:
+def not_run(combinations: list | None, envs: list[Environment], note: str | None) -> list[dict[str, Any]]:
+    """The combinations of constraints/ with no session in these inputs: the matrix says which it lacks and
+    why (`note`, e.g. "no CUDA 12 node"), rather than leaving them out unseen."""
+    ran = {e.combination for e in envs}
+    return [{"combination": c.id, "label": c.label, "cuda": c.cuda, "archs": list(c.archs),
+             "reason": "no session results in these inputs" + (f": {note}" if note else "")}
+            for c in combinations or [] if c.id not in ran]
+
+
+def build(paths: list[str | Path], *, definitions_dir: str | Path | None = None, combinations: list | None = None,
+          not_run_note: str | None = None) -> dict[str, Any]:
     folders, problems = discover(paths)
     sessions = [s for s in (read_session(f, problems) for f in folders) if s is not None]
     envs = environments(sessions)
@@ -403,5 +421,6 @@ def build(paths: list[str | Path], *, definitions_dir: str | Path | None = None)
     return {"schema_version": SCHEMA_VERSION, "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "inputs": [str(p) for p in paths], "problems": problems, "states": STATES, "symbols": SYMBOLS,
             "environments": [environment_record(e) for e in envs], "definitions": defs, "cells": cells,
+            "not_run": not_run(combinations, envs, not_run_note),
             "summary": dict(Counter(c["state"] for c in cells)),
             "drift": [{k: v for k, v in r.items() if k != "definitions"} for r in drift]}

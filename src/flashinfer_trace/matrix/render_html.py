@@ -479,6 +479,13 @@ def render_html(matrix: dict) -> str:
         w("</tbody>\n</table></div>\n")
     else:
         w("<p>No environments.</p>\n")
+    missing = [c for c in _list(matrix.get("not_run")) if isinstance(c, dict)]
+    if missing:
+        w("<h3 id=\"not-run\">Combinations not run</h3>\n<ul>\n")
+        for c in missing:
+            w(f"<li>{_esc(c.get('label'))} (<code>{_esc(c.get('combination'))}</code>, CUDA {_esc(c.get('cuda'))}, "
+              f"{_esc(', '.join(c.get('archs') or []))}): {_esc(c.get('reason'))}</li>\n")
+        w("</ul>\n")
     w("</section>\n")
 
     _drift_section(w, matrix, definitions)

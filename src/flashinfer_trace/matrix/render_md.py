@@ -63,6 +63,10 @@ def render_md(matrix: dict[str, Any]) -> str:
         lines.append(f"| {_esc(e['label'])} | {_esc(e.get('gpu') or '-')} | {e['status']} | "
                      f"{_esc(e.get('sandbox') or 'not recorded')} | {_esc(jit_label(e.get('jit')))} | "
                      f"{', '.join(e['sessions'])} | {_esc(e.get('reason') or '')} |")
+    if matrix.get("not_run"):
+        lines += ["", "## Combinations not run", "", "| combination | CUDA | archs | why |", "|---|---|---|---|"]
+        lines += [f"| {_esc(c['label'])} (`{c['combination']}`) | {c['cuda']} | {', '.join(c['archs'])} | "
+                  f"{_esc(c['reason'])} |" for c in matrix["not_run"]]
     built = [e for e in envs if (e.get("jit") or {}).get("modules")]
     if built:
         lines += ["", "## JIT builds per module", "",
