@@ -321,3 +321,26 @@ def test_combinations_without_results_are_listed_as_not_run_with_the_reason(resu
     assert missing["cu128-torch2.9-fi0.6.6"]["reason"] == "no session results in these inputs: no CUDA 12 node"
     assert "## Combinations not run" in render_md(m) and "no CUDA 12 node" in render_html(m)
     assert build([results], definitions_dir=ROOT / "definitions")["not_run"] == []
+
+
+def test_a_new_definition_in_a_known_uninstallable_environment_is_no_regression(results):
+    """The 0.4.1 combination was install-failed before: a definition added since is install-failed there
+    too, which changes nothing; a new broken cell anywhere else still counts."""
+    old = build([results], definitions_dir=ROOT / "definitions")
+    new = copy.deepcopy(old)
+    new["cells"] += [{"definition": "new_def", "environment": "cu128-fi041@any", "state": "install-failed",
+                      "reason": "known uninstallable"},
+                     {"definition": "new_def", "environment": "cu130-fi066@sm90", "state": "fail", "reason": "bug"}]
+    d = diff_matrices(old, new)
+    assert [(r["definition"], r["environment"]) for r in d.regressions] == [("new_def", "cu130-fi066@sm90")]
+    assert len(d.new) == 2
+
+
+def test_a_multi_line_reason_stays_in_its_table_row(results):
+    old = build([results], definitions_dir=ROOT / "definitions")
+    new = copy.deepcopy(old)
+    new["cells"].append({"definition": "new_def", "environment": "cu130-fi066@sm90", "state": "fail",
+                         "reason": "Mismatch: 2 of 2 differ\n  query_out: 99% | out\n  key_out: 98%"})
+    md = render_diff_md(diff_matrices(old, new))
+    row = next(line for line in md.splitlines() if line.startswith("| new_def"))
+    assert row.endswith("| Mismatch: 2 of 2 differ query_out: 99% \\| out key_out: 98% |")

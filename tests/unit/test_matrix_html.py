@@ -404,3 +404,39 @@ def test_page_in_headless_chromium(sample, tmp_path):
         assert any("matrix-html-log-probe" in e.get("message", "") for e in driver.get_log("browser"))
     finally:
         driver.quit()
+
+
+def test_the_committed_snapshot_page_in_headless_chromium(tmp_path):
+    """docs/matrix-snapshot/index.html as published: every definition a row, no console message, and a
+    definition timed on the H100 plots one bar per timed environment."""
+    _browser_or_skip()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    snapshot = Path(__file__).parents[2] / "docs" / "matrix-snapshot"
+    matrix = json.loads((snapshot / "matrix.json").read_text())
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in CHROME_ARGS:
+        options.add_argument(arg)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chrome-profile'}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "driver.log")),
+                              options=options)
+    try:
+        driver.get((snapshot / "index.html").as_uri())
+        assert driver.execute_script("return document.documentElement.dataset.ready") == "1"
+        names = [d["name"] for d in matrix["definitions"]]
+        assert _visible_rows(driver) == names
+        timed = [c for c in matrix["cells"] if (c.get("timing") or {}).get("median_us") is not None]
+        assert timed, "the snapshot has benchmarks"
+        name = timed[0]["definition"]
+        driver.find_element(By.CSS_SELECTOR, f'#matrix tr.def-row[data-definition="{name}"]').click()
+        bars = driver.find_elements(By.CSS_SELECTOR, "#plot svg rect.bar")
+        assert sorted(b.get_attribute("data-environment") for b in bars) == sorted(
+            c["environment"] for c in timed if c["definition"] == name)
+        assert [e for e in driver.get_log("browser") if e.get("level") in ("SEVERE", "WARNING")] == []
+    finally:
+        driver.quit()

@@ -1,7 +1,8 @@
 """`flashinfer-trace matrix diff OLD NEW`: what changed between two matrix.json files.
 
 Status: a cell that was fine (pass, xfail, a skip) and is now broken (fail, error, timeout,
-install-failed) is a regression, and so is a new cell that is broken; cells that appeared or
+install-failed) is a regression, and so is a new cell that is broken (but a new definition's
+install-failed cell in an environment that was install-failed before: that is no change); cells that appeared or
 vanished, and known issues now passing (xpass), are listed. Performance: the same definition,
 environment, source, timer and size in both, and the new quartile range wholly above the old one
 by more than three times the larger recorded spread. The spread is the IQR each run recorded,
@@ -70,12 +71,13 @@ def diff_matrices(old: dict[str, Any], new: dict[str, Any]) -> MatrixDiff:
         if m.get("schema_version") != 1:
             out.problems.append(f"{name} matrix has schema_version {m.get('schema_version')!r}, expected 1")
     a, b = _cells(old), _cells(new)
+    uninstallable = {e.get("id") for e in old.get("environments") or [] if e.get("status") == "install-failed"}
     for key in sorted(a.keys() | b.keys()):
         o, n = a.get(key), b.get(key)
         base = {"definition": key[0], "environment": key[1]}
         if o is None:
             out.new.append({**base, "state": n["state"]})
-            if n["state"] in BROKEN:
+            if n["state"] in BROKEN and not (n["state"] == "install-failed" and key[1] in uninstallable):
                 out.regressions.append({**base, "old": None, "new": n["state"], "reason": n.get("reason")})
             continue
         if n is None:
@@ -110,7 +112,8 @@ def render_diff_md(d: MatrixDiff) -> str:
             vals = []
             for c in cols:
                 v = r.get(c)
-                vals.append(f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v).replace("|", "\\|")))
+                text = "" if v is None else " ".join(str(v).split()).replace("|", "\\|")  # one table row per cell
+                vals.append(f"{v:.3g}" if isinstance(v, float) else text)
             lines.append("| " + " | ".join(vals) + " |")
         lines.append("")
 
