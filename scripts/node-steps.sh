@@ -8,6 +8,10 @@
 #   scripts/node-steps.sh probe alone mps-on mps-off        (diagnostics)
 #   DEFS=".public/definitions" FI=0.6.6 scripts/node-steps.sh public   (flashinfer-trace check vs FlashInfer)
 #   scripts/node-steps.sh fi072a, then at once fi072b + FI=0.7.2.post1 public: 0.7.2.post1 moved in two calls
+#   the sweep (docs/matrix-sessions.md, 2026-11-24): WH=/tmp/wh FROM=".whl .whl066 .whl053" wh, then chains of
+#   C=<combination> jitc / ref / benchc in the background (bg, BGN=name, BG="..."; mark / await order them),
+#   collect to wait and bring results back; a wheel over a call's 64 MiB travels as pieces: carry [.wp072a],
+#   then [.wp072b], each with `piece`, then `join` (sha256 checked) puts it in $WH
 #   BG="fitrace public fitrace-check" scripts/node-steps.sh bg, then W=540 scripts/node-steps.sh collect (each
 #   call returns what has finished; the steps go on between calls while the machine stays warm)
 #   sglang 0.5.16 (constraints/cu130-torch2.11-fi0.6.14-sglang0.5.16.toml) in 9 consecutive calls (the
@@ -136,7 +140,17 @@ for s in "$@"; do
     jitmoe) sess "jit-$C" "moe and flashinfer" --jit-budget ${JB:-1700} ;;
     jitc) sess "jit-$C" "${K:-not (moe and flashinfer)}" --jit-budget ${JB:-1200} ;;  # the prebuild alone (CPU)
     benchc) sess "bench-$C" "${KB:-not moe}" --bench-sources=${BS:-flashinfer,sglang} ;;  # BS: torch is one release
-    noxenv) nox_env ;;  # before chains that start nox sessions at once
+    noxenv) nox_env ;;
+    piece) step "wheel pieces carried in this call (.wp*/: NAME.partN, SHA256 of NAME) -> /tmp/pieces"
+      mkdir -p /tmp/pieces; for d in .wp*/; do [ -d "$d" ] || continue; cp "$d"*.part* /tmp/pieces/ 2>/dev/null
+        [ -f "$d"SHA256 ] && cp "$d"SHA256 "/tmp/pieces/SHA256.$(basename "$d")"; done
+      echo "pieces: $(cd /tmp/pieces && ls | tr '\n' ' ')" | tee -a "$LOG" ;;
+    join) step "wheels joined from their pieces, each checked against its sha256 -> ${WH:=/tmp/wh}"; mkdir -p "$WH"
+      cat /tmp/pieces/SHA256.* 2>/dev/null | while read -r want whl; do
+        cat /tmp/pieces/"$whl".part* > "/tmp/pieces/$whl"; got=$(sha256sum "/tmp/pieces/$whl" | cut -d' ' -f1)
+        if [ "$got" = "$want" ]; then mv "/tmp/pieces/$whl" "$WH/"; echo "$whl: sha256 matches, in $WH"
+        else rm -f "/tmp/pieces/$whl"; echo "$whl: REFUSED: sha256 $got, want $want (a piece missing or damaged)"; fi
+      done | tee -a "$LOG" ;;  # before chains that start nox sessions at once
     sgl-join) step "sglang-kernel 0.4.5 joined from its pieces, sha256 checked; wheelhouse /tmp/wh-sgl = /tmp/wh + sglang's"
       if ! read -r want whl < /tmp/sgk-parts/SHA256 2>/dev/null; then
         echo "sgl-join: no /tmp/sgk-parts/SHA256: carry .sk1 (with sgl-piece) on this warm machine first" | tee -a "$LOG"; continue; fi

@@ -269,16 +269,12 @@ def _visible_rows(driver) -> list[str]:
             if r.is_displayed()]
 
 
-def test_page_in_headless_chromium(sample, tmp_path):
-    _browser_or_skip()
+def _chrome(tmp_path):
+    """Headless Chromium through Selenium, its console log kept (the tests assert it stays empty)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.select import Select
 
-    page = tmp_path / "matrix.html"
-    page.write_text(render_html(sample), encoding="utf-8")
     options = Options()
     options.binary_location = CHROMIUM
     for arg in CHROME_ARGS:
@@ -286,7 +282,17 @@ def test_page_in_headless_chromium(sample, tmp_path):
     options.add_argument(f"--user-data-dir={tmp_path / 'chrome-profile'}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
+    return webdriver.Chrome(service=service, options=options)
+
+
+def test_page_in_headless_chromium(sample, tmp_path):
+    _browser_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    page = tmp_path / "matrix.html"
+    page.write_text(render_html(sample), encoding="utf-8")
+    driver = _chrome(tmp_path)
     try:
         driver.get(page.as_uri())
         assert driver.title == TITLE
@@ -410,21 +416,11 @@ def test_the_committed_snapshot_page_in_headless_chromium(tmp_path):
     """docs/matrix-snapshot/index.html as published: every definition a row, no console message, and a
     definition timed on the H100 plots one bar per timed environment."""
     _browser_or_skip()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     snapshot = Path(__file__).parents[2] / "docs" / "matrix-snapshot"
     matrix = json.loads((snapshot / "matrix.json").read_text())
-    options = Options()
-    options.binary_location = CHROMIUM
-    for arg in CHROME_ARGS:
-        options.add_argument(arg)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chrome-profile'}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "driver.log")),
-                              options=options)
+    driver = _chrome(tmp_path)
     try:
         driver.get((snapshot / "index.html").as_uri())
         assert driver.execute_script("return document.documentElement.dataset.ready") == "1"
