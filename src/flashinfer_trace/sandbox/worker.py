@@ -17,6 +17,7 @@ reference can reach another's state at all.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -249,7 +250,8 @@ class _Server:
             _send(self.conn, reply)
             gc.collect()  # finalizers of what the reference left (generators holding contexts) run now
             if self.gpu:  # what the reference allocated goes back to the GPU, not this process's cache
-                torch.cuda.empty_cache()
+                with contextlib.suppress(RuntimeError):  # a memory courtesy: never the call's outcome
+                    torch.cuda.empty_cache()
 
 
 def main(conn, arena_fd: int, settings: dict) -> None:
