@@ -431,15 +431,6 @@ def mamba_ssu(call: Call) -> tuple:
 
 
 # -- the adapters -----------------------------------------------------------------------------------
-def _plain_norm(d) -> str | None:
-    return sem.gemma_norm(d) or ("fused add + norm (see fused_add_rmsnorm)" if sem.is_fused_add(d) else
-                                 sem.missing_inputs(d, ("hidden_states", "weight")))
-
-
-def _fused_norm(d) -> str | None:
-    return sem.gemma_norm(d) or (None if sem.is_fused_add(d) else "not a fused add + norm")
-
-
 def _stage(want: str, *names: str):
     def applies(d) -> str | None:
         if sem.stage(d) != want:
@@ -489,9 +480,9 @@ def _sampler_applies(d) -> str | None:
 _ATTN = dict(package=PACKAGE, dtypes=HALF, needs_cuda=True)
 ADAPTERS = [
     Adapter("flashinfer", "rmsnorm", "flashinfer.norm.rmsnorm", rmsnorm, package=PACKAGE,
-            requires=("norm.rmsnorm",), applies=_plain_norm, dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
+            requires=("norm.rmsnorm",), applies=sem.plain_rmsnorm, dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
     Adapter("flashinfer", "rmsnorm", "flashinfer.norm.fused_add_rmsnorm", fused_add_rmsnorm, package=PACKAGE,
-            requires=("norm.fused_add_rmsnorm",), applies=_fused_norm, dtypes=HALF, needs_cuda=True,
+            requires=("norm.fused_add_rmsnorm",), applies=sem.fused_add_rmsnorm, dtypes=HALF, needs_cuda=True,
             params=(sem.eps,)),
     # mm_bf16: 0.6.1-0.6.17 only through cudnn/cutlass/tgv on sm100/103; cublaslt on sm80+ from 0.6.18
     Adapter("flashinfer", "gemm", "flashinfer.mm_bf16(backend=cublaslt)", mm_bf16("cublaslt"), package=PACKAGE,

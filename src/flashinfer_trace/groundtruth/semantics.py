@@ -67,6 +67,17 @@ def gemma_norm(definition: Definition) -> str | None:
     return None
 
 
+def plain_rmsnorm(definition: Definition) -> str | None:
+    """Why a plain RMSNorm kernel (no residual add) does not apply: every source's rmsnorm adapter asks this."""
+    return gemma_norm(definition) or ("a fused add + norm (the fused_add_rmsnorm kernel's)" if is_fused_add(definition)
+                                      else missing_inputs(definition, ("hidden_states", "weight")))
+
+
+def fused_add_rmsnorm(definition: Definition) -> str | None:
+    """Why a fused add + RMSNorm kernel does not apply: every source's fused_add_rmsnorm adapter asks this."""
+    return gemma_norm(definition) or (None if is_fused_add(definition) else "not a fused add + norm")
+
+
 def norm_outputs(definition: Definition, output: torch.Tensor, residual: torch.Tensor | None) -> tuple:
     """Outputs in definition order. A fused add + norm has the normalised result first and the
     updated residual second when the definition lists it (public definitions may list only the

@@ -152,13 +152,10 @@ def _has(*names: str):
 
 ADAPTERS = [
     Adapter("sglang", "rmsnorm", "sgl_kernel.rmsnorm", rmsnorm, package=KERNELS, requires=("rmsnorm",),
-            applies=lambda d: sem.gemma_norm(d) or ("fused add + norm" if sem.is_fused_add(d) else
-                                                    sem.missing_inputs(d, ("hidden_states", "weight"))),
-            dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
+            applies=sem.plain_rmsnorm, dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
     Adapter("sglang", "rmsnorm", "sgl_kernel.fused_add_rmsnorm", fused_add_rmsnorm, package=KERNELS,
             requires=("fused_add_rmsnorm",),
-            applies=lambda d: sem.gemma_norm(d) or (None if sem.is_fused_add(d) else "not a fused add + norm"),
-            dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
+            applies=sem.fused_add_rmsnorm, dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
     Adapter("sglang", "activation", "sgl_kernel.silu_and_mul", silu_and_mul, package=KERNELS,
             requires=("silu_and_mul",), applies=lambda d: None if "silu" in d.name else "only silu_and_mul",
             dtypes=HALF, needs_cuda=True),
