@@ -17,7 +17,8 @@
 #   sglang 0.5.16 (constraints/cu130-torch2.11-fi0.6.14-sglang0.5.16.toml) in 9 consecutive calls (the
 #   machine stays warm 30 s between calls: /tmp survives; each call carries at most 64 MiB, tree included):
 #     carry [.sk1] .. [.sk6]: sgl-piece; carry [.sk7, .wsgl2]: sgl-piece; carry [.wsgl3]: sgl-piece;
-#     carry [.wsgl]: sgl-install sgl-probe; then (carry [.whl]) sgl-nox: the combination's nox session, its pins
+#     carry [.wsgl]: sgl-install sgl-probe (a plain install in /tmp/sgl), or sgl-join (the nox sessions' wheelhouse
+#     /tmp/wh-sgl), then C=cu130-torch2.11-fi0.6.14-sglang0.5.16 WH=/tmp/wh-sgl XW=/tmp/sgl-wheels jitc / ref, its pins
 #     from the joined wheels, sglang's import closure through --extra-wheels
 #   (.skN: sglang-kernel 0.4.5's wheel in 55 MiB pieces, .sk1/SHA256 its PyPI sha256; .wsgl: sglang,
 #   flashinfer-python 0.6.14, transformers, ...; .wsgl2: torchvision 0.26.0, pillow, ...; .wsgl3: xgrammar)
@@ -57,6 +58,14 @@ fi_env() {  # flashinfer 0.6.6 for plain runs
     .whl/apache_tvm_ffi*.whl .whl/nvidia_cudnn_frontend*.whl >/dev/null
 }
 keep() { tar czf "$OUT/$1.tgz" -C results "${@:2}" 2>/dev/null; }
+join_checked() {  # join_checked DIR WHEEL SHA256 PIECE...: the pieces, in order, become DIR/WHEEL if its sha256 matches
+  local dir=$1 whl=$2 want=$3 got; shift 3
+  cat "$@" > "$dir/$whl.joining" 2>/dev/null; got=$(sha256sum "$dir/$whl.joining" | cut -d' ' -f1)
+  if [ "$got" = "$want" ]; then mv "$dir/$whl.joining" "$dir/$whl"; echo "$whl: sha256 $got matches" | tee -a "$LOG"; return 0; fi
+  rm -f "$dir/$whl.joining"
+  echo "$whl: REFUSED: $# piece(s) joined give sha256 $got, PyPI publishes $want: a piece is missing or damaged" \
+    "(carry it again)" | tee -a "$LOG"; return 1
+}
 all_done() { for c in "$@"; do [ -f "$c/DONE" ] || return 1; done; }
 RES=${RES:-/tmp/results}  # the sweep steps' results ($FLASHINFER_TRACE_RESULTS): outside the tree, kept between calls
 sess() {  # sess NAME K [ARGS...]: one nox session, offline (wheelhouse $WH, extra wheels $XW), the node's torch
@@ -140,25 +149,20 @@ for s in "$@"; do
     jitmoe) sess "jit-$C" "moe and flashinfer" --jit-budget ${JB:-1700} ;;
     jitc) sess "jit-$C" "${K:-not (moe and flashinfer)}" --jit-budget ${JB:-1200} ;;  # the prebuild alone (CPU)
     benchc) sess "bench-$C" "${KB:-not moe}" --bench-sources=${BS:-flashinfer,sglang} ;;  # BS: torch is one release
-    noxenv) nox_env ;;
+    noxenv) nox_env ;;  # before chains that start nox sessions at once
     piece) step "wheel pieces carried in this call (.wp*/: NAME.partN, SHA256 of NAME) -> /tmp/pieces"
       mkdir -p /tmp/pieces; for d in .wp*/; do [ -d "$d" ] || continue; cp "$d"*.part* /tmp/pieces/ 2>/dev/null
         [ -f "$d"SHA256 ] && cp "$d"SHA256 "/tmp/pieces/SHA256.$(basename "$d")"; done
       echo "pieces: $(cd /tmp/pieces && ls | tr '\n' ' ')" | tee -a "$LOG" ;;
     join) step "wheels joined from their pieces, each checked against its sha256 -> ${WH:=/tmp/wh}"; mkdir -p "$WH"
-      cat /tmp/pieces/SHA256.* 2>/dev/null | while read -r want whl; do
-        cat /tmp/pieces/"$whl".part* > "/tmp/pieces/$whl"; got=$(sha256sum "/tmp/pieces/$whl" | cut -d' ' -f1)
-        if [ "$got" = "$want" ]; then mv "/tmp/pieces/$whl" "$WH/"; echo "$whl: sha256 matches, in $WH"
-        else rm -f "/tmp/pieces/$whl"; echo "$whl: REFUSED: sha256 $got, want $want (a piece missing or damaged)"; fi
-      done | tee -a "$LOG" ;;  # before chains that start nox sessions at once
+      while read -r want whl; do join_checked "$WH" "$whl" "$want" /tmp/pieces/"$whl".part*; done \
+        < <(cat /tmp/pieces/SHA256.* 2>/dev/null) ;;
     sgl-join) step "sglang-kernel 0.4.5 joined from its pieces, sha256 checked; wheelhouse /tmp/wh-sgl = /tmp/wh + sglang's"
       if ! read -r want whl < /tmp/sgk-parts/SHA256 2>/dev/null; then
         echo "sgl-join: no /tmp/sgk-parts/SHA256: carry .sk1 (with sgl-piece) on this warm machine first" | tee -a "$LOG"; continue; fi
-      cat /tmp/sgk-parts/sglang_kernel.part* > "/tmp/sgk-parts/$whl"; got=$(sha256sum "/tmp/sgk-parts/$whl" | cut -d' ' -f1)
-      if [ "$got" != "$want" ]; then rm -f "/tmp/sgk-parts/$whl"
-        echo "sgl-join: REFUSED: sha256 $got, PyPI publishes $want: a piece is missing or damaged" | tee -a "$LOG"; continue; fi
-      mkdir -p /tmp/wh-sgl; ln -sf /tmp/wh/*.whl /tmp/sgl-wheels/*.whl "/tmp/sgk-parts/$whl" /tmp/wh-sgl/
-      echo "sha256 $got matches; $(ls /tmp/wh-sgl | wc -l) wheels in /tmp/wh-sgl" | tee -a "$LOG" ;;
+      join_checked /tmp/sgk-parts "$whl" "$want" /tmp/sgk-parts/sglang_kernel.part* || continue
+      mkdir -p /tmp/wh-sgl; (shopt -s nullglob; ln -sf /tmp/wh/*.whl /tmp/sgl-wheels/*.whl "/tmp/sgk-parts/$whl" /tmp/wh-sgl/)
+      echo "$(ls /tmp/wh-sgl | wc -l) wheels in /tmp/wh-sgl" | tee -a "$LOG" ;;
     mark) touch "/tmp/mark-$MK" ;;  # MK: a marker another chain awaits
     await) step "waiting for $MK"; until [ -e "/tmp/mark-$MK" ] || [ -e "$MK" ]; do sleep 5; done ;;
     sgl-piece) step "sglang: the pieces and wheels carried in this call -> /tmp/sgk-parts, /tmp/sgl-wheels"
@@ -174,13 +178,8 @@ for s in "$@"; do
       for d in .wsgl*/; do [ -d "$d" ] && mkdir -p /tmp/sgl-wheels && cp "$d"*.whl /tmp/sgl-wheels/; done
       if ! read -r want whl < /tmp/sgk-parts/SHA256 2>/dev/null; then
         echo "sgl-install: no /tmp/sgk-parts/SHA256: carry .sk1 (with sgl-piece) on this warm machine first" | tee -a "$LOG"; continue; fi
-      cat /tmp/sgk-parts/sglang_kernel.part* > "/tmp/sgk-parts/$whl"  # part01, part02, ...: the glob's order
-      got=$(sha256sum "/tmp/sgk-parts/$whl" | cut -d' ' -f1)
-      if [ "$got" != "$want" ]; then
-        echo "sgl-install: REFUSED: $whl joined from pieces $(cd /tmp/sgk-parts && echo sglang_kernel.part* | tr -dc '0-9 ')" \
-          "has sha256 $got, PyPI publishes $want: a piece is missing or damaged (carry it again with sgl-piece)" | tee -a "$LOG"
-        rm -f "/tmp/sgk-parts/$whl"; continue; fi
-      echo "sglang-kernel wheel: sha256 $got matches" | tee -a "$LOG"; rm -rf /tmp/sgl
+      join_checked /tmp/sgk-parts "$whl" "$want" /tmp/sgk-parts/sglang_kernel.part* || continue  # part01, ...: in order
+      rm -rf /tmp/sgl
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sgl "/tmp/sgk-parts/$whl" /tmp/sgl-wheels/*.whl \
         2>&1 | grep -v "root user" | tail -3 | tee -a "$LOG"
       PYTHONPATH=/tmp/sgl timeout 120 python3 scripts/sgl-probe.py --versions sgl_kernel:rmsnorm,fused_add_rmsnorm,silu_and_mul \
@@ -191,13 +190,6 @@ for s in "$@"; do
         --ground-truth sglang --size small --no-edge-cases --no-progress --results "$OUT/check-sglang.jsonl" \
         --jit-budget ${JB:-300} --save-failures "$OUT/failures-sglang" 2>&1 | grep -v "^│\|Warn" | tail -${TAILN:-40} | tee -a "$LOG"
       echo "sgl-check: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
-    sgl-nox) step "nox -s references-cu130-torch2.11-fi0.6.14-sglang0.5.16: offline, the node's torch, sglang's closure as extra wheels"
-      nox_env; mkdir -p /tmp/wh-sgl; ln -sf "$PWD"/.whl/*.whl /tmp/sgl-wheels/*.whl /tmp/sgk-parts/*.whl /tmp/wh-sgl/ 2>/dev/null
-      start=$SECONDS
-      timeout -s INT -k 30 ${T:-500} /tmp/noxenv/bin/nox -s references-cu130-torch2.11-fi0.6.14-sglang0.5.16 -- \
-        --wheelhouse /tmp/wh-sgl --extra-wheels /tmp/sgl-wheels --preinstalled-torch --jobs ${J:-8} \
-        -k "${K:-not (moe and flashinfer)}" 2>&1 | tail -12 | tee -a "$LOG"
-      echo "sgl-nox: $((SECONDS - start)) s wall" | tee -a "$LOG"; keep references-sglang references-cu130-torch2.11-fi0.6.14-sglang0.5.16 ;;
     sgl-probe) step "sglang modules on PYTHONPATH=src:/tmp/unit:/tmp/sgl: ok or the exception, per module"
       PYTHONPATH=src:/tmp/unit:/tmp/sgl timeout ${T:-400} python3 scripts/sgl-probe.py --versions --json "$OUT/sgl-probe.json" \
         2>&1 | grep -v Warn | tail -${TAILN:-40} | tee -a "$LOG" ;;
