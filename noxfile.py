@@ -10,6 +10,7 @@ this file makes environments and calls flashinfer_trace.sweep.install / flashinf
                                              offline, reusing this interpreter's torch; the rest to pytest
     nox -s jit-cuda13 -- -k moe --jit-budget 1800    only the JIT prebuild (start long builds ahead; resumable)
     nox -s references-cuda13 -- --no-mps     without the session's own CUDA MPS daemon (sweep/mps.py)
+    nox -s references-cuda13 -- --jit-modules DIR    load the modules another machine built (sweep/prebuilt.py)
     nox -s matrix                            results/ -> matrix/ (JSON, Markdown, HTML)
 
 Results go to results/<session>/ ($FLASHINFER_TRACE_RESULTS); each combination gets its own FlashInfer
@@ -30,7 +31,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))  # the nox interpreter reads combos with the package's own code
 
-from flashinfer_trace.sweep import mps  # noqa: E402
+from flashinfer_trace.sweep import mps, prebuilt  # noqa: E402
 from flashinfer_trace.sweep.combos import arch_env, arch_of, default_combination, load_combinations  # noqa: E402
 from flashinfer_trace.sweep.install import install, parse_session_args  # noqa: E402
 from flashinfer_trace.sweep.manifest import nvidia_smi  # noqa: E402
@@ -81,6 +82,8 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
         env |= arch_env(target)
         env["FLASHINFER_WORKSPACE_BASE"] = str(JIT_CACHE / combo.id)  # versions < 0.4 do not key caches by version
     result = install(combo, _python(session), opts, project=ROOT, log=out / "install.log", env=None)
+    if result.ok and opts.jit_modules and combo.gpu:
+        result.steps.append(prebuilt.carry_in(opts.jit_modules, combo, _python(session), info.arch))
     write_json(out / "install.json", result.as_dict())
     if not result.ok:
         info.status, info.reason, info.install_mode = "install-failed", result.error, result.mode

@@ -20,6 +20,9 @@
 #     carry [.wsgl]: sgl-install sgl-probe (a plain install in /tmp/sgl), or sgl-join (the nox sessions' wheelhouse
 #     /tmp/wh-sgl), then C=cu130-torch2.11-fi0.6.14-sglang0.5.16 WH=/tmp/wh-sgl XW=/tmp/sgl-wheels jitc / ref, its pins
 #     from the joined wheels, sglang's import closure through --extra-wheels
+#   a machine handed back loses its JIT cache: jit-export brings the modules it built back (in 12 MiB pieces);
+#   carried as .jso/ to the next machine, jit-carry unpacks them and JM=/tmp/jit-carried passes --jit-modules, so
+#   FlashInfer loads them instead of compiling (sweep/prebuilt.py)
 #   (.skN: sglang-kernel 0.4.5's wheel in 55 MiB pieces, .sk1/SHA256 its PyPI sha256; .wsgl: sglang,
 #   flashinfer-python 0.6.14, transformers, ...; .wsgl2: torchvision 0.26.0, pillow, ...; .wsgl3: xgrammar)
 #
@@ -72,7 +75,7 @@ sess() {  # sess NAME K [ARGS...]: one nox session, offline (wheelhouse $WH, ext
   local name=$1 k=$2 start=$SECONDS rc; shift 2; nox_env; mkdir -p "$RES"
   step "nox -s $name -- -k '$k' $*"
   FLASHINFER_TRACE_RESULTS=$RES timeout -s INT -k 30 ${T:-1500} /tmp/noxenv/bin/nox -s "$name" -- \
-    --wheelhouse "${WH:-/tmp/wh}" ${XW:+--extra-wheels "$XW"} --preinstalled-torch --jobs ${J:-8} -k "$k" "$@" \
+    --wheelhouse "${WH:-/tmp/wh}" ${XW:+--extra-wheels "$XW"} ${JM:+--jit-modules "$JM"} --preinstalled-torch --jobs ${J:-8} -k "$k" "$@" \
     > "$RES/nox-$name.log" 2>&1; rc=$?
   echo "$name: rc $rc, $((SECONDS - start)) s wall" | tee -a "$LOG"; tail -3 "$RES/nox-$name.log" | tee -a "$LOG"
   python3 -c "import json, sys; s = json.load(open(sys.argv[1])); j = s.get('jit') or {}
@@ -150,6 +153,15 @@ for s in "$@"; do
     jitc) sess "jit-$C" "${K:-not (moe and flashinfer)}" --jit-budget ${JB:-1200} ;;  # the prebuild alone (CPU)
     benchc) sess "bench-$C" "${KB:-not moe}" --bench-sources=${BS:-flashinfer,sglang} ;;  # BS: torch is one release
     noxenv) nox_env ;;  # before chains that start nox sessions at once
+    jit-export) step "the JIT cache's built modules (every combination's .so) -> \$OUT/jit-so.tgz.part*, 12 MiB each"
+      (cd "$HOME/.cache/flashinfer-trace/jit" && find . -path '*cached_ops*' -name '*.so' | tar czf /tmp/jit-so.tgz -T -)
+      split -b 12m /tmp/jit-so.tgz "$OUT/jit-so.tgz.part"
+      echo "$(sha256sum /tmp/jit-so.tgz | cut -d' ' -f1) jit-so.tgz" > "$OUT/SHA256"
+      echo "$(tar tzf /tmp/jit-so.tgz | grep -c '\.so$') modules, $(du -h /tmp/jit-so.tgz | cut -f1): carry them" \
+        "back as .jso/ (the pieces and SHA256), then jit-carry" | tee -a "$LOG" ;;
+    jit-carry) step "modules another machine built (.jso/: jit-export's pieces) -> ${JM:=/tmp/jit-carried} (--jit-modules)"
+      read -r want name < .jso/SHA256 && mkdir -p /tmp/jso "$JM" && join_checked /tmp/jso "$name" "$want" .jso/"$name".part* \
+        && tar xzf "/tmp/jso/$name" -C "$JM" && echo "$(find "$JM" -name '*.so' | wc -l) modules in $JM" | tee -a "$LOG" ;;
     piece) step "wheel pieces carried in this call (.wp*/: NAME.partN, SHA256 of NAME) -> /tmp/pieces"
       mkdir -p /tmp/pieces; for d in .wp*/; do [ -d "$d" ] || continue; cp "$d"*.part* /tmp/pieces/ 2>/dev/null
         [ -f "$d"SHA256 ] && cp "$d"SHA256 "/tmp/pieces/SHA256.$(basename "$d")"; done

@@ -48,7 +48,7 @@ PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version 
                         "pytest-benchmark", "landlock>=1.0.0.dev5; sys_platform == 'linux'",
                         "pyseccomp>=0.1.2; sys_platform == 'linux'")
 SESSION_FLAGS = ("--wheelhouse", "--extra-wheels", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout",
-                 "--resume", "--jit-budget", "--no-mps")
+                 "--resume", "--jit-budget", "--no-mps", "--jit-modules")
 
 
 @dataclass
@@ -63,6 +63,7 @@ class InstallOptions:
     jobs: int | None = None
     test_timeout: float | None = None
     jit_budget: float | None = None  # seconds per JIT prebuild job
+    jit_modules: Path | None = None  # another machine's JIT cache root: loaded, not rebuilt (prebuilt.py)
     resume: bool = False  # keep the tests a killed or interrupted run streamed, run the rest
     mps: bool = True  # GPU sessions: a CUDA MPS daemon of their own where one can start (sweep/mps.py)
 
@@ -138,7 +139,10 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             opts.test_timeout = float(value)
         elif name == "--jit-budget":
             opts.jit_budget = float(value)
-    for flag, folder in (("--wheelhouse", opts.wheelhouse), ("--extra-wheels", opts.extra_wheels)):
+        elif name == "--jit-modules":
+            opts.jit_modules = Path(value)
+    for flag, folder in (("--wheelhouse", opts.wheelhouse), ("--extra-wheels", opts.extra_wheels),
+                         ("--jit-modules", opts.jit_modules)):
         if folder is not None and not folder.is_dir():
             raise ValueError(f"{flag} {folder}: not a folder")
     if opts.extra_wheels is not None and opts.wheelhouse is None:

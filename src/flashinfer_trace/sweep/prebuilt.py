@@ -1,0 +1,84 @@
+"""FlashInfer JIT modules built on another machine, loaded instead of compiled again.
+
+A GPU machine that is handed back takes its JIT cache with it, and a fresh one compiles every
+module again (10-25 min a release on 16 cores, fused MoE alone far more). The modules are plain
+shared libraries keyed by FlashInfer version and CUDA arch. FlashInfer loads a module it finds in
+its AOT folder (`<package>/data/aot/<name>/<name>.so`, where its flashinfer-jit-cache wheel puts
+them) instead of building it: `JitSpec.build_and_load` in 0.5.3, 0.6.6 and 0.6.14 (read in their sources;
+0.7.x keeps an index of AOT artifacts and is not relied on here).
+
+`--jit-modules ROOT` names a JIT cache root of another machine, laid out as this project's own
+($FLASHINFER_TRACE_JIT_CACHE: `<combination>/.cache/flashinfer/<version>/<arch>/cached_ops/<name>/<name>.so`).
+Only the modules of the same combination, FlashInfer version and arch are taken, so a library
+never meets another release's headers; what was placed is a line of the install record.
+
+    find(root, combination, version, arch) -> {name: library}
+    place(modules, package)                -> names placed into <package>/data/aot
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+from .combos import Combination, arch_env
+
+
+def arch_folder(arch: str) -> str:
+    """FlashInfer's cache folder for an arch: sm90 -> 90a (its FLASHINFER_CUDA_ARCH_LIST, no dot)."""
+    return arch_env(arch)["FLASHINFER_CUDA_ARCH_LIST"].replace(".", "")
+
+
+def find(root: Path, combination: str, version: str, arch: str) -> dict[str, Path]:
+    ops = Path(root) / combination / ".cache" / "flashinfer" / version / arch_folder(arch) / "cached_ops"
+    return {d.name: d / f"{d.name}.so" for d in sorted(ops.glob("*")) if (d / f"{d.name}.so").is_file()}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def place(modules: dict[str, Path], package: Path) -> list[str]:
+    """Copy each library into the package's AOT folder; one already there with the same bytes stays."""
+    placed = []
+    for name, library in modules.items():
+        dest = package / "data" / "aot" / name / f"{name}.so"
+        if dest.is_file() and _sha256(dest) == _sha256(library):
+            placed.append(name)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(library, dest.with_suffix(".so.part"))
+        dest.with_suffix(".so.part").replace(dest)  # a loader never sees half a library
+        placed.append(name)
+    return placed
+
+
+def flashinfer_package(python: str) -> Path | None:
+    """Where `python` finds the flashinfer package (found without importing it: no torch import)."""
+    code = ("import importlib.util as u; s = u.find_spec('flashinfer'); "
+            "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120).stdout.strip()
+    return Path(out) if out else None
+
+
+def carry_in(root: Path, combo: Combination, python: str, arch: str) -> str:
+    """The install record's line: what was placed from `root`, or why nothing was."""
+    version = str(combo.flashinfer) if combo.flashinfer else None
+    if version is None:
+        return f"--jit-modules {root}: {combo.id} pins no flashinfer-python; nothing placed"
+    modules = find(root, combo.id, version, arch)
+    if not modules:
+        return (f"--jit-modules {root}: no modules of {combo.id} (flashinfer {version}, {arch_folder(arch)}) there; "
+                "every module compiles here")
+    package = flashinfer_package(python)
+    if package is None:
+        return f"--jit-modules {root}: the session's python finds no flashinfer package; nothing placed"
+    names = place(modules, package)
+    return (f"placed {len(names)} prebuilt JIT modules of flashinfer {version} ({arch_folder(arch)}) from {root} "
+            f"into {package / 'data' / 'aot'}, loaded there instead of compiled: {', '.join(names)}")
