@@ -200,6 +200,26 @@ def test_gdn_decode_module_failing_on_cutlass_is_not_installed(monkeypatch):
     assert e.value.kind == "not-installed"
 
 
+def test_a_release_without_the_prefill_module_is_api_missing(monkeypatch):
+    """0.5.3 has no flashinfer.gdn_prefill (the H100 sweep said import-failed: ModuleNotFoundError); a module
+    that fails inside its own imports stays import-failed."""
+    from flashinfer_trace.groundtruth import flashinfer_gdn
+
+    fi = _fake_flashinfer(monkeypatch, "0.5.3")
+    monkeypatch.delitem(sys.modules, "flashinfer.gdn_prefill", raising=False)
+    with pytest.raises(GroundTruthUnavailable) as e:
+        get_ground_truth("flashinfer", load_definition(OURS["prefill"]), device="cuda")
+    assert e.value.kind == "api-missing" and "flashinfer 0.5.3 has no module flashinfer.gdn_prefill" in str(e.value)
+
+    def fail(name, *a, **kw):
+        raise ModuleNotFoundError("No module named 'einops'", name="einops")
+
+    monkeypatch.setattr(flashinfer_gdn.importlib, "import_module", fail)
+    with pytest.raises(GroundTruthUnavailable, match="einops") as e:
+        flashinfer_gdn._import(fi, "gdn_prefill")
+    assert e.value.kind == "import-failed"
+
+
 @pytest.mark.parametrize("version", ["0.6.14", "0.7.2"])
 def test_a_prefill_with_cute_dsl_kernels_needs_cutlass_dsl_whatever_its_version(monkeypatch, version):
     """Read from the module, not the number: 0.6.14's gdn_prefill already imports the DSL kernel (None

@@ -115,6 +115,9 @@ def _import(fi: ModuleType, module_name: str) -> ModuleType:
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] == "cutlass":
             raise GroundTruthUnavailable("not-installed", f"{CUTLASS_DSL}: {name} imports it") from None
+        if e.name == name:  # the release has no such module (0.5.3 has no gdn_prefill): its API, not a failed import
+            raise GroundTruthUnavailable("api-missing", f"{fi.__name__} {getattr(fi, '__version__', '?')} has no "
+                                                        f"module {name}") from None
         raise GroundTruthUnavailable("import-failed", f"{name}: {type(e).__name__}: {e}") from None
     except Exception as e:  # noqa: BLE001 - an extension may fail to load with anything
         text = " ".join(str(e).split())[:300]
