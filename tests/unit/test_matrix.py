@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flashinfer_trace.matrix import build, diff_matrices, render_diff_md, render_md
+from flashinfer_trace.matrix import build, diff_environments, diff_matrices, render_diff_md, render_md
 from flashinfer_trace.matrix.__main__ import main as matrix_main
+from flashinfer_trace.matrix.diff import BROKEN
 from flashinfer_trace.matrix.known_issues import KnownIssueError, installed_versions, load_known_issues
 from flashinfer_trace.sweep.results import SessionInfo, TestRecord, write_json, write_session
 
@@ -145,6 +146,35 @@ def test_diff_catches_planted_regressions(results, tmp_path, capsys):
     assert "Status regressions" in summary.read_text()
     assert matrix_main(["diff", str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
     assert "no regressions" in capsys.readouterr().out
+
+
+def test_two_releases_columns_diff_like_two_runs(results, tmp_path, capsys):
+    """--envs: one environment's column against another's (two releases of one snapshot)."""
+    m = build([results])
+    envs = [e["id"] for e in m["environments"]]
+    old_env = next(i for i in envs if i.startswith("cu130-fi066"))
+    new = copy.deepcopy(m)
+    twin = copy.deepcopy([c for c in new["cells"] if c["environment"] == old_env])
+    for c in twin:
+        c["environment"] = "cu130-fi072@sm90"
+    new["cells"] += twin
+    new["environments"].append({**next(e for e in m["environments"] if e["id"] == old_env),
+                                "id": "cu130-fi072@sm90"})
+    moved = {c["definition"]: c for c in twin}
+    moved["rmsnorm_h4096"]["timing"].update(median_us=2.5, q1_us=2.49, q3_us=2.51)
+    name, cell = next((n, c) for n, c in moved.items() if c["state"] not in BROKEN and n != "rmsnorm_h4096")
+    cell["state"] = "fail"
+    d = diff_environments(new, new, old_env, "cu130-fi072")  # a unique start of an id will do
+    assert [(r["definition"], r["environment"]) for r in d.regressions] == [(name, f"{old_env} -> cu130-fi072@sm90")]
+    assert [s["definition"] for s in d.slower] == ["rmsnorm_h4096"] and not d.new and not d.vanished
+    (tmp_path / "m.json").write_text(json.dumps(new))
+    assert matrix_main(["diff", str(tmp_path / "m.json"), str(tmp_path / "m.json"), "--envs", old_env,
+                        "cu130-fi072"]) == 1
+    assert f"{old_env} -> cu130-fi072@sm90" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="environment 'cu130': matches"):
+        matrix_main(["diff", str(tmp_path / "m.json"), str(tmp_path / "m.json"), "--envs", "cu130", old_env])
+    with pytest.raises(SystemExit, match="'sm100': not found"):
+        matrix_main(["diff", str(tmp_path / "m.json"), str(tmp_path / "m.json"), "--envs", "sm100", old_env])
 
 
 def test_perf_within_the_recorded_spread_is_not_a_regression(results):
@@ -321,6 +351,12 @@ def test_combinations_without_results_are_listed_as_not_run_with_the_reason(resu
     assert missing["cu128-torch2.9-fi0.6.6"]["reason"] == "no session results in these inputs: no CUDA 12 node"
     assert "## Combinations not run" in render_md(m) and "no CUDA 12 node" in render_html(m)
     assert build([results], definitions_dir=ROOT / "definitions")["not_run"] == []
+    m = build([results], definitions_dir=ROOT / "definitions", combinations=combos,
+              not_run_note=["cu128=no CUDA 12 node", "cu130-torch2.14.1=the node's torch is 2.11", "not carried"])
+    why = {c["combination"]: c["reason"].split(": ", 1)[1] for c in m["not_run"]}
+    assert why["cu128-torch2.9-fi0.6.6"] == "no CUDA 12 node"
+    assert why["cu130-torch2.14.1-fi0.7.2-sglang0.5.23"] == "the node's torch is 2.11"
+    assert why["cu130-torch2.11-fi0.6.15.post1-sglang0.5.17"] == "not carried"
 
 
 def test_a_new_definition_in_a_known_uninstallable_environment_is_no_regression(results):

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import build, diff_matrices, render_diff_md, write_matrix
+from . import build, diff_environments, diff_matrices, render_diff_md, write_matrix
 from .portable import portable, portable_file
 
 TEXT_SUFFIXES = (".json", ".jsonl", ".log", ".txt", ".md", ".html", ".toml")
@@ -22,7 +22,9 @@ def add_commands(sub) -> None:
     b.add_argument("--root", default=".", help="paths under it are written relative to it (default: .)")
     b.add_argument("--constraints", default="constraints",
                    help="combinations folder: those without results are listed as not run (default: constraints)")
-    b.add_argument("--not-run-note", help="why combinations have no results here (e.g. no CUDA 12 node)")
+    b.add_argument("--not-run-note", action="append",
+                   help="why combinations have no results here: 'PREFIX=why' for the combinations whose id starts "
+                        "with PREFIX, or 'why' for the rest (repeatable)")
     b.set_defaults(run=run_build)
     p = sub.add_parser("portable", help="rewrite result files (.json, .jsonl, logs; folders: all below) in place so "
                                         "they name no machine: paths under --root relative, $HOME as ~")
@@ -34,6 +36,8 @@ def add_commands(sub) -> None:
     d.add_argument("new")
     d.add_argument("--markdown", help="also write the Markdown report here (e.g. $GITHUB_STEP_SUMMARY)")
     d.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    d.add_argument("--envs", nargs=2, metavar=("OLD_ENV", "NEW_ENV"),
+                   help="compare OLD_ENV's column of OLD with NEW_ENV's of NEW (an id, or a unique start of one)")
     d.set_defaults(run=run_diff)
 
 
@@ -71,7 +75,11 @@ def _load(path: str) -> dict:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    d = diff_matrices(_load(args.old), _load(args.new))
+    old, new = _load(args.old), _load(args.new)
+    try:
+        d = diff_environments(old, new, *args.envs) if args.envs else diff_matrices(old, new)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     text = render_diff_md(d)
     if args.markdown:
         with open(args.markdown, "a") as f:

@@ -398,17 +398,26 @@ def definition_records(sessions: list[SessionData], definitions_dir: Path | None
     return sorted(seen.values(), key=lambda d: (d["op_type"] or "", d["name"]))
 
 
-def not_run(combinations: list | None, envs: list[Environment], note: str | None) -> list[dict[str, Any]]:
+def not_run(combinations: list | None, envs: list[Environment], note: str | list[str] | None
+            ) -> list[dict[str, Any]]:
     """The combinations of constraints/ with no session in these inputs: the matrix says which it lacks and
-    why (`note`, e.g. "no CUDA 12 node"), rather than leaving them out unseen."""
+    why, rather than leaving them out unseen. Each note is `PREFIX=why` (combinations whose id starts with
+    PREFIX: a CUDA 12 one has no node, a torch 2.14 one no such torch) or a bare `why` for the rest."""
+    notes = [note] if isinstance(note, str) else list(note or [])
+    by_prefix = [n.partition("=")[::2] for n in notes if "=" in n.split(" ", 1)[0]]
+    rest = next((n for n in notes if "=" not in n.split(" ", 1)[0]), None)
+
+    def why(combo_id: str) -> str | None:
+        return next((w for prefix, w in by_prefix if combo_id.startswith(prefix)), rest)
+
     ran = {e.combination for e in envs}
     return [{"combination": c.id, "label": c.label, "cuda": c.cuda, "archs": list(c.archs),
-             "reason": "no session results in these inputs" + (f": {note}" if note else "")}
+             "reason": "no session results in these inputs" + (f": {w}" if (w := why(c.id)) else "")}
             for c in combinations or [] if c.id not in ran]
 
 
 def build(paths: list[str | Path], *, definitions_dir: str | Path | None = None, combinations: list | None = None,
-          not_run_note: str | None = None) -> dict[str, Any]:
+          not_run_note: str | list[str] | None = None) -> dict[str, Any]:
     folders, problems = discover(paths)
     sessions = [s for s in (read_session(f, problems) for f in folders) if s is not None]
     envs = environments(sessions)

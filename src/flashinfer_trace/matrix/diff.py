@@ -1,4 +1,5 @@
-"""`flashinfer-trace matrix diff OLD NEW`: what changed between two matrix.json files.
+"""`flashinfer-trace matrix diff OLD NEW [--envs A B]`: what changed between two matrix.json files, or
+between two environments' columns (two releases: `--envs` with the same file twice).
 
 Status: a cell that was fine (pass, xfail, a skip) and is now broken (fail, error, timeout,
 install-failed) is a regression, and so is a new cell that is broken (but a new definition's
@@ -95,6 +96,32 @@ def diff_matrices(old: dict[str, Any], new: dict[str, Any]) -> MatrixDiff:
         if change:
             (out.slower if change["kind"] == "slower" else out.faster).append({**base, **change})
     return out
+
+
+def resolve_environment(matrix: dict[str, Any], environment: str) -> str:
+    """An environment id of `matrix`: the exact id, or the one id that starts with `environment`."""
+    ids = [e.get("id") for e in matrix.get("environments") or [] if e.get("id")]
+    found = [i for i in ids if i == environment] or [i for i in ids if i.startswith(environment)]
+    if len(found) != 1:
+        raise ValueError(f"environment {environment!r}: {'matches ' + ', '.join(found) if found else 'not found'}"
+                         f" (environments: {', '.join(ids)})")
+    return found[0]
+
+
+def environment_column(matrix: dict[str, Any], environment: str, label: str) -> dict[str, Any]:
+    """One environment's cells as a matrix of their own under `label`, so two releases' columns diff like
+    two runs: a pass turned fail, an API that appeared or vanished (a skip turned pass, or back), a speed
+    change beyond the recorded spread (like for like: the same timer, source and size)."""
+    env_id = resolve_environment(matrix, environment)
+    env = next(e for e in matrix["environments"] if e.get("id") == env_id)
+    return {"schema_version": matrix.get("schema_version"), "environments": [{**env, "id": label}],
+            "cells": [{**c, "environment": label} for c in matrix.get("cells", []) if c["environment"] == env_id]}
+
+
+def diff_environments(old: dict[str, Any], new: dict[str, Any], env_old: str, env_new: str) -> MatrixDiff:
+    """`env_old`'s column of `old` against `env_new`'s of `new` (one file twice: two releases of one snapshot)."""
+    label = f"{resolve_environment(old, env_old)} -> {resolve_environment(new, env_new)}"
+    return diff_matrices(environment_column(old, env_old, label), environment_column(new, env_new, label))
 
 
 def render_diff_md(d: MatrixDiff) -> str:
