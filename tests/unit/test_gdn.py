@@ -184,40 +184,36 @@ def test_decode_and_mtp_without_cutlass_dsl_skip_naming_it(monkeypatch, stage):
     assert e.value.kind == "not-installed" and "nvidia-cutlass-dsl" in str(e.value)
 
 
-def test_gdn_decode_module_failing_on_cutlass_is_not_installed(monkeypatch):
-    """0.6.6's flashinfer.gdn_decode imports cutlass at module scope: that import error names it too."""
+def _import_failing_on(monkeypatch, fi, module_name: str, missing: str) -> GroundTruthUnavailable:
+    """What flashinfer_gdn._import(fi, module_name) raises when the import fails on `missing`."""
     from flashinfer_trace.groundtruth import flashinfer_gdn
 
-    fi = _fake_flashinfer(monkeypatch, "0.6.6")
-    monkeypatch.delitem(sys.modules, "flashinfer.gdn_decode", raising=False)
-
     def fail(name, *a, **kw):
-        raise ModuleNotFoundError("No module named 'cutlass'", name="cutlass")
+        raise ModuleNotFoundError(f"No module named '{missing}'", name=missing)
 
     monkeypatch.setattr(flashinfer_gdn.importlib, "import_module", fail)
-    with pytest.raises(GroundTruthUnavailable, match="nvidia-cutlass-dsl") as e:
-        flashinfer_gdn._import(fi, "gdn_decode")
-    assert e.value.kind == "not-installed"
+    with pytest.raises(GroundTruthUnavailable) as e:
+        flashinfer_gdn._import(fi, module_name)
+    return e.value
+
+
+def test_gdn_decode_module_failing_on_cutlass_is_not_installed(monkeypatch):
+    """0.6.6's flashinfer.gdn_decode imports cutlass at module scope: that import error names it too."""
+    fi = _fake_flashinfer(monkeypatch, "0.6.6")
+    e = _import_failing_on(monkeypatch, fi, "gdn_decode", "cutlass")
+    assert e.kind == "not-installed" and "nvidia-cutlass-dsl" in str(e)
 
 
 def test_a_release_without_the_prefill_module_is_api_missing(monkeypatch):
     """0.5.3 has no flashinfer.gdn_prefill (the H100 sweep said import-failed: ModuleNotFoundError); a module
     that fails inside its own imports stays import-failed."""
-    from flashinfer_trace.groundtruth import flashinfer_gdn
-
     fi = _fake_flashinfer(monkeypatch, "0.5.3")
     monkeypatch.delitem(sys.modules, "flashinfer.gdn_prefill", raising=False)
     with pytest.raises(GroundTruthUnavailable) as e:
         get_ground_truth("flashinfer", load_definition(OURS["prefill"]), device="cuda")
     assert e.value.kind == "api-missing" and "flashinfer 0.5.3 has no module flashinfer.gdn_prefill" in str(e.value)
-
-    def fail(name, *a, **kw):
-        raise ModuleNotFoundError("No module named 'einops'", name="einops")
-
-    monkeypatch.setattr(flashinfer_gdn.importlib, "import_module", fail)
-    with pytest.raises(GroundTruthUnavailable, match="einops") as e:
-        flashinfer_gdn._import(fi, "gdn_prefill")
-    assert e.value.kind == "import-failed"
+    e = _import_failing_on(monkeypatch, fi, "gdn_prefill", "einops")
+    assert e.kind == "import-failed" and "einops" in str(e)
 
 
 @pytest.mark.parametrize("version", ["0.6.14", "0.7.2"])
