@@ -72,3 +72,20 @@ def test_the_session_flag_needs_a_folder(tmp_path):
     assert opts.jit_modules == tmp_path and rest == ["-k", "norm"]
     with pytest.raises(ValueError, match="--jit-modules .*: not a folder"):
         parse_session_args(["--jit-modules", str(tmp_path / "missing")], environ={})
+
+
+def test_a_release_with_an_artifact_index_gets_nothing_and_a_failed_copy_is_a_line_not_a_crash(tmp_path, monkeypatch):
+    newer = load_combination(ROOT / "constraints" / "cu130-torch2.11-fi0.7.2.post1.toml")
+    root = tmp_path / "carried"
+    _module(root, newer.id, "0.7.2.post1", "90a", "norm", b"norm")
+    python, package = _package(tmp_path)
+    line = prebuilt.carry_in(root, newer, python, "sm90")
+    assert "index of artifacts" in line and "nothing placed" in line and not (package / "data").exists()
+    _module(root, COMBO.id, "0.5.3", "90a", "norm", b"norm")
+
+    def full(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prebuilt.shutil, "copyfile", full)
+    line = prebuilt.carry_in(root, COMBO, python, "sm90")
+    assert line.startswith("--jit-modules") and "No space left on device" in line and "compiles here" in line

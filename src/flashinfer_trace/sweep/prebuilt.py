@@ -23,7 +23,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from packaging.version import Version
+
 from .combos import Combination, arch_env
+
+SUPPORTED_BELOW = Version("0.7")  # from 0.7 FlashInfer looks AOT modules up in an index (jit/env.py get_aot_path)
 
 
 def arch_folder(arch: str) -> str:
@@ -68,17 +72,24 @@ def flashinfer_package(python: str) -> Path | None:
 
 
 def carry_in(root: Path, combo: Combination, python: str, arch: str) -> str:
-    """The install record's line: what was placed from `root`, or why nothing was."""
-    version = str(combo.flashinfer) if combo.flashinfer else None
+    """The install record's line: what was placed from `root`, or why nothing was (never an exception: the
+    modules then compile here, as without the flag)."""
+    version = combo.flashinfer
     if version is None:
         return f"--jit-modules {root}: {combo.id} pins no flashinfer-python; nothing placed"
-    modules = find(root, combo.id, version, arch)
+    if version >= SUPPORTED_BELOW:
+        return (f"--jit-modules {root}: flashinfer {version} finds AOT modules through an index of artifacts, which "
+                "this does not write; nothing placed, every module compiles here")
+    modules = find(root, combo.id, str(version), arch)
     if not modules:
         return (f"--jit-modules {root}: no modules of {combo.id} (flashinfer {version}, {arch_folder(arch)}) there; "
                 "every module compiles here")
-    package = flashinfer_package(python)
-    if package is None:
-        return f"--jit-modules {root}: the session's python finds no flashinfer package; nothing placed"
-    names = place(modules, package)
+    try:
+        package = flashinfer_package(python)
+        if package is None:
+            return f"--jit-modules {root}: the session's python finds no flashinfer package; nothing placed"
+        names = place(modules, package)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"--jit-modules {root}: nothing more placed ({type(e).__name__}: {e}); the rest compiles here"
     return (f"placed {len(names)} prebuilt JIT modules of flashinfer {version} ({arch_folder(arch)}) from {root} "
             f"into {package / 'data' / 'aot'}, loaded there instead of compiled: {', '.join(names)}")
