@@ -18,7 +18,7 @@ never meets another release's headers; what was placed is a line of the install 
 
 from __future__ import annotations
 
-import hashlib
+import filecmp
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,27 +40,16 @@ def find(root: Path, combination: str, version: str, arch: str) -> dict[str, Pat
     return {d.name: d / f"{d.name}.so" for d in sorted(ops.glob("*")) if (d / f"{d.name}.so").is_file()}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def place(modules: dict[str, Path], package: Path) -> list[str]:
     """Copy each library into the package's AOT folder; one already there with the same bytes stays."""
-    placed = []
     for name, library in modules.items():
         dest = package / "data" / "aot" / name / f"{name}.so"
-        if dest.is_file() and _sha256(dest) == _sha256(library):
-            placed.append(name)
+        if dest.is_file() and filecmp.cmp(dest, library, shallow=False):
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(library, dest.with_suffix(".so.part"))
         dest.with_suffix(".so.part").replace(dest)  # a loader never sees half a library
-        placed.append(name)
-    return placed
+    return list(modules)
 
 
 def flashinfer_package(python: str) -> Path | None:
