@@ -23,6 +23,13 @@
 #   a machine handed back loses its JIT cache: jit-export brings the modules it built back (in 12 MiB pieces);
 #   carried as .jso/ to the next machine, jit-carry unpacks them and JM=/tmp/jit-carried passes --jit-modules, so
 #   FlashInfer loads them instead of compiling (sweep/prebuilt.py)
+#   a module too big for one machine (fp8 MoE's fused_moe_90: about 40 min on 16 cores, a machine goes back after 30)
+#   is built over two: jitmoe in the background, then moe-export (the objects ninja logged since the last export,
+#   its .ninja_log/.ninja_deps, the generated sources; xz, 15 MiB pieces, sha256) and moe-send (4 pieces a call:
+#   $OUT's 64 MiB); the next machine carries them as .jmo*/ (moe-piece), installs the combination (a jitc that
+#   selects nothing), moe-place (sha256 checked, unpacked at the same paths, the freshly installed inputs dated
+#   back so ninja keeps the objects: it says how many edges it would still run), then jitmoe finishes the rest;
+#   seed puts the snapshot's tests of references-$C in $RES so refmoe (--resume) adds only the MoE tests
 #   (.skN: sglang-kernel 0.4.5's wheel in 55 MiB pieces, .sk1/SHA256 its PyPI sha256; .wsgl: sglang,
 #   flashinfer-python 0.6.14, transformers, ...; .wsgl2: torchvision 0.26.0, pillow, ...; .wsgl3: xgrammar)
 #
@@ -162,6 +169,54 @@ for s in "$@"; do
     jit-carry) step "modules another machine built (.jso/: jit-export's pieces) -> ${JM:=/tmp/jit-carried} (--jit-modules)"
       read -r want name < .jso/SHA256 && mkdir -p /tmp/jso "$JM" && join_checked /tmp/jso "$name" "$want" .jso/"$name".part* \
         && tar xzf "/tmp/jso/$name" -C "$JM" && echo "$(find "$JM" -name '*.so' | wc -l) modules in $JM" | tee -a "$LOG" ;;
+    moe-export) step "fused_moe_90's finished objects (logged by ninja, not exported yet), its ninja logs and generated sources -> /tmp/moe-out"
+      b=$(ls -d "$HOME"/.cache/flashinfer-trace/jit/*/.cache/flashinfer/*/*/cached_ops/fused_moe_90 2>/dev/null | head -1)
+      [ -f "$b/.ninja_log" ] || { echo "moe-export: no fused_moe_90 build with a .ninja_log" | tee -a "$LOG"; continue; }
+      jr=$HOME/.cache/flashinfer-trace/jit; rel=${b#"$jr"/}; n=$(( $(ls /tmp/moe-out/*.SHA256 2>/dev/null | wc -l) + 1 ))
+      mkdir -p /tmp/moe-out; touch /tmp/moe-exported; cp "$b/.ninja_log" "$b/.ninja_log.export"; cp "$b/.ninja_deps" "$b/.ninja_deps.export"
+      # an object is finished once ninja logged it (nvcc may be writing one that is not); paths relative to the JIT root
+      awk -F'\t' 'NR > 1 && $4 ~ /\.o$/ {print $4}' "$b/.ninja_log.export" | sort -u | while read -r o; do [ -f "$o" ] && echo "${o#"$jr"/}"; done \
+        | grep -vxF -f /tmp/moe-exported > /tmp/moe-new.txt
+      { cat /tmp/moe-new.txt; echo "$rel/build.ninja"; echo "$rel/.ninja_log.export"; echo "$rel/.ninja_deps.export"
+        echo "${rel%/cached_ops/fused_moe_90}/generated/cutlass_instantiations"; } > /tmp/moe-list.txt
+      z="xz -T${XT:-8} -3"; command -v xz >/dev/null || z="gzip -4"  # tar -xf reads either
+      tar -cf - -C "$jr" --transform 's/\.export$//' -T /tmp/moe-list.txt | $z > /tmp/moe-$n.tar.z
+      (cd /tmp/moe-out && split -b 15m -d -a 2 /tmp/moe-$n.tar.z moe-$n.tar.z.part)
+      echo "$(sha256sum /tmp/moe-$n.tar.z | cut -d' ' -f1) moe-$n.tar.z" > /tmp/moe-out/moe-$n.SHA256
+      cat /tmp/moe-new.txt >> /tmp/moe-exported
+      echo "moe-$n: $(wc -l < /tmp/moe-new.txt) new objects ($(wc -l < /tmp/moe-exported) exported of" \
+        "$(grep -c '^build .*\.o:' "$b/build.ninja")), $(du -h /tmp/moe-$n.tar.z | cut -f1) packed ($z)," \
+        "objects $(cd "$jr" && du -ch $(cat /tmp/moe-new.txt) 2>/dev/null | tail -1 | cut -f1) unpacked" | tee -a "$LOG"
+      NJ=$(command -v ninja || ls /tmp/tree/.nox/*/bin/ninja 2>/dev/null | head -1)
+      (cd "$b" && "$NJ" -f build.ninja -t deps 2>/dev/null | grep '^    ' | sed 's/^ *//' | cut -d/ -f1-6 | sort | uniq -c | sort -rn | head -8) | tee -a "$LOG" ;;
+    moe-send) step "the next exported pieces (4 at most: \$OUT's 64 MiB) -> \$OUT"; touch /tmp/moe-sent
+      cp /tmp/moe-out/*.SHA256 "$OUT"/ 2>/dev/null
+      for f in $(cd /tmp/moe-out && ls *.part* 2>/dev/null | grep -vxF -f /tmp/moe-sent | head -${NP:-4}); do
+        cp "/tmp/moe-out/$f" "$OUT/" && echo "$f" >> /tmp/moe-sent; done
+      echo "sent: $(tr '\n' ' ' < /tmp/moe-sent); left: $(cd /tmp/moe-out && ls *.part* | grep -vxcF -f /tmp/moe-sent)" | tee -a "$LOG" ;;
+    moe-piece) step "fused_moe_90 pieces carried in this call (.jmo*/: moe-N.tar.z.partNN, moe-N.SHA256) -> /tmp/moe-parts"
+      mkdir -p /tmp/moe-parts; for d in .jmo*/; do [ -d "$d" ] && cp "$d"* /tmp/moe-parts/; done
+      echo "pieces: $(cd /tmp/moe-parts && ls | tr '\n' ' ')" | tee -a "$LOG" ;;
+    moe-place) step "fused_moe_90's objects from another machine (sha256 checked) -> the JIT cache; inputs made older than them"
+      jr=$HOME/.cache/flashinfer-trace/jit; mkdir -p "$jr" /tmp/moe-joined; ok=1
+      for sha in $(ls /tmp/moe-parts/moe-*.SHA256 | sort -V); do read -r want name < "$sha"
+        join_checked /tmp/moe-joined "$name" "$want" /tmp/moe-parts/"$name".part* && tar -xf "/tmp/moe-joined/$name" -C "$jr" || ok=0; done
+      [ $ok = 1 ] || { echo "moe-place: a piece is missing or damaged: nothing marked" | tee -a "$LOG"; continue; }
+      b=$(ls -d "$jr"/*/.cache/flashinfer/*/*/cached_ops/fused_moe_90 | head -1)
+      NJ=$(command -v ninja || ls /tmp/tree/.nox/*/bin/ninja 2>/dev/null | head -1)
+      # ninja rebuilds an object older than any input: the sources, headers and generated files this machine
+      # installed afresh; the carried objects keep their build times (tar), so the inputs go back to 2001
+      (cd "$b" && { "$NJ" -f build.ninja -t deps | grep '^    ' | sed 's/^ *//'; awk '$1 == "build" && $2 ~ /\.o:$/ {print $4}' build.ninja; } \
+        | sort -u | xargs -r touch -c -d 2001-01-01); find "${b%/cached_ops/fused_moe_90}/generated" -exec touch -d 2001-01-01 {} +
+      (cd "$b" && "$NJ" -f build.ninja -n -d explain > /tmp/moe-explain.txt 2>&1)
+      echo "fused_moe_90: $(find "$b" -name '*.o' | wc -l) objects placed; ninja -n would run" \
+        "$(grep -c '^\[' /tmp/moe-explain.txt) of $(( $(grep -c '^build .*\.o:' "$b/build.ninja") + 1 )) edges" | tee -a "$LOG"
+      grep -m4 'explain:' /tmp/moe-explain.txt | cut -c1-240 | tee -a "$LOG" ;;
+    seed) step "references-$C's earlier tests (the snapshot's) -> $RES/references-$C/tests.jsonl: --resume runs only the rest"
+      mkdir -p "$RES/references-$C"; python3 -c "import gzip, json, sys
+d = json.loads(gzip.decompress(open(sys.argv[1], 'rb').read()))
+with open(sys.argv[2], 'w') as f: f.writelines(json.dumps(t) + '\n' for t in d['tests'])
+print(len(d['tests']), 'tests seeded')" "docs/matrix-snapshot/results/references-$C/tests.json.gz" "$RES/references-$C/tests.jsonl" 2>&1 | tee -a "$LOG" ;;
     piece) step "wheel pieces carried in this call (.wp*/: NAME.partN, SHA256 of NAME) -> /tmp/pieces"
       mkdir -p /tmp/pieces; for d in .wp*/; do [ -d "$d" ] || continue; cp "$d"*.part* /tmp/pieces/ 2>/dev/null
         [ -f "$d"SHA256 ] && cp "$d"SHA256 "/tmp/pieces/SHA256.$(basename "$d")"; done
