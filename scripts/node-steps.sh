@@ -146,7 +146,7 @@ for s in "$@"; do
         [ -f "$c/DONE" ] && echo "[$n] ended at $(cat "$c/DONE")" | tee -a "$LOG" || echo "[$n] still running" | tee -a "$LOG"
         tail -${TAILN:-12} "$c/log.txt" 2>/dev/null | sed "s/^/[$n] /" | tee -a "$LOG"
         [ "$n" = bgout ] && cp -r /tmp/bgout "$OUT/bg" 2>/dev/null; done
-      for b in $HOME/.cache/flashinfer-trace/jit/*/*/*/cached_ops/fused_moe_90; do [ -f "$b/build.ninja" ] || continue
+      for b in $HOME/.cache/flashinfer-trace/jit/*/.cache/flashinfer/*/*/cached_ops/fused_moe_90; do [ -f "$b/build.ninja" ] || continue
         echo "fused_moe_90 ($b): $(find "$b" -name '*.o' | wc -l) of $(grep -c '^build .*\.o:' "$b/build.ninja") objects," \
           "$(ls "$b"/*.so 2>/dev/null | wc -l) library" | tee -a "$LOG"; done
       [ -d "$RES" ] && tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; uptime | tee -a "$LOG" ;;

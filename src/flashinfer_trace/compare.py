@@ -144,6 +144,10 @@ class DiffReport:
     problem: str | None = None  # a structural problem (shape) that made values incomparable
     error_model: str = "|expected|"  # what rtol multiplies (errormodel.py)
     widened: int = 0  # elements that pass only because of the operand scale
+    # how much of its tolerance the comparison used: |actual - expected| / allowed at the rank where the
+    # verdict is decided (the matched_ratio quantile; the worst element at 1.0); <= 1 passes. A pass at 0.02
+    # says the tolerance is loose for this kernel: what a tighter one (an fp8 error model) needs to know
+    tolerance_used: float | None = None
 
     @property
     def mismatch_ratio(self) -> float:
@@ -205,14 +209,18 @@ def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output",
     if exact:
         ok = a == e
     else:
-        ok = torch.where(finite, err <= tolerance.atol + tolerance.rtol * e.abs(), False)
+        allowed = tolerance.atol + tolerance.rtol * e.abs()
+        ok = torch.where(finite, err <= allowed, False)
         if scale is not None:
             s = scale.to(torch.float64).flatten()
             wide = torch.where(finite & s.isfinite(), err <= tolerance.atol + tolerance.rtol * s, False)
             report.widened = int((wide & ~ok).sum())
             ok |= wide
+            allowed = torch.where(s.isfinite(), torch.maximum(allowed, tolerance.atol + tolerance.rtol * s), allowed)
         # the same infinity, or NaN on both sides, is agreement (an empty softmax's lse is -inf)
-        ok |= (a.isinf() & (a == e)) | (a.isnan() & e.isnan())
+        agree = (a.isinf() & (a == e)) | (a.isnan() & e.isnan())
+        ok |= agree
+        report.tolerance_used = _tolerance_used(err, allowed, finite, agree, tolerance.matched_ratio)
     report.mismatched = int((~ok).sum())
     if finite.any():
         fe, fa, ferr = e[finite], a[finite], err[finite]
@@ -235,6 +243,18 @@ def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output",
     else:
         report.verdict = "precision"
     return report
+
+
+def _tolerance_used(err: torch.Tensor, allowed: torch.Tensor, finite: torch.Tensor, agree: torch.Tensor,
+                    matched_ratio: float) -> float:
+    """The matched_ratio quantile of err / allowed (a non-finite element counts as infinitely far unless both
+    sides agree): the ceil(matched_ratio * n)-th smallest, <= 1 exactly when enough elements are within tolerance."""
+    if not err.numel():
+        return 0.0
+    ratio = torch.where(allowed > 0, err / allowed.clamp_min(1e-300), torch.where(err > 0, math.inf, 0.0))
+    ratio = torch.where(finite, ratio, torch.where(agree, 0.0, math.inf))
+    k = min(max(math.ceil(matched_ratio * ratio.numel() - 1e-9), 1), ratio.numel())
+    return round(float(ratio.kthvalue(k).values), 6)
 
 
 def _unravel(flat: int, shape: list[int]) -> tuple[int, ...]:

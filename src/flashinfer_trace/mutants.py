@@ -158,8 +158,9 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "biased-weights",
        "routing weights from the biased scores", ("topk_weights = scores.gather(1, topk_ids)",
                                                   "topk_weights = biased.gather(1, topk_ids)"),
-       survives="the fp8 tolerance (atol 0.1, rtol 0.2, 90% of elements) is wider than the weights' change; "
-                "an fp8 error model should catch it"),
+       survives="element by element the weights' change (0.28-0.46 of the fp8 tolerance) is as large as a correct "
+                "fp8 kernel's rounding (SGLang's Triton MoE: 0.17-0.29 on the H100); docs/ground-truth.md, "
+                "'An fp8 error model'"),
     _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "no-scaling-factor",
        "routed_scaling_factor not applied", ("topk_weights.sum(dim=-1, keepdim=True) * routed_scaling_factor",
                                              "topk_weights.sum(dim=-1, keepdim=True)")),

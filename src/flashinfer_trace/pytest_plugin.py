@@ -102,9 +102,10 @@ def record_case(request: pytest.FixtureRequest, record_property):
             record_property("definition" if key == "name" else key, params[key])
     record_property("check", request.node.originalname)
     from .sandbox import pool
-    from .testing import PHASES
+    from .testing import COMPARED, PHASES
 
     PHASES.clear()
+    COMPARED.clear()
     starts = pool.worker_starts()
     set_cache(INPUT_CACHE)
     yield
@@ -112,6 +113,8 @@ def record_case(request: pytest.FixtureRequest, record_property):
     release_cuda_cache()
     record_property("phases", {**{k: round(v, 4) for k, v in PHASES.items()},
                                "worker_starts": pool.worker_starts() - starts})
+    if COMPARED:  # a passing comparison's margin too: how much of the tolerance the kernel used
+        record_property("compared", list(COMPARED))
 
 
 def release_cuda_cache() -> None:
@@ -170,10 +173,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue  # not a reference test
         source = getattr(getattr(item, "callspec", None), "params", {}).get("source")
         for issue in issues:
-            if issue.applies(name, source, versions, arch):
+            ready = issue.unless_jit_ready and _jit_ready(name, source)
+            if issue.applies(name, source, versions, arch, jit_ready=ready):
                 item.add_marker(pytest.mark.xfail(strict=True, run=issue.run, reason=issue.describe()))
                 item.user_properties.append(("known_issue", issue.id))
                 break
+
+
+def _jit_ready(definition: str, source: str | None) -> bool:
+    """The session's prebuild (its JIT report) has this test's modules: built or found cached."""
+    from .sweep.jit import prebuild_outcome
+
+    found = prebuild_outcome(definition, source) if source else None
+    return found is not None and found.status in ("built", "cached")
 
 
 def _definition_of(item: pytest.Item) -> str | None:

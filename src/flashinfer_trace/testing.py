@@ -69,6 +69,7 @@ _compiled: dict[tuple[str, str], ConfinedReference] = {}
 # pytest plugin records it per test as `phases`. On the H100 a reference test took 0.4-0.6 s even
 # for an rmsnorm, ten times its CPU time, with no phase breakdown to say why; now every run says.
 PHASES: dict[str, float] = {}
+COMPARED: list[dict] = []  # the last assert_matches' outputs: how close they came (record_case records them)
 
 
 @contextmanager
@@ -150,6 +151,9 @@ def assert_matches(definition: Definition, inputs: Inputs, actual, expected, tol
     family's error model (errormodel.py): sums of products are judged against their operands' scale."""
     with timed("compare"):
         reports = compare_with_model(definition, inputs, actual, expected, tolerance)
+    COMPARED[:] = [{"output": r.name, "tolerance_used": r.tolerance_used, "max_abs": round(r.max_abs, 6),
+                    "max_rel": round(r.max_rel, 6), "cosine": round(r.cosine, 8), "mismatched": r.mismatched,
+                    "total": r.total} for r in reports]
     if not all(r.passed for r in reports):
         raise Mismatch(reports)
     return reports

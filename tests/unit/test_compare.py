@@ -246,6 +246,37 @@ def test_just_inside_tolerance_passes():
     assert diff(a, e, TIGHT).verdict == "pass"
 
 
+def test_tolerance_used_is_the_verdicts_margin():
+    """<= 1 exactly when the comparison passes: the worst element at matched_ratio 1.0, the quantile
+    where the verdict is decided below it; a NaN where the other side has a number counts as infinite."""
+    e = torch.linspace(1, 2, 100, dtype=torch.float64)
+    allowed = TIGHT.atol + TIGHT.rtol * e
+    assert diff(e.clone(), e, TIGHT).tolerance_used == 0.0
+    a = e + 0.25 * allowed
+    a[7] = e[7] + 0.9 * allowed[7]
+    r = diff(a, e, TIGHT)
+    assert r.passed and r.tolerance_used == pytest.approx(0.9, rel=1e-4)
+    a[7] = e[7] + 3 * allowed[7]
+    r = diff(a, e, TIGHT)
+    assert not r.passed and r.tolerance_used == pytest.approx(3, rel=1e-4)
+    ninety = Tolerance(TIGHT.atol, TIGHT.rtol, matched_ratio=0.9)
+    a = e + 0.5 * allowed
+    a[:10] = e[:10] + 5 * allowed[:10]  # 10 of 100 out: 90% matched, the 90th smallest ratio is 0.5
+    r = diff(a, e, ninety)
+    assert r.passed and r.tolerance_used == pytest.approx(0.5, rel=1e-4)
+    a[10] = e[10] + 2 * allowed[10]  # an 11th out: the verdict flips, and the margin with it
+    r = diff(a, e, ninety)
+    assert not r.passed and r.tolerance_used > 1
+    a[:] = e + 0.5 * allowed
+    a[:11] = math.nan
+    r = diff(a, e, ninety)
+    assert not r.passed and r.tolerance_used == math.inf
+    lse = torch.tensor([-math.inf, 1.0, math.nan], dtype=torch.float64)  # the same -inf, NaN on both sides
+    r = diff(lse, lse.clone(), TIGHT)
+    assert r.passed and r.tolerance_used == 0.0
+    assert diff(torch.tensor([1, 2]), torch.tensor([1, 2]), TIGHT).tolerance_used is None  # exact: no margin
+
+
 def test_low_cosine_is_a_bug_even_when_errors_are_small():
     g = torch.Generator().manual_seed(2)
     e = torch.randn(1000, generator=g) * 0.01
@@ -396,3 +427,24 @@ def test_single_tensor_and_scalars_are_accepted():
     assert compare_outputs(torch.ones(3), torch.ones(3), TIGHT)[0].passed
     assert compare_outputs(1.0, 1.0, TIGHT)[0].passed
     assert not compare_outputs(1.0, 2.0, TIGHT)[0].passed
+
+
+def test_a_reference_test_records_how_much_tolerance_it_used(tmp_path):
+    """record_case records each comparison's margin with the test (the matrix's tests.json), a pass included."""
+    import ast
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    junit = tmp_path / "junit.xml"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--device=cpu",
+                          str(root / "tests" / "references" / "test_rmsnorm.py"), f"--junitxml={junit}",
+                          "-k", "test_matches_ground_truth and small-0-rmsnorm_h4096-torch"],
+                         cwd=root, capture_output=True, text=True)
+    assert "1 passed" in out.stdout, out.stdout + out.stderr
+    props = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
+    (compared,) = ast.literal_eval(props["compared"])  # junit writes the property's repr
+    assert compared["output"] == "output" and compared["total"] == 16384 and compared["mismatched"] == 0
+    assert 0 < compared["tolerance_used"] <= 1 and compared["cosine"] > 0.9999
