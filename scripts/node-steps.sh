@@ -16,14 +16,14 @@
 #   call returns what has finished; the steps go on between calls while the machine stays warm)
 #   sglang 0.5.16 (constraints/cu130-torch2.11-fi0.6.14-sglang0.5.16.toml) in 9 consecutive calls (the
 #   machine stays warm 30 s between calls: /tmp survives; each call carries at most 64 MiB, tree included):
-#     carry [.sk1] .. [.sk6]: sgl-piece; carry [.sk7, .wsgl2]: sgl-piece; carry [.wsgl3]: sgl-piece;
+#     carry [.sk1] .. [.sk6]: sgl-piece; carry [.sk7], [.wsgl2] (together they and a 10 MB tree pass 64 MiB): sgl-piece; carry [.wsgl3]: sgl-piece;
 #     carry [.wsgl]: sgl-install sgl-probe (a plain install in /tmp/sgl), or sgl-join (the nox sessions' wheelhouse
 #     /tmp/wh-sgl), then C=cu130-torch2.11-fi0.6.14-sglang0.5.16 WH=/tmp/wh-sgl XW=/tmp/sgl-wheels jitc / ref, its pins
 #     from the joined wheels, sglang's import closure through --extra-wheels
 #   a machine handed back loses its JIT cache: jit-export brings the modules it built back (in 12 MiB pieces);
 #   carried as .jso/ to the next machine, jit-carry unpacks them and JM=/tmp/jit-carried passes --jit-modules, so
 #   FlashInfer loads them instead of compiling (sweep/prebuilt.py)
-#   a module too big for one machine (fp8 MoE's fused_moe_90: about 40 min on 16 cores, a machine goes back after 30)
+#   a module too big for one machine (fp8 MoE's fused_moe_90: about 41 min on 16 cores, a machine goes back after 30)
 #   is built over two: jitmoe in the background, then moe-export (the objects ninja logged since the last export,
 #   its .ninja_log/.ninja_deps, the generated sources; xz, 15 MiB pieces, sha256) and moe-send (4 pieces a call:
 #   $OUT's 64 MiB); the next machine carries them as .jmo*/ (moe-piece), installs the combination (a jitc that
