@@ -14,7 +14,7 @@
 #   then [.wp072b], each with `piece`, then `join` (sha256 checked) puts it in $WH
 #   BG="fitrace public fitrace-check" scripts/node-steps.sh bg, then W=540 scripts/node-steps.sh collect (each
 #   call returns what has finished; the steps go on between calls while the machine stays warm)
-#   sglang 0.5.16 (constraints/cu130-torch2.11-fi0.6.14-sglang0.5.16.toml) in 9 consecutive calls (the
+#   sglang 0.5.16 (constraints/cu130-torch2.11-fi0.6.14-sglang0.5.16.toml) in 10 consecutive calls (the
 #   machine stays warm 30 s between calls: /tmp survives; each call carries at most 64 MiB, tree included):
 #     carry [.sk1] .. [.sk6]: sgl-piece; carry [.sk7], [.wsgl2] (together they and a 10 MB tree pass 64 MiB): sgl-piece; carry [.wsgl3]: sgl-piece;
 #     carry [.wsgl]: sgl-install sgl-probe (a plain install in /tmp/sgl), or sgl-join (the nox sessions' wheelhouse
