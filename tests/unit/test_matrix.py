@@ -177,6 +177,25 @@ def test_two_releases_columns_diff_like_two_runs(results, tmp_path, capsys):
         matrix_main(["diff", str(tmp_path / "m.json"), str(tmp_path / "m.json"), "--envs", "sm100", old_env])
 
 
+def test_releases_page_is_the_pairs_diffs_in_order(results, tmp_path, capsys):
+    """`matrix releases`: one snapshot's environments diffed pair by pair, the page rebuilt by a command."""
+    m = build([results])
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    gpu, cpu = (next(e["id"] for e in m["environments"] if e["id"].startswith(p)) for p in ("cu130-fi066", "cpu"))
+    out = tmp_path / "releases.md"
+    assert matrix_main(["releases", str(tmp_path / "m.json"), "--pair", "cpu", "cu130", "--pair", "cu130", "cpu",
+                        "-o", str(out), "--note", "timed on one node"]) == 0  # a report: exit 0 with regressions
+    page = out.read_text()
+    assert page.startswith("# Release to release (`matrix releases M --pair cpu cu130 --pair cu130 cpu`)")
+    assert "timed on one node" in page
+    first, second = page.index(f"**{cpu} → {gpu}**"), page.index(f"**{gpu} → {cpu}**")
+    assert first < second and page.count("## Matrix diff:") == 2
+    # each section is `matrix diff --envs` of that pair: the gemm cell that fails on the GPU regresses cpu -> gpu
+    assert "❌ regressions" in page[first:second] and "gemm_n4096_k4096" in page[first:second]
+    with pytest.raises(SystemExit, match="'sm100': not found"):
+        matrix_main(["releases", str(tmp_path / "m.json"), "--pair", "sm100", "cpu"])
+
+
 def test_perf_within_the_recorded_spread_is_not_a_regression(results):
     old = build([results])
     new = copy.deepcopy(old)

@@ -9,10 +9,11 @@ from typing import Any
 
 from ..sweep.results import write_atomic
 from .build import STATES, SYMBOLS, build
-from .diff import MatrixDiff, diff_environments, diff_matrices, render_diff_md
+from .diff import MatrixDiff, diff_environments, diff_matrices, render_diff_md, render_releases_md
 from .render_md import render_md
 
 __all__ = ["STATES", "SYMBOLS", "MatrixDiff", "build", "diff_environments", "diff_matrices", "render_diff_md",
+           "render_releases_md",
            "render_md", "write_matrix"]
 
 

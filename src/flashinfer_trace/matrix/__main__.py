@@ -1,5 +1,5 @@
-"""python -m flashinfer_trace.matrix build RESULTS... -o OUT | diff OLD NEW | portable FILES  (what `nox -s
-matrix` runs: no torch needed)."""
+"""python -m flashinfer_trace.matrix build RESULTS... -o OUT | diff OLD NEW | releases M --pair A B... |
+portable FILES  (what `nox -s matrix` runs: no torch needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import build, diff_environments, diff_matrices, render_diff_md, write_matrix
+from . import build, diff_environments, diff_matrices, render_diff_md, render_releases_md, write_matrix
 from .portable import portable, portable_file
 
 TEXT_SUFFIXES = (".json", ".jsonl", ".log", ".txt", ".md", ".html", ".toml")
@@ -39,6 +39,14 @@ def add_commands(sub) -> None:
     d.add_argument("--envs", nargs=2, metavar=("OLD_ENV", "NEW_ENV"),
                    help="compare OLD_ENV's column of OLD with NEW_ENV's of NEW (an id, or a unique start of one)")
     d.set_defaults(run=run_diff)
+    r = sub.add_parser("releases", help="one matrix.json's environments diffed pair by pair (release to release) "
+                                        "-> one Markdown page")
+    r.add_argument("matrix")
+    r.add_argument("--pair", nargs=2, action="append", required=True, metavar=("OLD_ENV", "NEW_ENV"),
+                   help="an id, or a unique start of one (repeatable: the page keeps their order)")
+    r.add_argument("-o", "--output", help="write the page here (default: print it)")
+    r.add_argument("--note", help="a paragraph under the heading: how the timings compare, what is missing")
+    r.set_defaults(run=run_releases)
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -86,6 +94,22 @@ def run_diff(args: argparse.Namespace) -> int:
             f.write(text)
     print(json.dumps(d.as_dict(), indent=1) if args.json else text)
     return 1 if d.regressed else 0
+
+
+def run_releases(args: argparse.Namespace) -> int:
+    """A report, not a gate: exit 0 whatever changed (`diff` is the gate)."""
+    pairs = [tuple(p) for p in args.pair]
+    command = "matrix releases M " + " ".join(f"--pair {a} {b}" for a, b in pairs)
+    try:
+        text = render_releases_md(_load(args.matrix), pairs, args.note, command)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}: {len(pairs)} pair(s)")
+    else:
+        print(text)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

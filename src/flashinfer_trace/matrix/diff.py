@@ -124,6 +124,20 @@ def diff_environments(old: dict[str, Any], new: dict[str, Any], env_old: str, en
     return diff_matrices(environment_column(old, env_old, label), environment_column(new, env_new, label))
 
 
+def render_releases_md(matrix: dict[str, Any], pairs: list[tuple[str, str]], note: str | None = None,
+                       command: str | None = None) -> str:
+    """Release to release within one snapshot: each (old, new) pair's columns diffed like two runs, in order,
+    under one heading, so the page is rebuilt by a command rather than by hand."""
+    out = ["# Release to release" + (f" (`{command}`)" if command else ""), ""]
+    if note:
+        out += [note.strip(), ""]
+    for old_env, new_env in pairs:
+        d = diff_environments(matrix, matrix, old_env, new_env)
+        old_id, new_id = (resolve_environment(matrix, e) for e in (old_env, new_env))
+        out += [f"**{old_id} → {new_id}**", "", render_diff_md(d).strip(), ""]
+    return "\n".join(out)
+
+
 def render_diff_md(d: MatrixDiff) -> str:
     head = "❌ regressions" if d.regressed else "✅ no regressions"
     lines = [f"## Matrix diff: {head}", "",
