@@ -49,7 +49,10 @@ def results(tmp_path):
     write_session(root / "references-cpu", SessionInfo("references-cpu", "cpu-torch2.13", arch="cpu",
                                                        finished="2026-11-22T10:00:00"),
                   records=cpu, manifest=manifest("cpu-torch2.13", {"torch": "2.13.0"}, "none"))
-    gpu = [rec("test_matches_ground_truth[small-0-rmsnorm_h4096-flashinfer]", "passed", source="flashinfer"),
+    gpu = [rec("test_matches_ground_truth[small-0-rmsnorm_h4096-flashinfer]", "passed", source="flashinfer",
+               compared=[{"output": "output", "tolerance_used": 0.21}]),
+           rec("test_matches_ground_truth[medium-0-rmsnorm_h4096-flashinfer]", "passed", source="flashinfer",
+               compared=[{"output": "output", "tolerance_used": 0.34}]),
            rec("test_matches_ground_truth[small-0-gemm_n4096_k4096-flashinfer]", "failed", "gemm_n4096_k4096",
                "flashinfer", "Mismatch: 1 of 1 output(s) differ [bug]"),
            rec("test_matches_ground_truth[small-0-moe_x-flashinfer]", "skipped", "moe_x", "flashinfer",
@@ -98,6 +101,9 @@ def test_build_gives_every_state_and_merges_bench_timings(results, tmp_path):
     cpu = c[("rmsnorm_h4096", "cpu-torch2.13@cpu")]
     assert cpu["state"] == "skip:not-installed" and cpu["sources"]["torch"]["state"] == "pass"
     assert cpu["checks"] == {"passed": 1}
+    # the closest a pass came to its tolerance, where the records say (older results: no key at all)
+    assert c[("rmsnorm_h4096", g)]["sources"]["flashinfer"]["tolerance_used"] == 0.34
+    assert "tolerance_used" not in cpu["sources"]["torch"]
     assert c[("gemm_n4096_k4096", "cpu-torch2.13@cpu")]["state"] == "skip:api-missing"
     assert all(c[(d["name"], "cu128-fi041@any")]["state"] == "install-failed" for d in m["definitions"])
     assert all(c[(d["name"], "references-broken@any")]["state"] == "error" for d in m["definitions"])

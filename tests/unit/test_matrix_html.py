@@ -436,3 +436,14 @@ def test_the_committed_snapshot_page_in_headless_chromium(tmp_path):
         assert [e for e in driver.get_log("browser") if e.get("level") in ("SEVERE", "WARNING")] == []
     finally:
         driver.quit()
+
+
+def test_a_cells_title_says_how_much_tolerance_its_passes_used(sample):
+    sm90 = "cu130-torch2.11-fi0.6.6@sm90"
+    cell = next(c for c in sample["cells"] if c["definition"] == "rmsnorm_h4096" and c["environment"] == sm90)
+    cell["sources"]["flashinfer"]["tolerance_used"] = 0.29
+    envs = [e["id"] for e in sample["environments"]]
+    shown = _cells(_row(render_html(sample), "rmsnorm_h4096"))[envs.index(sm90)]
+    title = html.unescape(re.search(r'title="([^"]*)"', shown).group(1))
+    assert "flashinfer: pass (passed 8); its passes used at most 0.29 of the tolerance" in title
+    assert "sglang: skip:not-installed" in title and title.count("of the tolerance") == 1  # only where recorded

@@ -315,6 +315,9 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict
         apis = sorted({(t.get("properties") or {}).get("ground_truth", {}).get("api") for t in group} - {None})
         sources[src] = {"state": state, "counts": dict(Counter(t["status"] for t in group)), "reason": reason,
                         "api": apis[0] if len(apis) == 1 else apis or None}  # which kernel path ran
+        used = tolerance_used(group)
+        if used is not None:  # recorded since 2026-11-24: older results have none, and say nothing
+            sources[src]["tolerance_used"] = used
     all_states = [test_state(t) for t in tests]
     worst = next((b for b in BAD if b in all_states), None)
     if worst:
@@ -333,6 +336,15 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict
     return {"definition": definition, "environment": env.id, "state": state, "reason": reason, "sources": sources,
             "checks": dict(Counter(t["status"] for t in checks)), "tolerance": tolerance,
             "timing": timing(definition, env), "tests": len(tests)}
+
+
+def tolerance_used(tests: list[dict[str, Any]]) -> float | None:
+    """The closest a passing comparison came to its tolerance (the largest `compared` margin, <= 1): how
+    loose the tolerance is for this kernel, which a pass alone does not say."""
+    used = [c.get("tolerance_used") for t in tests if t.get("status") == "passed"
+            for c in (t.get("properties") or {}).get("compared") or [] if isinstance(c, dict)]
+    finite = [float(u) for u in used if isinstance(u, (int, float)) and u == u and u != float("inf")]
+    return round(max(finite), 4) if finite else None
 
 
 def timing(definition: str, env: Environment) -> dict[str, Any] | None:

@@ -227,6 +227,9 @@ def _cell_title(definition: str, env: dict, cell: dict | None, states: dict) -> 
             api = source.get("api")
             if api:  # which kernel path ran (e.g. the tensor-core decode)
                 text += f" via {', '.join(api) if isinstance(api, list) else api}"
+            used = _number(source.get("tolerance_used"))
+            if used is not None:
+                text += f"; its passes used at most {_fmt(used)} of the tolerance"
             lines.append(text)
     tolerance = {k: v for k, v in _dict(cell.get("tolerance")).items() if v is not None}
     if tolerance:
