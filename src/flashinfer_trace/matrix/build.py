@@ -16,6 +16,7 @@ Imports nothing heavy (no torch): `nox -s matrix` runs it with the standard libr
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -343,7 +344,7 @@ def tolerance_used(tests: list[dict[str, Any]]) -> float | None:
     loose the tolerance is for this kernel, which a pass alone does not say."""
     used = [c.get("tolerance_used") for t in tests if t.get("status") == "passed"
             for c in (t.get("properties") or {}).get("compared") or [] if isinstance(c, dict)]
-    finite = [float(u) for u in used if isinstance(u, (int, float)) and u == u and u != float("inf")]
+    finite = [float(u) for u in used if isinstance(u, (int, float)) and math.isfinite(u)]
     return round(max(finite), 4) if finite else None
 
 
