@@ -35,7 +35,8 @@
 #
 # unit: the GPU unit tests (confined CUDA worker, cupti timer); cold / warm: nox -s references-cuda13
 # (the first run of a machine is cold: prebuild included); mutants: planted bugs against FlashInfer in
-# that session's environment and JIT cache; bench: nox -s bench-cuda13; overhead: the confined
+# that session's environment and JIT cache (MV: a combination's venv, .nox/references-<id, dots as dashes>;
+# MO: --only, e.g. moe_fp8; each verdict with how close the bug and the true reference came); bench: nox -s bench-cuda13; overhead: the confined
 # worker's per-call cost; ncu: scripts/ncu-validate.py; moe-bg / moe-wait: the fp8 MoE prebuild in the
 # background (setsid: it outlives the call while the machine stays warm) and waiting for it; moe: the
 # MoE tests against FlashInfer added to the references session (--resume). probe: the GPU, its clocks
@@ -283,9 +284,9 @@ print(len(d['tests']), 'tests seeded')" "docs/matrix-snapshot/results/references
     overhead) step overhead; unit_env
       PYTHONPATH=src:/tmp/unit timeout 300 python3 -m pytest -p no:cacheprovider -q tests/bench/test_sandbox_overhead.py \
         -k cuda --benchmark-columns=median,iqr,rounds 2>&1 | tail -40 | tee -a "$LOG" ;;
-    mutants) step mutants  # through the references session's environment and JIT cache: nothing rebuilds
-      FLASHINFER_WORKSPACE_BASE=$JITC timeout ${TM:-150} \
-        .nox/references-cuda13/bin/python -m flashinfer_trace.cli mutants --ground-truth flashinfer --device cuda \
+    mutants) step "mutants ${MO:-}"  # through a references session's environment (MV) and JIT cache: nothing rebuilds
+      FLASHINFER_WORKSPACE_BASE=$JITC timeout ${TM:-150} ${MV:-.nox/references-cuda13}/bin/python -m flashinfer_trace.cli \
+        mutants --ground-truth flashinfer --device cuda ${MO:+--only "$MO"} \
         --stream "$OUT/mutants-flashinfer.jsonl" > "$OUT/mutants-flashinfer.txt" 2> /tmp/mutants.err
       echo "mutants rc $?" | tee -a "$LOG"; tail -45 "$OUT/mutants-flashinfer.txt" | tee -a "$LOG"
       tail -5 /tmp/mutants.err | tee -a "$LOG" ;;

@@ -453,13 +453,22 @@ def cmd_mutants(args: argparse.Namespace) -> int:
                                  for m, k in zip(chosen, kills, strict=True)]})
     else:
         t = Table(title=f"planted bugs vs {args.ground_truth} on {device}: {killed}/{ran} caught")
-        for col in ("mutant", "bug", "caught", "how"):
+        for col in ("mutant", "bug", "caught", "how", "closest: bug / true reference"):
             t.add_column(col, overflow="fold")
         for m, k in zip(chosen, kills, strict=True):
             caught = "n/a" if k.killed is None else "yes" if k.killed else "known gap" if m.survives else "NO"
-            t.add_row(m.name, m.bug, caught, escape(k.how if k.killed is not False or not m.survives else m.survives))
+            t.add_row(m.name, m.bug, caught, escape(k.how if k.killed is not False or not m.survives else m.survives),
+                      f"{_margin(k.margin)} / {_margin(k.baseline_margin)}")
         _out.print(t)
     return 1 if unexpected else 0
+
+
+def _margin(m) -> str:
+    """A run's closest approach to failing: the share of its tolerance used, the lowest cosine."""
+    if m is None:
+        return "-"
+    used = "-" if m.tolerance_used is None else f"{m.tolerance_used:.3g}"
+    return f"{used} of tol, cos {'-' if m.cosine is None else f'{m.cosine:.5f}'}"
 
 
 # -- tests generate / coverage --------------------------------------------------------------------

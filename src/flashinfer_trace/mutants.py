@@ -22,7 +22,8 @@ from .definition import Definition
 from .groundtruth import GroundTruthUnavailable
 from .groundtruth.base import REASON_KINDS
 
-__all__ = ["MUTANTS", "Kill", "Mutant", "baseline", "first_failure", "kill", "kill_rate", "kills", "mutate"]
+__all__ = ["MUTANTS", "Kill", "Margin", "Mutant", "baseline", "first_failure", "kill", "kill_rate", "kills", "mutate",
+           "run_plan"]
 
 
 @dataclass(frozen=True)
@@ -214,63 +215,97 @@ def mutate(definition: Definition, mutant: Mutant) -> Definition:
 
 
 @dataclass(frozen=True)
+class Margin:
+    """The closest a run's comparisons came to failing: the largest share of its tolerance any output
+    used (<= 1 passes) and the lowest cosine. A surviving bug's margin beside the true reference's, against
+    the same ground truth, says whether another criterion (a cosine floor) could catch it without failing
+    correct kernels: the fp8 MoE's open question (docs/ground-truth.md)."""
+    tolerance_used: float | None
+    cosine: float | None
+    comparisons: int
+
+    @classmethod
+    def of(cls, reports: list[dict]) -> Margin | None:
+        if not reports:
+            return None
+        used = [r["tolerance_used"] for r in reports if r.get("tolerance_used") is not None]
+        cos = [r["cosine"] for r in reports if r.get("cosine") is not None]
+        return cls(max(used) if used else None, min(cos) if cos else None, len(reports))
+
+
+@dataclass(frozen=True)
 class Kill:
     mutant: str
     source: str
     killed: bool | None  # None: not judged: the ground truth cannot run here, or the true reference fails (how)
     how: str
+    margin: Margin | None = None  # the mutant's comparisons up to the first failure (all of them if it survived)
+    baseline_margin: Margin | None = None  # the true reference's, same plan and ground truth
 
 
-def first_failure(d: Definition, source: str, *, device: str = "cpu", sizes=("small", "medium"), seeds=(0, 1),
-                  draws: int | None = None) -> str | None:
-    """The first check of `check`'s plan (shape, dtype, every size x seed, determinism, edge cases) that
-    fails or errors for `d` against `source`; None when everything passes. Raises GroundTruthUnavailable
-    when the ground truth could not run any comparison here."""
+@dataclass(frozen=True)
+class PlanRun:
+    failure: str | None  # the first check that failed or errored; None when everything passed
+    margin: Margin | None
+
+
+def run_plan(d: Definition, source: str, *, device: str = "cpu", sizes=("small", "medium"), seeds=(0, 1),
+             draws: int | None = None) -> PlanRun:
+    """`check`'s plan (shape, dtype, every size x seed, determinism, edge cases) for `d` against `source`,
+    up to its first failure or error. Raises GroundTruthUnavailable when the ground truth could not run
+    any comparison here."""
     from .check import CheckConfig, Discovered, plan, run
 
     config = CheckConfig(sources=(source,), sizes=tuple(sizes), seeds=tuple(seeds), device=device, draws=draws)
-    compared = []
+    compared, reports = [], []
     for r in run(plan(Discovered([d], []), config), config):
-        if r.status in ("fail", "error"):
-            where = " ".join(str(p) for p in (r.check, r.size, f"seed {r.seed}", r.case) if p)
-            return f"{where}: {' '.join((r.reason or '').split())[:300]}"
         if r.check in ("match", "edge"):
             compared.append(r)
+            reports += [x for x in r.reports if isinstance(x, dict)]
+        if r.status in ("fail", "error"):
+            where = " ".join(str(p) for p in (r.check, r.size, f"seed {r.seed}", r.case) if p)
+            return PlanRun(f"{where}: {' '.join((r.reason or '').split())[:300]}", Margin.of(reports))
     if compared and all(r.status == "skip" for r in compared):
         kind, _, detail = (compared[0].reason or "").partition(": ")
         raise GroundTruthUnavailable(kind if kind in REASON_KINDS else "unsupported", detail or kind)
-    return None
+    return PlanRun(None, Margin.of(reports))
 
 
-_baselines: dict[tuple, tuple[bool, str | None]] = {}
+def first_failure(d: Definition, source: str, **kw) -> str | None:
+    """The first check of `check`'s plan that fails or errors for `d` against `source`; None when
+    everything passes (run_plan, without the margin)."""
+    return run_plan(d, source, **kw).failure
 
 
-def baseline(definition: str, source: str, *, device: str = "cpu", **kw) -> tuple[bool, str | None]:
-    """(runs, why not) for the true reference through the same plan, once per process: a mutant is
+_baselines: dict[tuple, tuple[bool, str | None, Margin | None]] = {}
+
+
+def baseline(definition: str, source: str, *, device: str = "cpu", **kw) -> tuple[bool, str | None, Margin | None]:
+    """(runs, why not, margin) for the true reference through the same plan, once per process: a mutant is
     judged only where its unmutated reference passes. On the H100 every reference once crashed (the
     worker could not start) and each such crash had been counted as a caught bug."""
     key = (definition, source, device, tuple(sorted(kw.items())))
     if key not in _baselines:
         try:
-            failure = first_failure(load_definition(definition), source, device=device, **kw)
-            _baselines[key] = (failure is None, f"not judged: the true reference fails too: {failure}"
-                               if failure else None)
+            r = run_plan(load_definition(definition), source, device=device, **kw)
+            _baselines[key] = (r.failure is None, f"not judged: the true reference fails too: {r.failure}"
+                               if r.failure else None, r.margin)
         except GroundTruthUnavailable as e:
-            _baselines[key] = (False, str(e))
+            _baselines[key] = (False, str(e), None)
     return _baselines[key]
 
 
 def kill(mutant: Mutant, source: str = "torch", *, device: str = "cpu", **kw) -> Kill:
     """Whether the checks catch the mutant; None (with why) when its true reference does not pass."""
-    runs, why = baseline(mutant.definition, source, device=device, **kw)
+    runs, why, base = baseline(mutant.definition, source, device=device, **kw)
     if not runs:
-        return Kill(mutant.name, source, None, why or "not judged")
+        return Kill(mutant.name, source, None, why or "not judged", baseline_margin=base)
     d = mutate(load_definition(mutant.definition), mutant)
     try:
-        failure = first_failure(d, source, device=device, **kw)
+        r = run_plan(d, source, device=device, **kw)
     except GroundTruthUnavailable as e:
-        return Kill(mutant.name, source, None, str(e))
-    return Kill(mutant.name, source, failure is not None, failure or "survived: every check passed")
+        return Kill(mutant.name, source, None, str(e), baseline_margin=base)
+    return Kill(mutant.name, source, r.failure is not None, r.failure or "survived: every check passed", r.margin, base)
 
 
 def kills(source: str = "torch", *, device: str = "cpu", **kw) -> list[Kill]:

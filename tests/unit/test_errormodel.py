@@ -145,7 +145,8 @@ def test_a_mutant_is_not_judged_where_the_true_reference_fails(monkeypatch):
     from flashinfer_trace import mutants
 
     monkeypatch.setattr(mutants, "_baselines", {})
-    monkeypatch.setattr(mutants, "first_failure", lambda d, source, **kw: "shape small seed 0: ReferenceFailure: crash")
+    monkeypatch.setattr(mutants, "run_plan",
+                        lambda d, source, **kw: mutants.PlanRun("shape small seed 0: ReferenceFailure: crash", None))
     k = mutants.kill(MUTANTS[0], "torch")
     assert k.killed is None and k.how.startswith("not judged: the true reference fails too: shape small")
     assert kill_rate([k]) == (0, 0)
@@ -159,3 +160,17 @@ def test_the_cli_streams_each_verdict(tmp_path):
                "--stream", str(out), "--json"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rc == 0 and rows and all(r["killed"] is True and r["ground_truth"] == "torch" for r in rows)
+    # the true reference's closest approach is streamed beside the verdict: what a new criterion must keep passing
+    assert all(0 <= r["baseline_margin"]["tolerance_used"] <= 1 and r["baseline_margin"]["comparisons"] > 0
+               for r in rows)
+
+
+def test_a_surviving_bug_reports_how_close_it_came():
+    """The margin is the data a tighter criterion is chosen from: the bug's over every comparison it passed,
+    beside the true reference's. The biased-weights MoE bug passes within tolerance but bends the output
+    further from the float64 truth than the true reference does."""
+    m = next(m for m in MUTANTS if m.survives and "moe_fp8" in m.definition)
+    k = kill(m, "torch", sizes=("small",), seeds=(0,))
+    assert k.killed is False and k.margin.comparisons == k.baseline_margin.comparisons > 0
+    assert k.baseline_margin.tolerance_used < k.margin.tolerance_used <= 1
+    assert k.margin.cosine < k.baseline_margin.cosine
