@@ -6,6 +6,7 @@
 #
 #   scripts/node-steps.sh unit cold warm mutants bench overhead ncu moe-bg moe-wait moe
 #   scripts/node-steps.sh probe alone mps-on mps-off        (diagnostics)
+#   DEFS="name,name" scripts/node-steps.sh paths   (flashinfer 0.6.6: each source's kernel path here, what it passed over)
 #   DEFS=".public/definitions" FI=0.6.6 scripts/node-steps.sh public   (flashinfer-trace check vs FlashInfer)
 #   scripts/node-steps.sh fi072a, then at once fi072b + FI=0.7.2.post1 public: 0.7.2.post1 moved in two calls
 #   the sweep (docs/matrix-sessions.md, 2026-11-24): WH=/tmp/wh FROM=".whl .whl066 .whl053" wh, then chains of
@@ -63,9 +64,10 @@ unit_env() {  # the package's own dependencies for plain pytest runs (no flashin
     .whl/annotated_types*.whl .whl/typing_inspection*.whl .whl/landlock*.whl .whl/pyseccomp*.whl .whl/cupti*.whl \
     .whl/rich*.whl .whl/markdown_it_py*.whl .whl/mdurl*.whl .whl/pygments*.whl >/dev/null
 }
-fi_env() {  # flashinfer 0.6.6 for plain runs
+fi_env() {  # flashinfer 0.6.6 for plain runs (its wheel in .whl or, carried apart, .whl066)
   [ -d /tmp/fi066 ] && return
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi066 .whl/flashinfer_python-0.6.6-*.whl \
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi066 \
+    $(ls .whl/flashinfer_python-0.6.6-*.whl .whl066/flashinfer_python-0.6.6-*.whl 2>/dev/null | head -1) \
     .whl/apache_tvm_ffi*.whl .whl/nvidia_cudnn_frontend*.whl >/dev/null
 }
 keep() { tar czf "$OUT/$1.tgz" -C results "${@:2}" 2>/dev/null; }
@@ -113,6 +115,10 @@ for s in "$@"; do
         --ground-truth flashinfer --size small --no-progress --results "$OUT/check-${FI:-0.6.6}.jsonl" --jit-budget ${JB:-600} \
         --save-failures "$OUT/failures-${FI:-0.6.6}" 2>&1 | grep -v "^  \|Warning" | tail -${TAILN:-80} | tee -a "$LOG"
       echo "check: $((SECONDS - start)) s wall" | tee -a "$LOG" ;;
+    paths) step "the kernel path each source takes on this GPU, and the ones it passes over: ${DEFS:-}"; unit_env; fi_env
+      for d in ${DEFS//,/ }; do PYTHONPATH=src:/tmp/unit:/tmp/fi066 timeout 120 python3 -m flashinfer_trace.cli show "$d" \
+        --ground-truths --device cuda --json 2>/dev/null | python3 -c "import json, sys; d = json.load(sys.stdin)
+print(d['name'], json.dumps(d['ground_truths']))" 2>&1 | tee -a "$LOG"; done ;;
     fi072a) step "flashinfer 0.7.2.post1: the wheel (carried alone: .w072a)"
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi072 .w072a/flashinfer_python-0.7.2.post1-*.whl 2>&1 | tail -2 | tee -a "$LOG" ;;
     fi072b) step "flashinfer 0.7.2.post1: its dependencies (.w072b, tvm-ffi and cudnn-frontend from .whl)"
@@ -213,11 +219,14 @@ for s in "$@"; do
       echo "fused_moe_90: $(find "$b" -name '*.o' | wc -l) objects placed; ninja -n would run" \
         "$(grep -c '^\[' /tmp/moe-explain.txt) of $(( $(grep -c '^build .*\.o:' "$b/build.ninja") + 1 )) edges" | tee -a "$LOG"
       grep -m4 'explain:' /tmp/moe-explain.txt | cut -c1-240 | tee -a "$LOG" ;;
-    seed) step "references-$C's earlier tests (the snapshot's) -> $RES/references-$C/tests.jsonl: --resume runs only the rest"
+    seed) step "references-$C's earlier tests (the snapshot's, but those naming every word of '${SK:-moe flashinfer}') -> $RES/references-$C/tests.jsonl: --resume runs only the rest"
+      # a seeded test is not run again: the ones refmoe is for stay out (a seed of all of them ran nothing)
       mkdir -p "$RES/references-$C"; python3 -c "import gzip, json, sys
 d = json.loads(gzip.decompress(open(sys.argv[1], 'rb').read()))
-with open(sys.argv[2], 'w') as f: f.writelines(json.dumps(t) + '\n' for t in d['tests'])
-print(len(d['tests']), 'tests seeded')" "docs/matrix-snapshot/results/references-$C/tests.json.gz" "$RES/references-$C/tests.jsonl" 2>&1 | tee -a "$LOG" ;;
+keep = [t for t in d['tests'] if not all(w in t['nodeid'] for w in sys.argv[3].split())]
+with open(sys.argv[2], 'w') as f: f.writelines(json.dumps(t) + '\n' for t in keep)
+print(len(keep), 'tests seeded,', len(d['tests']) - len(keep), 'left to run')" \
+        "docs/matrix-snapshot/results/references-$C/tests.json.gz" "$RES/references-$C/tests.jsonl" "${SK:-moe flashinfer}" 2>&1 | tee -a "$LOG" ;;
     piece) step "wheel pieces carried in this call (.wp*/: NAME.partN, SHA256 of NAME) -> /tmp/pieces"
       mkdir -p /tmp/pieces; for d in .wp*/; do [ -d "$d" ] || continue; cp "$d"*.part* /tmp/pieces/ 2>/dev/null
         [ -f "$d"SHA256 ] && cp "$d"SHA256 "/tmp/pieces/SHA256.$(basename "$d")"; done

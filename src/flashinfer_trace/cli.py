@@ -86,8 +86,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     from .dataset import load_definition
 
     d = load_definition(args.name, definitions=args.definitions)
+    paths = _ground_truth_paths(d, args.device) if args.ground_truths else None
     if args.json:
-        _print_json(d.as_dict)
+        _print_json(d.as_dict | ({"ground_truths": paths} if paths is not None else {}))
         return 0
     _out.print(f"[bold]{d.name}[/]  op_type={d.op_type}  {d.source or ''}", highlight=False)
     if d.description:
@@ -111,7 +112,24 @@ def cmd_show(args: argparse.Namespace) -> int:
         _out.print("constraints: " + "; ".join(d.constraints))
     if args.reference:
         _out.print(d.reference, highlight=False, markup=False)
+    if paths is not None:
+        t = Table(title=f"ground truths on {next(iter(paths.values()))['device']}")
+        for col in ("source", "runs", "passed over / why not"):
+            t.add_column(col, overflow="fold")
+        for source, p in paths.items():
+            notes = [f"{o['api']}: {o['reason']}" for o in p.get("passed_over", [])]
+            t.add_row(source, p.get("api") or "-", escape("\n".join(notes) if p.get("api") else p["unavailable"]))
+        _out.print(t)
     return 0
+
+
+def _ground_truth_paths(d, device: str | None) -> dict[str, dict]:
+    """Per source: what runs here (describe(), with what it passed over) or why nothing does."""
+    from .groundtruth import GroundTruthUnavailable, default_device, ground_truths
+
+    device = device or default_device()
+    return {s: {"device": device, "unavailable": str(g)} if isinstance(g, GroundTruthUnavailable) else g.describe()
+            for s, g in ground_truths(d, device=device).items()}
 
 
 # -- inputs / run -------------------------------------------------------------------------------
@@ -247,7 +265,8 @@ def _fmt(x: Any) -> str:
 
 # -- check ------------------------------------------------------------------------------------
 def _tolerance_args(args: argparse.Namespace) -> dict[str, float]:
-    return {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol), ("matched_ratio", args.matched_ratio))
+    return {k: v for k, v in (("atol", args.atol), ("rtol", args.rtol), ("matched_ratio", args.matched_ratio),
+                              ("min_cosine", args.min_cosine))
             if v is not None}
 
 
@@ -657,6 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", parents=[common], help="show one definition")
     s.add_argument("name", help="definition name or path to its JSON file")
     s.add_argument("--reference", action="store_true", help="print the reference source too")
+    s.add_argument("--ground-truths", action="store_true",
+                   help="the kernel path each source takes here, the ones it passes over, or why none runs")
+    s.add_argument("--device", default=None, help="for --ground-truths: cpu or cuda (default: cuda when available)")
     s.set_defaults(func=cmd_show)
 
     box = argparse.ArgumentParser(add_help=False)
@@ -708,6 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--atol", type=float)
     s.add_argument("--rtol", type=float)
     s.add_argument("--matched-ratio", type=float)
+    s.add_argument("--min-cosine", type=float, help="each output's cosine with the expected one must reach this")
     s.add_argument("--draws", type=int, help="sampler draws per row")
     s.add_argument("--save-failures", default="results/failures", metavar="DIR",
                    help="where failing cases are saved for replay ('' to disable)")

@@ -6,7 +6,10 @@ from bf16 q/k is only as exact as bf16), then op-type and definition overrides f
 with every result. An element passes when |actual - expected| <= atol + rtol * scale, where scale is
 |expected| (torch.isclose) or, for sums of products, the operand scale of errormodel.py (the larger of
 the two); an output passes when the share of passing elements reaches `matched_ratio` (1.0 except for
-fp8/fp4, whose kernels round intermediates the reference keeps in float32).
+fp8/fp4, whose kernels round intermediates the reference keeps in float32) and, where a `min_cosine` is
+set, its cosine with the expected output reaches that floor: fp8 rounding scatters every element a little
+in no common direction, a wrong formula bends the whole output one way (docs/ground-truth.md, "An fp8
+error model").
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Tolerance:
     atol: float
     rtol: float
     matched_ratio: float = 1.0
+    min_cosine: float | None = None  # the output's cosine with the expected one must reach it (None: no floor)
     origin: str = ""  # where the values came from: "dtype:bfloat16, op_type:moe, cli"
 
     def as_dict(self) -> dict[str, Any]:
@@ -53,7 +57,8 @@ DTYPE_TOLERANCES = {
     "float16": Tolerance(1e-3, 1e-3),
     "float32": Tolerance(1e-5, 1e-5),
 }
-FIELDS = ("atol", "rtol", "matched_ratio")
+FIELDS = ("atol", "rtol", "matched_ratio", "min_cosine")
+RATIOS = ("matched_ratio", "min_cosine")  # in [0, 1]
 
 
 class ToleranceConfigError(ValueError):
@@ -71,7 +76,7 @@ def governing_dtype(definition: Definition) -> str:
 
 
 def load_tolerance_config(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
-    """`[op_type.<name>]` and `[definition.<name>]` tables of atol / rtol / matched_ratio."""
+    """`[op_type.<name>]` and `[definition.<name>]` tables of atol / rtol / matched_ratio / min_cosine."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -90,9 +95,9 @@ def load_tolerance_config(path: str | Path) -> dict[str, dict[str, dict[str, flo
                     raise ToleranceConfigError(f"{path}: [{section}.{key}].{f}: unknown field "
                                                f"(expected {', '.join(FIELDS)})")
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0) or (
-                        f == "matched_ratio" and v > 1):
+                        f in RATIOS and v > 1):
                     raise ToleranceConfigError(f"{path}: [{section}.{key}].{f}: {v!r} is not a "
-                                               f"{'ratio in [0, 1]' if f == 'matched_ratio' else 'number >= 0'}")
+                                               f"{'ratio in [0, 1]' if f in RATIOS else 'number >= 0'}")
             out[section][key] = {f: float(v) for f, v in values.items()}
     return out
 
@@ -148,6 +153,9 @@ class DiffReport:
     # verdict is decided (the matched_ratio quantile; the worst element at 1.0); <= 1 passes. A pass at 0.02
     # says the tolerance is loose for this kernel: what a tighter one (an fp8 error model) needs to know
     tolerance_used: float | None = None
+    # the tolerance's min_cosine where it applied: an expected output whose rms reaches atol (below it the
+    # direction is rounding noise, and atol governs each element); None: not applied
+    cosine_floor: float | None = None
 
     @property
     def mismatch_ratio(self) -> float:
@@ -167,6 +175,8 @@ class DiffReport:
         if self.worst_index is not None:
             worst = (f", worst at {tuple(self.worst_index)}: actual {self.worst_actual:.6g} vs expected "
                      f"{self.worst_expected:.6g}")
+        floor = (f" below the floor {self.cosine_floor}"
+                 if self.cosine_floor is not None and self.cosine < self.cosine_floor else "")
         nonfinite = ""
         if self.nan_actual or self.nan_expected or self.inf_actual or self.inf_expected:
             nonfinite = (f", nan {self.nan_actual}/{self.nan_expected} inf {self.inf_actual}/{self.inf_expected}"
@@ -174,7 +184,7 @@ class DiffReport:
         model = "" if self.error_model == "|expected|" else f" x {self.error_model}"
         return (f"{self.name}: {self.mismatched}/{self.total} ({self.mismatch_ratio:.2%}) out of tolerance "
                 f"atol={self.tolerance.get('atol')} rtol={self.tolerance.get('rtol')}{model}, max abs "
-                f"{self.max_abs:.4g}, max rel {self.max_rel:.4g}, cosine {self.cosine:.6f}{worst}{nonfinite} "
+                f"{self.max_abs:.4g}, max rel {self.max_rel:.4g}, cosine {self.cosine:.6f}{floor}{worst}{nonfinite} "
                 f"[{self.verdict}]")
 
 
@@ -228,6 +238,12 @@ def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output",
         report.max_rel = float((ferr / fe.abs().clamp_min(1e-12)).max())
         na, ne = float(fa.norm()), float(fe.norm())
         report.cosine = 1.0 if na == ne == 0.0 else float(fa @ fe) / (na * ne) if na and ne else 0.0
+        if tolerance.min_cosine is not None and not exact and ne >= tolerance.atol * math.sqrt(fe.numel()):
+            report.cosine_floor = tolerance.min_cosine
+            used = 1.0 - report.cosine
+            slack = 1.0 - tolerance.min_cosine
+            used = used / slack if slack > 0 else (0.0 if used <= 0 else math.inf)
+            report.tolerance_used = max(report.tolerance_used or 0.0, round(used, 6))
     bad = (~ok).nonzero().flatten()
     if bad.numel():
         score = torch.where(finite, err, math.inf)[bad]
@@ -235,7 +251,8 @@ def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output",
         report.worst_index = list(_unravel(flat, report.shape))
         report.worst_actual, report.worst_expected = float(a[flat]), float(e[flat])
     matched = 1.0 - report.mismatch_ratio
-    if report.mismatched == 0 or matched >= tolerance.matched_ratio:
+    cosine_ok = report.cosine_floor is None or report.cosine >= report.cosine_floor
+    if cosine_ok and (report.mismatched == 0 or matched >= tolerance.matched_ratio):
         report.verdict = "pass"
     elif (report.max_abs > BUG_ABS or report.cosine < BUG_COSINE
           or bool((~ok & ~finite).any())):  # a NaN or an infinity where the other side differs

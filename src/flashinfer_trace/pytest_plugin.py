@@ -2,7 +2,7 @@
 imports them), kept in the package so they are versioned and unit-tested with it.
 
 Options: --device auto|cpu|cuda, --sizes small,medium (large is marked slow and needs --run-slow
-or an explicit --sizes), --seeds 0,1, --atol/--rtol/--matched-ratio (override every tolerance),
+or an explicit --sizes), --seeds 0,1, --atol/--rtol/--matched-ratio/--min-cosine (override every tolerance),
 --draws N (sampler draws per row), --save-failures DIR, --save-inputs, --shard I/N (definitions
 dealt round-robin over N shards).
 
@@ -43,6 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--atol", type=float, default=None, help="override every tolerance's atol")
     g.addoption("--rtol", type=float, default=None, help="override every tolerance's rtol")
     g.addoption("--matched-ratio", type=float, default=None, help="override the required matched ratio")
+    g.addoption("--min-cosine", type=float, default=None, help="override the cosine floor (fp8 MoE sets one)")
     g.addoption("--draws", type=int, default=None, help="sampler draws per row (default 64 on cpu, 2000 on cuda)")
     g.addoption("--save-failures", default="results/failures", help="where failing cases are saved")
     g.addoption("--save-inputs", action="store_true", help="also save failing inputs as safetensors")
@@ -241,7 +242,8 @@ def definition(request: pytest.FixtureRequest):
 @pytest.fixture
 def tolerance(definition, pytestconfig: pytest.Config, record_property):
     cli = {k: pytestconfig.getoption(o) for k, o in
-           (("atol", "--atol"), ("rtol", "--rtol"), ("matched_ratio", "--matched-ratio"))}
+           (("atol", "--atol"), ("rtol", "--rtol"), ("matched_ratio", "--matched-ratio"),
+            ("min_cosine", "--min-cosine"))}
     tol = tolerance_for(definition, cli=cli)
     record_property("tolerance", tol.as_dict())
     return tol

@@ -44,7 +44,12 @@ def test_list_show_inputs_run(capsys, valid, write_def):
     code, out, _ = run_cli(capsys, "list", "--json", "--definitions", str(folder))
     assert code == 0 and [d["name"] for d in json.loads(out)] == ["rmsnorm_h8"]
     code, out, _ = run_cli(capsys, "show", "rmsnorm_h8", "--json", "--definitions", str(folder))
-    assert code == 0 and json.loads(out)["axes"]["hidden_size"]["value"] == 8
+    assert code == 0 and json.loads(out)["axes"]["hidden_size"]["value"] == 8 and "ground_truths" not in out
+    code, out, _ = run_cli(capsys, "show", "rmsnorm_h8", "--json", "--ground-truths", "--device", "cpu",
+                           "--definitions", str(folder))
+    paths = json.loads(out)["ground_truths"]
+    assert code == 0 and paths["torch"]["api"].startswith("torch.nn.functional.rms_norm")
+    assert paths["flashinfer"]["unavailable"].split(":")[0] in ("not-installed", "no-gpu")
     code, out, _ = run_cli(capsys, "inputs", "rmsnorm_h8", "--json", "--seed", "3", "--definitions", str(folder))
     info = json.loads(out)
     assert code == 0 and info["inputs"]["weight"]["shape"] == [8] and info["seed"] == 3

@@ -153,8 +153,8 @@ def test_tolerances_toml_next_to_the_op_folders_is_found(tmp_path):
 
 
 def test_as_dict_round_trips_the_values():
-    assert Tolerance(0.1, 0.2, 0.9, "x").as_dict() == {"atol": 0.1, "rtol": 0.2, "matched_ratio": 0.9,
-                                                       "origin": "x"}
+    assert Tolerance(0.1, 0.2, 0.9, origin="x").as_dict() == {"atol": 0.1, "rtol": 0.2, "matched_ratio": 0.9,
+                                                               "min_cosine": None, "origin": "x"}
 
 
 @pytest.mark.parametrize("text, needles", [
@@ -165,6 +165,7 @@ def test_as_dict_round_trips_the_values():
     ("[definition.d]\natol = -1e-3\n", ["[definition.d].atol", "number >= 0"]),
     ("[definition.d]\nrtol = nan\n", ["[definition.d].rtol", "number >= 0"]),
     ("[op_type.gemm]\nmatched_ratio = 1.5\n", ["[op_type.gemm].matched_ratio", "ratio in [0, 1]"]),
+    ("[op_type.moe]\nmin_cosine = 1.01\n", ["[op_type.moe].min_cosine", "ratio in [0, 1]"]),
     ("[op_type.gemm]\natol = true\n", ["[op_type.gemm].atol", "True"]),
     ("[op_type.gemm]\natol = \"0.1\"\n", ["[op_type.gemm].atol", "'0.1'"]),
     ("[op_type.gemm\natol = 1\n", []),
@@ -448,3 +449,53 @@ def test_a_reference_test_records_how_much_tolerance_it_used(tmp_path):
     (compared,) = ast.literal_eval(props["compared"])  # junit writes the property's repr
     assert compared["output"] == "output" and compared["total"] == 16384 and compared["mismatched"] == 0
     assert 0 < compared["tolerance_used"] <= 1 and compared["cosine"] > 0.9999
+
+
+# -- the cosine floor (fp8: rounding scatters, a wrong formula bends) -------------------------------
+def _scattered_and_bent(n: int = 4096):
+    """A bf16-sized output, a copy with 2^-5 relative noise in no common direction (fp8 rounding), and one
+    with a quarter of its elements scaled by 1.1 (a wrong weight on some tokens): both inside the fp8
+    element tolerance."""
+    g = torch.Generator().manual_seed(0)
+    e = torch.randn(n, generator=g, dtype=torch.float64)
+    noisy = e * (1 + 2 ** -5 * (2 * torch.rand(n, generator=g, dtype=torch.float64) - 1))
+    bent = e.clone()
+    bent[: n // 4] *= 1.1
+    bent[n // 4: n // 2] *= 0.9
+    return e, noisy, bent
+
+
+def test_cosine_floor_fails_a_bent_output_that_every_element_tolerance_passes():
+    e, noisy, bent = _scattered_and_bent()
+    elementwise = Tolerance(0.1, 0.2, 0.9)
+    floored = Tolerance(0.1, 0.2, 0.9, min_cosine=0.998)
+    assert diff(bent, e, elementwise).passed and diff(noisy, e, floored).passed
+    r = diff(bent, e, floored)
+    assert not r.passed and r.mismatched == 0 and r.cosine_floor == 0.998
+    assert "below the floor 0.998" in r.summary() and r.tolerance_used > 1
+
+
+def test_cosine_floor_counts_in_the_tolerance_used():
+    e, noisy, _ = _scattered_and_bent()
+    r = diff(noisy, e, Tolerance(0.1, 0.2, 0.9, min_cosine=0.998))
+    assert r.tolerance_used == pytest.approx(max(_elementwise_used(noisy, e), (1 - r.cosine) / 0.002), rel=1e-4)
+
+
+def _elementwise_used(a, e):
+    return diff(a, e, Tolerance(0.1, 0.2, 0.9)).tolerance_used
+
+
+def test_cosine_floor_leaves_outputs_below_atol_to_the_element_tolerance():
+    """An all-zero expected output (no token routed here) against rounding noise: its direction means nothing."""
+    e = torch.zeros(256, dtype=torch.float64)
+    noise = torch.full((256,), 1e-3, dtype=torch.float64)
+    r = diff(noise, e, Tolerance(0.1, 0.2, 0.9, min_cosine=0.998))
+    assert r.passed and r.cosine_floor is None
+
+
+def test_the_fp8_moe_definitions_carry_the_floor():
+    from flashinfer_trace.testing import load_definition
+
+    name = "moe_fp8_block_scale_renorm_topk8_e128_h2048_i768"
+    tol = tolerance_for(load_definition(name))
+    assert tol.min_cosine == 0.998 and tol.origin.endswith(f"definition:{name}")

@@ -167,10 +167,19 @@ def test_the_cli_streams_each_verdict(tmp_path):
 
 def test_a_surviving_bug_reports_how_close_it_came():
     """The margin is the data a tighter criterion is chosen from: the bug's over every comparison it passed,
-    beside the true reference's. The biased-weights MoE bug passes within tolerance but bends the output
-    further from the float64 truth than the true reference does."""
-    m = next(m for m in MUTANTS if m.survives and "moe_fp8" in m.definition)
+    beside the true reference's against the same ground truth."""
+    m = next(m for m in MUTANTS if m.name == "fused_add_rmsnorm_h4096:norm-of-rounded")
     k = kill(m, "torch", sizes=("small",), seeds=(0,))
     assert k.killed is False and k.margin.comparisons == k.baseline_margin.comparisons > 0
     assert k.baseline_margin.tolerance_used < k.margin.tolerance_used <= 1
-    assert k.margin.cosine < k.baseline_margin.cosine
+
+
+def test_the_fp8_cosine_floor_catches_what_the_element_tolerance_cannot():
+    """Routing weights from the bias-corrected scores stay inside the fp8 element tolerance; the cosine floor of
+    definitions/tolerances.toml catches them, and the true reference passes the same floor."""
+    m = next(m for m in MUTANTS if m.id == "biased-weights")
+    k = kill(m, "torch")
+    assert k.killed and "below the floor 0.998" in k.how, k.how
+    assert k.baseline_margin.cosine > 0.998 and k.baseline_margin.tolerance_used < 1
+    # without the floor the element tolerance alone lets it through
+    assert first_failure(mutate(load_definition(m.definition), m), "torch", tolerance={"min_cosine": 0.0}) is None

@@ -203,6 +203,11 @@ def test_moe_on_sm90_with_cutlass_is_available(monkeypatch):
     monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0))
     gt = get_ground_truth("flashinfer", moe_definition(), device="cuda")
     assert gt.api.startswith("flashinfer.fused_moe.cutlass_fused_moe") and gt.version == Version("0.6.0")
+    # the trtllm path stays visible in every record: arch-gated on sm90, passed over for the cutlass kernel
+    assert gt.describe()["passed_over"] == [{"api": "flashinfer.fused_moe.trtllm_fp8_block_scale_moe", "reason":
+                                             "arch-unsupported: flashinfer.fused_moe.trtllm_fp8_block_scale_moe "
+                                             "needs sm100..sm103, have sm90"}]
+    assert "passed_over" not in get_ground_truth("torch", moe_definition(), device="cpu").describe()
 
 
 def test_moe_variants_on_sm90(monkeypatch):

@@ -154,6 +154,38 @@ def test_diff_catches_planted_regressions(results, tmp_path, capsys):
     assert "no regressions" in capsys.readouterr().out
 
 
+def test_a_source_keeps_the_paths_it_passed_over():
+    """FlashInfer's fp8 MoE on sm90: the cutlass kernel passes, trtllm-gen's is arch-gated; the cell says both."""
+    from flashinfer_trace.matrix.build import Environment, cell
+
+    gate = {"api": "flashinfer.fused_moe.trtllm_fp8_block_scale_moe", "reason": "arch-unsupported: needs sm100..sm103"}
+    gt = {"source": "flashinfer", "api": "flashinfer.fused_moe.cutlass_fused_moe", "passed_over": [gate]}
+    tests = [rec(f"test_matches_ground_truth[small-{s}-moe_x-flashinfer]", "passed", "moe_x", "flashinfer",
+                 ground_truth=gt).as_dict() for s in (0, 1)]
+    tests.append(rec("test_matches_ground_truth[small-0-moe_x-torch]", "passed", "moe_x", "torch").as_dict())
+    env = Environment(id="e", combination="c", arch="sm90")
+    c = cell("moe_x", env, tests)
+    assert c["state"] == "pass" and c["sources"]["flashinfer"]["passed_over"] == [gate]
+    assert "passed_over" not in c["sources"]["torch"]
+
+
+def test_diff_says_which_sessions_gained_or_lost_timings(results):
+    """A bench session added to a snapshot changes no state and no like-for-like timing: the diff still
+    says so, per environment and timer, and a timing that went is said too (neither is a regression)."""
+    old = build([results])
+    key = ("rmsnorm_h4096", "cu130-fi066@sm90")
+    timing = cells_of(old)[key]["timing"]
+    untimed = copy.deepcopy(old)
+    cells_of(untimed)[key]["timing"] = None
+    gained, lost = diff_matrices(untimed, old), diff_matrices(old, untimed)
+    assert [(t["definition"], t["timer"]) for t in gained.timed] == [("rmsnorm_h4096", timing["timer"])]
+    assert [t["definition"] for t in lost.untimed] == ["rmsnorm_h4096"] and not lost.timed
+    assert not gained.regressed and not lost.regressed
+    md = render_diff_md(gained)
+    assert "1 newly timed, 0 no longer timed" in md and "### Newly timed" in md
+    assert f"| cu130-fi066@sm90 | {timing['timer']} | {timing['source']} | 1 |" in md
+
+
 def test_two_releases_columns_diff_like_two_runs(results, tmp_path, capsys):
     """--envs: one environment's column against another's (two releases of one snapshot)."""
     m = build([results])

@@ -447,3 +447,6 @@ def test_a_cells_title_says_how_much_tolerance_its_passes_used(sample):
     title = html.unescape(re.search(r'title="([^"]*)"', shown).group(1))
     assert "flashinfer: pass (passed 8); its passes used at most 0.29 of the tolerance" in title
     assert "sglang: skip:not-installed" in title and title.count("of the tolerance") == 1  # only where recorded
+    cell["sources"]["flashinfer"]["passed_over"] = [{"api": "fi.trtllm_moe", "reason": "arch-unsupported: sm100"}]
+    shown = _cells(_row(render_html(sample), "rmsnorm_h4096"))[envs.index(sm90)]
+    assert "; passed over fi.trtllm_moe (arch-unsupported: sm100)" in html.unescape(shown)

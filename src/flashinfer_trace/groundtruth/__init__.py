@@ -53,6 +53,9 @@ class GroundTruth:
     device: str
     module: ModuleType | None
     version: Version | None
+    # the source's adapters for this definition tried first that cannot run here, (api, reason): on sm90
+    # trtllm-gen's fp8 MoE is arch-unsupported and the cutlass kernel runs; the record keeps the gate visible
+    passed_over: tuple[tuple[str, str], ...] = ()
 
     @property
     def source(self) -> str:
@@ -67,8 +70,11 @@ class GroundTruth:
         return self.adapter.api
 
     def describe(self) -> dict:
-        return {"source": self.source, "api": self.api, "version": str(self.version) if self.version else None,
-                "device": self.device}
+        out = {"source": self.source, "api": self.api, "version": str(self.version) if self.version else None,
+               "device": self.device}
+        if self.passed_over:
+            out["passed_over"] = [{"api": api, "reason": reason} for api, reason in self.passed_over]
+        return out
 
     def __call__(self, inputs: Inputs, *, draws: int = 1) -> tuple:
         """Outputs in the definition's order (for a sampler: samples [batch, draws] per output)."""
@@ -114,7 +120,9 @@ def get_ground_truth(source: str, definition: Definition | str, *, device: str |
         except GroundTruthUnavailable as e:
             reasons.append(e)
             continue
-        return GroundTruth(adapter, definition, device, module, version)
+        passed_over = tuple((a.api, str(e)) for a, e in zip(candidates, reasons, strict=False)
+                            if e.kind != "unsupported")  # an adapter for other definitions says nothing here
+        return GroundTruth(adapter, definition, device, module, version, passed_over)
     if hand_written and fallback:  # why the op type's own adapters do not apply says more; the tag's reason follows
         best = max(reasons[:len(hand_written)], key=lambda e: e.progress)
         tag = max(reasons[len(hand_written):], key=lambda e: e.progress)

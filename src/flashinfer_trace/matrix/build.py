@@ -319,6 +319,9 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict
         used = tolerance_used(group)
         if used is not None:  # recorded since 2026-11-24: older results have none, and say nothing
             sources[src]["tolerance_used"] = used
+        over = passed_over(group)
+        if over:
+            sources[src]["passed_over"] = over
     all_states = [test_state(t) for t in tests]
     worst = next((b for b in BAD if b in all_states), None)
     if worst:
@@ -337,6 +340,17 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict
     return {"definition": definition, "environment": env.id, "state": state, "reason": reason, "sources": sources,
             "checks": dict(Counter(t["status"] for t in checks)), "tolerance": tolerance,
             "timing": timing(definition, env), "tests": len(tests)}
+
+
+def passed_over(tests: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The kernel paths the source tried first and could not run here (trtllm-gen's fp8 MoE on sm90), from
+    the ground truth each test recorded: a pass of the path that ran must not hide the gate of the other."""
+    seen = {}
+    for t in tests:
+        for p in ((t.get("properties") or {}).get("ground_truth") or {}).get("passed_over") or []:
+            if isinstance(p, dict) and isinstance(p.get("api"), str):
+                seen.setdefault(p["api"], str(p.get("reason") or ""))
+    return [{"api": api, "reason": reason} for api, reason in sorted(seen.items())]
 
 
 def tolerance_used(tests: list[dict[str, Any]]) -> float | None:

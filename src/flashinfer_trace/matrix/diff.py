@@ -13,6 +13,7 @@ drift between two nightly runs, and a floor keeps that drift from reading as a r
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ class MatrixDiff:
     vanished: list[dict[str, Any]] = field(default_factory=list)
     slower: list[dict[str, Any]] = field(default_factory=list)
     faster: list[dict[str, Any]] = field(default_factory=list)
+    timed: list[dict[str, Any]] = field(default_factory=list)  # a timing where the old matrix had none
+    untimed: list[dict[str, Any]] = field(default_factory=list)  # a timing the new matrix lost
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -92,7 +95,12 @@ def diff_matrices(old: dict[str, Any], new: dict[str, Any]) -> MatrixDiff:
                 out.fixed.append(entry)
             else:
                 out.changed.append(entry)
-        change = perf_change(o.get("timing"), n.get("timing"))
+        ot, nt = o.get("timing"), n.get("timing")
+        if nt and not ot:
+            out.timed.append({**base, "timer": nt.get("timer"), "source": nt.get("source")})
+        elif ot and not nt:
+            out.untimed.append({**base, "timer": ot.get("timer"), "source": ot.get("source")})
+        change = perf_change(ot, nt)
         if change:
             (out.slower if change["kind"] == "slower" else out.faster).append({**base, **change})
     return out
@@ -143,7 +151,7 @@ def render_diff_md(d: MatrixDiff) -> str:
     lines = [f"## Matrix diff: {head}", "",
              f"{len(d.regressions)} status regression(s), {len(d.slower)} slower, {len(d.faster)} faster, "
              f"{len(d.fixed)} fixed, {len(d.changed)} other change(s), {len(d.new)} new cell(s), "
-             f"{len(d.vanished)} vanished", ""]
+             f"{len(d.vanished)} vanished; {len(d.timed)} newly timed, {len(d.untimed)} no longer timed", ""]
 
     def table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> None:
         if not rows:
@@ -165,6 +173,11 @@ def render_diff_md(d: MatrixDiff) -> str:
     table("Faster", d.faster, ["definition", "environment", "old_median_us", "new_median_us", "ratio"])
     table("Other changes", d.changed, ["definition", "environment", "old", "new", "reason"])
     table("New cells", d.new, ["definition", "environment", "state"])
+    # timings appear and go by the session (a bench run added or lost): one row per environment and timer
+    for title, rows in (("Newly timed", d.timed), ("No longer timed", d.untimed)):
+        counts = Counter((r["environment"], r.get("timer"), r.get("source")) for r in rows)
+        table(title, [{"environment": e, "timer": t, "source": src, "cells": n} for (e, t, src), n in sorted(
+            counts.items(), key=str)], ["environment", "timer", "source", "cells"])
     table("Vanished cells", d.vanished, ["definition", "environment", "state"])
     if d.problems:
         lines += ["### Problems", ""] + [f"- {p}" for p in d.problems]

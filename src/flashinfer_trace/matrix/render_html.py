@@ -230,6 +230,9 @@ def _cell_title(definition: str, env: dict, cell: dict | None, states: dict) -> 
             used = _number(source.get("tolerance_used"))
             if used is not None:
                 text += f"; its passes used at most {_fmt(used)} of the tolerance"
+            for over in source.get("passed_over") or []:
+                if isinstance(over, dict):
+                    text += f"; passed over {over.get('api')} ({over.get('reason')})"
             lines.append(text)
     tolerance = {k: v for k, v in _dict(cell.get("tolerance")).items() if v is not None}
     if tolerance:
