@@ -40,8 +40,8 @@ class Tolerance:
     atol: float
     rtol: float
     matched_ratio: float = 1.0
-    min_cosine: float | None = None  # the output's cosine with the expected one must reach it (None: no floor)
     origin: str = ""  # where the values came from: "dtype:bfloat16, op_type:moe, cli"
+    min_cosine: float | None = None  # the output's cosine with the expected one must reach it (None: no floor)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
