@@ -154,6 +154,32 @@ def test_diff_catches_planted_regressions(results, tmp_path, capsys):
     assert "no regressions" in capsys.readouterr().out
 
 
+def test_a_kernel_left_out_by_a_run_false_known_issue_shows_as_not_run(results, tmp_path):
+    """The sweep leaves FlashInfer's fp8 MoE out on sm90 (a 41-minute module): its cell must say that, not
+    the SGLang skip of the same definition; a source with records, another arch or release is untouched."""
+    recs = [rec("test_matches_ground_truth[small-0-moe_z-torch]", "passed", "moe_z", "torch"),
+            rec("test_matches_ground_truth[small-0-moe_z-sglang]", "skipped", "moe_z", "sglang",
+                "not-installed: sglang", skip_kind="not-installed")]
+    write_session(tmp_path / "references-x", SessionInfo("references-x", "cu130-fi066", arch="sm90",
+                                                        finished="2026-11-22T12:00:00"),
+                  records=recs, manifest=manifest("cu130-fi066", {"flashinfer-python": "0.6.6"}, "13", "9.0"))
+    toml = tmp_path / "known.toml"
+    toml.write_text('[[issue]]\nid = "slow-moe"\ndefinitions = ["moe_*"]\nsources = ["flashinfer"]\n'
+                    'packages = { flashinfer-python = ">=0.4" }\narchs = ["sm90"]\nreason = "41 min to build"\n'
+                    'link = "docs"\nexpires = 2099-01-01\nrun = false\n')
+    issues = load_known_issues(toml)
+    c = cells_of(build([tmp_path / "references-x"], known_issues=issues))[("moe_z", "cu130-fi066@sm90")]
+    assert c["state"] == "not-run" and "known issue slow-moe" in c["reason"]
+    assert c["sources"]["flashinfer"]["state"] == "not-run" and c["sources"]["sglang"]["state"] == "skip:not-installed"
+    plain = cells_of(build([tmp_path / "references-x"]))[("moe_z", "cu130-fi066@sm90")]
+    assert plain["state"] == "skip:not-installed" and "flashinfer" not in plain["sources"]
+    ran = cells_of(build([results], known_issues=issues))  # moe_x has a FlashInfer record: it stands
+    assert ran[("moe_x", "cu130-fi066@sm90")]["state"] == "skip:arch"
+    toml.write_text(toml.read_text().replace('">=0.4"', '">=0.7"'))  # another release: not covered
+    other = cells_of(build([tmp_path / "references-x"], known_issues=load_known_issues(toml)))
+    assert other[("moe_z", "cu130-fi066@sm90")]["state"] == "skip:not-installed"
+
+
 def test_a_source_keeps_the_paths_it_passed_over():
     """FlashInfer's fp8 MoE on sm90: the cutlass kernel passes, trtllm-gen's is arch-gated; the cell says both."""
     from flashinfer_trace.matrix.build import Environment, cell

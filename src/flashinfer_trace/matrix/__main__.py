@@ -22,6 +22,9 @@ def add_commands(sub) -> None:
     b.add_argument("--root", default=".", help="paths under it are written relative to it (default: .)")
     b.add_argument("--constraints", default="constraints",
                    help="combinations folder: those without results are listed as not run (default: constraints)")
+    b.add_argument("--known-issues", default="constraints/known-issues.toml",
+                   help="a kernel source with no records that a `run = false` entry covers is shown as not run, "
+                        "with the entry ('' for none; default: constraints/known-issues.toml)")
     b.add_argument("--not-run-note", action="append",
                    help="why combinations have no results here: 'PREFIX=why' for the combinations whose id starts "
                         "with PREFIX, or 'why' for the rest (repeatable)")
@@ -55,8 +58,13 @@ def run_build(args: argparse.Namespace) -> int:
         from ..sweep.combos import load_combinations
 
         combos = load_combinations(Path(args.constraints))
+    issues = None
+    if args.known_issues and Path(args.known_issues).is_file():
+        from .known_issues import load_known_issues
+
+        issues = load_known_issues(args.known_issues)
     matrix = portable(build(args.results, definitions_dir=args.definitions, combinations=combos,
-                            not_run_note=args.not_run_note), args.root)
+                            not_run_note=args.not_run_note, known_issues=issues), args.root)
     files = write_matrix(matrix, args.output)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(matrix["summary"].items()))
     print(f"{len(matrix['environments'])} environment(s) x {len(matrix['definitions'])} definition(s): {counts}")

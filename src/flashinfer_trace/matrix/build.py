@@ -195,11 +195,22 @@ def _combination_file(path: str | None) -> dict[str, Any]:
         return {}
 
 
+def _manifest_and_combination(env: Environment) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The environment's manifest and its combination (from the manifest, or the constraints file it names)."""
+    ref = _references(env) or env.sessions[0]
+    manifest = ref.manifest or next((s.manifest for s in env.sessions if s.manifest), {})
+    return manifest, manifest.get("combination") or _combination_file(ref.session.get("constraints_file"))
+
+
+def environment_pins(env: Environment) -> dict[str, Any]:
+    """The combination's pins: torch, flashinfer-python, sglang, ..."""
+    return _manifest_and_combination(env)[1].get("pins") or {}
+
+
 def environment_record(env: Environment) -> dict[str, Any]:
     status, reason = environment_status(env)
     ref = _references(env) or env.sessions[0]
-    manifest = ref.manifest or next((s.manifest for s in env.sessions if s.manifest), {})
-    combo = manifest.get("combination") or _combination_file(ref.session.get("constraints_file"))
+    manifest, combo = _manifest_and_combination(env)
     pins = combo.get("pins") or {}
     devices = (manifest.get("torch") or {}).get("devices") or []
     cuda = combo.get("cuda")
@@ -298,7 +309,7 @@ def _summarise(states: list[str], reasons: list[str | None]) -> tuple[str, str |
     return state, next((r for s, r in zip(states, reasons, strict=True) if s == state and r), None)
 
 
-def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict[str, Any]:
+def cell(definition: str, env: Environment, tests: list[dict[str, Any]], issues: list | None = None) -> dict[str, Any]:
     by_source: dict[str, list[dict[str, Any]]] = {}
     checks: list[dict[str, Any]] = []
     tolerance = None
@@ -322,6 +333,7 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict
         over = passed_over(group)
         if over:
             sources[src]["passed_over"] = over
+    sources.update(not_run_by_known_issue(definition, env, sources, issues or []))
     all_states = [test_state(t) for t in tests]
     worst = next((b for b in BAD if b in all_states), None)
     if worst:
@@ -333,6 +345,8 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict
             state, reason = "pass", None
         elif any(k["state"] == "xfail" for k in kernel):
             state, reason = "xfail", next(k["reason"] for k in kernel if k["state"] == "xfail")
+        elif any(k["state"] == "not-run" for k in kernel):  # left out on purpose: that, not another's skip
+            state, reason = "not-run", next(k["reason"] for k in kernel if k["state"] == "not-run")
         elif kernel:
             state, reason = kernel[0]["state"], kernel[0]["reason"]
         else:
@@ -340,6 +354,34 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]]) -> dict
     return {"definition": definition, "environment": env.id, "state": state, "reason": reason, "sources": sources,
             "checks": dict(Counter(t["status"] for t in checks)), "tolerance": tolerance,
             "timing": timing(definition, env), "tests": len(tests)}
+
+
+def not_run_by_known_issue(definition: str, env: Environment, sources: dict[str, Any], issues: list
+                           ) -> dict[str, dict[str, Any]]:
+    """A kernel source with no record where a `run = false` known issue covers it: the session left those tests
+    out on purpose (FlashInfer's fp8 MoE on sm90: a 41-minute module), and the cell says so instead of
+    letting another source's skip stand for it. Nothing is invented for a source that has records."""
+    if not any(not i.run for i in issues):
+        return {}
+    pins = environment_pins(env)
+    versions = {name: _version(pins.get(name)) for i in issues for name in i.packages}
+    out: dict[str, dict[str, Any]] = {}
+    for issue in issues:
+        if issue.run:
+            continue
+        for src in issue.sources or KERNEL_SOURCES:
+            if src not in sources and src not in out and issue.applies(definition, src, versions, env.arch):
+                out[src] = {"state": "not-run", "counts": {}, "reason": f"not run: {issue.describe()}", "api": None}
+    return out
+
+
+def _version(text: Any):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(str(text)) if text else None
+    except InvalidVersion:
+        return None
 
 
 def passed_over(tests: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -378,7 +420,7 @@ def timing(definition: str, env: Environment) -> dict[str, Any] | None:
     return next(iter(found.values()), None)
 
 
-def environment_cells(env: Environment, definitions: list[str]) -> list[dict[str, Any]]:
+def environment_cells(env: Environment, definitions: list[str], issues: list | None = None) -> list[dict[str, Any]]:
     status, reason = environment_status(env)
     if status in ("install-failed", "uninstallable", "arch-mismatch", "no-gpu", "corrupt"):
         state = {"install-failed": "install-failed", "uninstallable": "install-failed",
@@ -391,7 +433,7 @@ def environment_cells(env: Environment, definitions: list[str]) -> list[dict[str
         d = _definition_of(t)
         if d:
             grouped.setdefault(d, []).append(t)
-    out = [cell(d, env, grouped[d]) for d in definitions if d in grouped]
+    out = [cell(d, env, grouped[d], issues) for d in definitions if d in grouped]
     for d in definitions:  # benchmarks without reference results still show their timing
         if d not in grouped and timing(d, env):
             out.append({"definition": d, "environment": env.id, "state": "not-run", "reason": None, "sources": {},
@@ -444,13 +486,13 @@ def not_run(combinations: list | None, envs: list[Environment], note: str | list
 
 
 def build(paths: list[str | Path], *, definitions_dir: str | Path | None = None, combinations: list | None = None,
-          not_run_note: str | list[str] | None = None) -> dict[str, Any]:
+          not_run_note: str | list[str] | None = None, known_issues: list | None = None) -> dict[str, Any]:
     folders, problems = discover(paths)
     sessions = [s for s in (read_session(f, problems) for f in folders) if s is not None]
     envs = environments(sessions)
     defs = definition_records(sessions, Path(definitions_dir) if definitions_dir else None)
     names = [d["name"] for d in defs]
-    cells = [c for env in envs for c in environment_cells(env, names)]
+    cells = [c for env in envs for c in environment_cells(env, names, known_issues)]
     drift, drift_problems = drift_view.load(paths)  # results/**/drift-*.json (flashinfer-trace drift)
     problems += drift_problems
     drift_view.attach(defs, drift)
