@@ -361,27 +361,18 @@ def not_run_by_known_issue(definition: str, env: Environment, sources: dict[str,
     """A kernel source with no record where a `run = false` known issue covers it: the session left those tests
     out on purpose (FlashInfer's fp8 MoE on sm90: a 41-minute module), and the cell says so instead of
     letting another source's skip stand for it. Nothing is invented for a source that has records."""
-    if not any(not i.run for i in issues):
+    from .known_issues import pinned_versions
+
+    left_out = [i for i in issues if not i.run]
+    if not left_out:
         return {}
-    pins = environment_pins(env)
-    versions = {name: _version(pins.get(name)) for i in issues for name in i.packages}
+    versions = pinned_versions({n for i in left_out for n in i.packages}, environment_pins(env))
     out: dict[str, dict[str, Any]] = {}
-    for issue in issues:
-        if issue.run:
-            continue
+    for issue in left_out:
         for src in issue.sources or KERNEL_SOURCES:
             if src not in sources and src not in out and issue.applies(definition, src, versions, env.arch):
                 out[src] = {"state": "not-run", "counts": {}, "reason": f"not run: {issue.describe()}", "api": None}
     return out
-
-
-def _version(text: Any):
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(str(text)) if text else None
-    except InvalidVersion:
-        return None
 
 
 def passed_over(tests: list[dict[str, Any]]) -> list[dict[str, str]]:

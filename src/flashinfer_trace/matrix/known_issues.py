@@ -133,3 +133,14 @@ def installed_versions(names: set[str]) -> dict[str, Version | None]:
         except (importlib.metadata.PackageNotFoundError, InvalidVersion):
             out[n] = None
     return out
+
+
+def pinned_versions(names: set[str], pins: dict) -> dict[str, Version | None]:
+    """installed_versions for a combination read from its results (the matrix): the versions it pins."""
+    out: dict[str, Version | None] = {}
+    for n in names:
+        try:
+            out[n] = Version(str(pins[n])) if pins.get(n) else None
+        except InvalidVersion:
+            out[n] = None
+    return out
