@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from flashinfer_trace.compare import compare_outputs, tolerance_for
+from flashinfer_trace.verdict.compare import compare_outputs, tolerance_for
 from flashinfer_trace.groundtruth import get_ground_truth
 from flashinfer_trace.testing import generate_inputs, load_definition
 

@@ -1,15 +1,17 @@
-"""`flashinfer-trace check`: the reference tests' checks, outside pytest, on any definitions.
+"""The engine: the only code that executes a case. `flashinfer-trace check` and the pytest suite
+(tests/references, through pytest_plugin.py) are its two faces; both write `CaseRecord`s.
 
 A pipeline of plain functions, each taking the previous result and the config:
 
-    discover(targets, config) -> Discovered      definitions, plus files that did not load
-    plan(discovered, config)  -> list[Case]      what to check: shape, dtype, match, determinism, edge cases
-    run(cases, config)        -> list[Result]    one result per case: pass / fail / skip / error
-    summarise(results)        -> Summary         counts, and skip reasons grouped
+    discover(targets, config) -> Discovered        definitions, plus files that did not load
+    plan(discovered, config)  -> list[Case]        shape, dtype, match per size x seed x source,
+                                                   determinism, edge cases per source
+    run(cases, config)        -> Iterator[CaseRecord]   one record per case, streamed as it completes
+    summarise(records)        -> Summary           counts, and skip reasons grouped
 
-`run` is a generator: each result is yielded (and, with `config.results_file`, appended to a JSONL
-stream, fsynced) as it completes, so an interrupt or a kill keeps everything finished; with
-`config.resume` the cases already in that file are not run again, their recorded results are reused.
+Exceptions become statuses in one place (`outcome_of`). With `config.results_file` each record is
+appended to a JSONL stream, fsynced, as it completes; with `config.resume` the cases already there
+are not run again.
 """
 
 from __future__ import annotations
@@ -18,106 +20,155 @@ import os
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .compare import Mismatch, Tolerance, tolerance_for
-from .compare_samples import SamplingSettings, check_sampler
 from .definition import Definition
-from .errormodel import compare_with_model, error_scales
-from .groundtruth import SOURCES, GroundTruthUnavailable, default_device, get_ground_truth
-from .inputs import InputGenerationError, UnsupportedOpType, edge_cases, generate_inputs
+from .groundtruth import SOURCES, GroundTruthUnavailable, PrebuildLookup, default_device, get_ground_truth
+from .inputs import InputGenerationError, Inputs, UnsupportedOpType, edge_cases, generate_inputs
 from .inputs.common import fixed_bytes
-from .testing import expected_dtypes, expected_shapes, is_sampler, run_reference, shape_fits
+from .reference import expected_dtypes, expected_shapes, output_dtypes, output_shapes, run_reference, shape_fits
+from .results.record import Check, CaseRecord, GroundTruthPath
+from .sandbox import ReferenceFailure, SandboxError
+from .status import Kind, Status
+from .verdict import Judgement, judge, judge_sampler
+from .verdict.compare import Tolerance, tolerance_for
+from .verdict.errormodel import error_scales
+from .verdict.samples import SamplingSettings
 
-CHECKS = ("shape", "dtype", "match", "deterministic", "edge")
+DEFAULT_SIZES = ("small", "medium")
+DEFAULT_SEEDS = (0, 1)
+SIZE_ORDER = {"small": 0, "medium": 1, "large": 2}
 
 
 @dataclass
 class CheckConfig:
     sources: tuple[str, ...] = SOURCES
-    sizes: tuple[str, ...] = ("small", "medium")
-    seeds: tuple[int, ...] = (0,)
+    sizes: tuple[str, ...] = DEFAULT_SIZES
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
     cases: tuple[str, ...] | None = None  # None: every edge case; () none; else only these
     device: str | None = None
-    tolerance: dict[str, float] = field(default_factory=dict)  # command-line atol / rtol / matched_ratio
+    tolerance: dict[str, float] = field(default_factory=dict)  # overrides: atol / rtol / matched_ratio / min_cosine
     draws: int | None = None  # sampler draws per row; None: by device
     definitions_dir: str | None = None
     save_failures: str | None = None
     save_inputs: bool = False
-    results_file: str | None = None  # JSONL, one result a line as each completes
-    resume: bool = False  # reuse the results already in results_file
+    results_file: str | None = None  # JSONL, one record a line as each completes
+    resume: bool = False  # reuse the records already in results_file
+    jit_report: str | None = None  # the JIT prebuild's report (jit.jsonl): what it could not build is skipped
+    environment: str | None = None  # the environment id the records carry
 
     @property
     def resolved_device(self) -> str:
-        return self.device or default_device()
+        return default_device() if self.device in (None, "auto") else self.device
 
     def sampling(self) -> SamplingSettings:
         draws = self.draws or (64 if self.resolved_device == "cpu" else 2000)
         return SamplingSettings(draws=draws)
 
+    def prebuild(self) -> PrebuildLookup | None:
+        if not self.jit_report:
+            return None
+        from .sweep.jit.report import JitReport
 
+        return JitReport.load(self.jit_report).outcome
+
+
+# -- the options both faces take, defined once (the CLI's argparse and pytest's addoption) -----------
+def _csv(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(p) for p in _csv(text)]
+    except ValueError:
+        raise ValueError(f"seeds are integers, comma separated: {text!r}") from None
+
+
+def add_check_options(addoption: Callable[..., Any], prefix: str = "") -> None:
+    """Register the engine's options with `addoption` (argparse's add_argument or pytest's addoption)."""
+    o = f"--{prefix}"
+    addoption(f"{o}sizes", f"{o}size", dest="sizes", action="extend", type=_csv, default=None,
+              help=f"size tiers, comma separated or repeated (default {','.join(DEFAULT_SIZES)})")
+    addoption(f"{o}seeds", f"{o}seed", dest="seeds", action="extend", type=_seeds, default=None,
+              help=f"input seeds of the ground-truth comparisons (default {','.join(map(str, DEFAULT_SEEDS))})")
+    addoption(f"{o}device", dest="device", default=None, help="cpu, cuda or auto (default: cuda when available)")
+    for name, what in (("atol", "atol"), ("rtol", "rtol"), ("matched-ratio", "required matched ratio"),
+                       ("min-cosine", "cosine floor (fp8 MoE sets one)")):
+        addoption(f"{o}{name}", dest=name.replace("-", "_"), type=float, default=None,
+                  help=f"override every tolerance's {what}")
+    addoption(f"{o}draws", dest="draws", type=int, default=None,
+              help="sampler draws per row (default 64 on cpu, 2000 on cuda)")
+    addoption(f"{o}save-failures", dest="save_failures", default=None, metavar="DIR",
+              help="save each failing case (replayable) under DIR")
+    addoption(f"{o}save-inputs", dest="save_inputs", action="store_true", help="also save failing inputs")
+    addoption(f"{o}jit-report", dest="jit_report", default=None, metavar="FILE",
+              help="the JIT prebuild's report (jit.jsonl): kernels it could not build are skipped, not rebuilt")
+    addoption(f"{o}allow-unconfined-references", dest="allow_unconfined_references", action="store_true",
+              help="run references where the worker cannot be fully confined (recorded; docs/sandbox.md)")
+    addoption(f"{o}reference-timeout", dest="reference_timeout", type=float, default=None,
+              help="seconds per reference call (default 900)")
+    addoption(f"{o}reference-memory", dest="reference_memory", type=float, default=None, metavar="GB",
+              help="address-space limit of a reference worker")
+
+
+TOLERANCE_OPTIONS = ("atol", "rtol", "matched_ratio", "min_cosine")
+
+
+def config_from_options(get: Callable[[str], Any], **more: Any) -> CheckConfig:
+    """A CheckConfig from the options add_check_options registered (`get(dest)`), plus the face's own."""
+    sizes, seeds = get("sizes"), get("seeds")
+    return CheckConfig(sizes=tuple(sizes) if sizes else DEFAULT_SIZES, seeds=tuple(seeds) if seeds else DEFAULT_SEEDS,
+                       device=get("device"), draws=get("draws"), save_failures=get("save_failures"),
+                       save_inputs=bool(get("save_inputs")), jit_report=get("jit_report"),
+                       tolerance={k: v for k in TOLERANCE_OPTIONS if (v := get(k)) is not None}, **more)
+
+
+def configure_sandbox(get: Callable[[str], Any]) -> None:
+    """The reference worker's settings from the same options."""
+    allow, timeout, memory = (get("allow_unconfined_references"), get("reference_timeout"), get("reference_memory"))
+    if allow or timeout or memory:
+        from .sandbox import configure
+
+        configure(timeout=timeout, memory_gb=memory, allow_unconfined=True if allow else None)
+
+
+# -- the case ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
     definition: Definition
-    check: str
+    check: Check
     size: str = "small"
     seed: int = 0
     case: str | None = None
     source: str | None = None
+    skip: tuple[Kind, str] | None = None  # decided at planning: the case cannot run here, and why
 
     @property
     def id(self) -> str:
-        parts = [self.definition.name, self.check, self.source, self.size, str(self.seed), self.case]
+        parts = [self.definition.name, self.check.value, self.source, self.size, str(self.seed), self.case]
         return "-".join(p for p in parts if p)
-
-
-@dataclass
-class Result:
-    definition: str
-    check: str
-    status: str  # pass | fail | skip | error
-    size: str | None = None
-    seed: int | None = None
-    case: str | None = None
-    source: str | None = None
-    reason: str | None = None
-    verdict: str | None = None
-    tolerance: dict[str, Any] | None = None
-    ground_truth: dict[str, Any] | None = None
-    reports: list[dict[str, Any]] = field(default_factory=list)
-    seconds: float = 0.0
-    failure_file: str | None = None
-    inputs: str | None = None  # where the case's inputs came from: "generator" or "fi_trace init"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @property
     def key(self) -> tuple:
-        return (self.definition, self.check, self.source, self.size, self.seed, self.case)
+        """What identifies the case's record (CaseRecord.key)."""
+        return (self.definition.name, self.check.value, self.source, self.size, self.seed, self.case)
 
-
-def case_key(case: Case) -> tuple:
-    """What identifies a case's result (Result.key of the result it produces)."""
-    return (case.definition.name, case.check, case.source, case.size, case.seed, case.case)
-
-
-def recorded(path: str | Path) -> dict[tuple, Result]:
-    """The results in a JSONL stream by key (the last record of a key wins); a torn line is skipped."""
-    from .sweep.results import from_fields, read_latest
-
-    return {r.key: r for r in read_latest(path, from_fields(Result), lambda r: r.key)}
+    def record(self, status: Status, **kw: Any) -> CaseRecord:
+        return CaseRecord(definition=self.definition.name, op_type=self.definition.op_type, check=self.check,
+                          size=self.size, seed=self.seed, case=self.case, source=self.source, status=status, **kw)
 
 
 @dataclass
 class Discovered:
     definitions: list[Definition]
-    errors: list[Result]
+    errors: list[CaseRecord]
 
 
 @dataclass
@@ -139,7 +190,7 @@ def discover(targets: Iterable[str], config: CheckConfig) -> Discovered:
     from .validate import DefinitionError
 
     defs: list[Definition] = []
-    errors: list[Result] = []
+    errors: list[CaseRecord] = []
     seen: set[str] = set()
     for target in targets:
         p = Path(target)
@@ -155,7 +206,8 @@ def discover(targets: Iterable[str], config: CheckConfig) -> Discovered:
                 loaded.append(load_path(path) if path is not None else Dataset(config.definitions_dir).load(target))
             except (DefinitionError, KeyError, FileNotFoundError) as e:
                 msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-                errors.append(Result(str(path or target), "load", "error", reason=msg))
+                errors.append(CaseRecord(definition=str(path or target), check=Check.LOAD, status=Status.ERROR,
+                                         kind=Kind.LOAD, detail=msg, environment=config.environment))
         for d in loaded:
             if d.name not in seen:
                 seen.add(d.name)
@@ -181,203 +233,263 @@ def too_large(d: Definition, budget: int) -> str | None:
     fixed = fixed_bytes(d)
     if fixed * MEMORY_FACTOR <= budget:
         return None
-    return (f"too-large: its fixed-size inputs alone are {fixed / 2**30:.1f} GiB; with the reference's float32 "
+    return (f"its fixed-size inputs alone are {fixed / 2**30:.1f} GiB; with the reference's float32 "
             f"and the ground truth's float64 copies that is ~{fixed * MEMORY_FACTOR / 2**30:.0f} GiB, more than "
             f"the {budget / 2**30:.0f} GiB here")
 
 
-def plan(discovered: Discovered, config: CheckConfig) -> list[Case | Result]:
-    """Cases in the order they run; a definition no generator supports, or one too large for this
-    machine, becomes a skip result."""
-    out: list[Case | Result] = list(discovered.errors)
-    budget = memory_budget(config.resolved_device)
-    for d in discovered.definitions:
-        try:
-            cases = edge_cases(d)
-        except UnsupportedOpType as e:
-            out.append(Result(d.name, "all", "skip", reason=f"no-generator: {e}"))
-            continue
-        why = too_large(d, budget) or _fi_trace_inputs_problem(d, config.resolved_device)
-        if why:
-            out.append(Result(d.name, "all", "skip", reason=why))
-            continue
-        if config.cases is not None:
-            cases = [c for c in cases if c in config.cases]
-        for size in config.sizes:
-            out += [Case(d, "shape", size), Case(d, "dtype", size)]
-            out += [Case(d, "match", size, seed, source=s) for seed in config.seeds for s in config.sources]
-        out.append(Case(d, "deterministic"))
-        out += [Case(d, "edge", "small", 0, c, s) for c in cases for s in config.sources]
-    return out
-
-
 def _fi_trace_inputs_problem(d: Definition, device: str = "cpu") -> str | None:
     """Our generators key on op_type and input names; FlashInfer's fi_trace files often name or lay out
-    an op's inputs otherwise (`input` for `hidden_states`, rope's `indptr`/`offsets`). Such a definition
-    is one skip saying what did not fit (one small case is made to find out), not an error per check.
-    Where the file carries its template's `init`, generate_inputs falls back to it (confined, on `device`:
-    an init may need the GPU)."""
+    an op's inputs otherwise (`input` for `hidden_states`, rope's `indptr`/`offsets`). Where the file
+    carries its template's `init`, generate_inputs falls back to it (confined, on `device`)."""
     if not d.from_fi_trace:
         return None
     try:
         generate_inputs(d, "small", 0, device=device)
     except InputGenerationError as e:
-        return f"fi-trace-inputs: our input generator does not fit this FlashInfer fi_trace definition: {e}"
+        return f"our input generator does not fit this FlashInfer fi_trace definition: {e}"
     return None
 
 
+def definition_cases(d: Definition, config: CheckConfig, budget: int | None = None) -> list[Case]:
+    """A definition's cases, in the order they run (a case's checks together: they share its inputs).
+    Raises UnsupportedOpType when no generator knows the definition."""
+    edge = edge_cases(d)
+    if config.cases is not None:
+        edge = [c for c in edge if c in config.cases]
+    skip = None
+    if budget is not None and (why := too_large(d, budget)):
+        skip = (Kind.TOO_LARGE, why)
+    elif why := _fi_trace_inputs_problem(d, config.resolved_device):
+        skip = (Kind.FI_TRACE_INPUTS, why)
+    out: list[Case] = []
+    for size in sorted(config.sizes, key=lambda s: SIZE_ORDER.get(s, 3)):
+        out += [Case(d, Check.SHAPE, size, skip=skip), Case(d, Check.DTYPE, size, skip=skip)]
+        out += [Case(d, Check.MATCH, size, seed, source=s, skip=skip) for seed in config.seeds for s in config.sources]
+    out.append(Case(d, Check.DETERMINISTIC, skip=skip))
+    out += [Case(d, Check.EDGE, "small", 0, c, s, skip=skip) for c in edge for s in config.sources]
+    return out
+
+
+def plan(discovered: Discovered, config: CheckConfig) -> list[Case | CaseRecord]:
+    """Cases in the order they run; a definition no generator supports is one skip record."""
+    out: list[Case | CaseRecord] = list(discovered.errors)
+    budget = memory_budget(config.resolved_device)
+    for d in discovered.definitions:
+        try:
+            out += definition_cases(d, config, budget)
+        except UnsupportedOpType as e:
+            out.append(CaseRecord(definition=d.name, op_type=d.op_type, check=Check.ALL, status=Status.SKIP,
+                                  kind=Kind.NO_GENERATOR, detail=str(e), environment=config.environment))
+    return out
+
+
 # -- run --------------------------------------------------------------------------------------------
-class _Memo:
-    """Inputs and reference outputs of the current (definition, size, seed, case): several
-    checks and sources share them, and cases are planned grouped."""
+class Phases:
+    """Seconds per phase of one case (inputs, reference, ground_truth, compare), the GPU work each
+    queued included: where a case's time goes."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+
+class Memo:
+    """The inputs and reference outputs of the current (definition, size, seed, case): its checks and
+    sources share one generation. Every consumer gets its own copy of the inputs, so nothing one of
+    them writes reaches another."""
 
     def __init__(self, device: str):
         self.device = device
         self.key: tuple | None = None
-        self.inputs = self.outputs = None
-        self._scales_key: tuple | None = None
+        self.inputs: Inputs | None = None
+        self.outputs: tuple | None = None
         self._scales: list | None = None
 
-    def get(self, case: Case):
+    def pristine(self, case: Case, phases: Phases) -> Inputs:
         key = (case.definition.name, case.size, case.seed, case.case)
         if key != self.key:  # forgotten before generating: a failure must not leave another case's inputs
-            self.key = self.inputs = self.outputs = None
-            self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
-                                          case=case.case)
+            self.key = self.inputs = self.outputs = self._scales = None
+            with phases("inputs"):
+                self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
+                                              case=case.case)
             self.key = key
         return self.inputs
 
-    def reference(self, case: Case):
-        self.get(case)
+    def copy(self, case: Case, phases: Phases) -> Inputs:
+        inputs = self.pristine(case, phases)
+        with phases("inputs"):
+            return inputs.to(self.device, copy=True)
+
+    def reference(self, case: Case, phases: Phases) -> tuple:
+        self.pristine(case, phases)
         if self.outputs is None:
-            self.outputs = run_reference(case.definition, self.inputs, seed=case.seed)
+            inputs = self.copy(case, phases)
+            with phases("reference"):
+                self.outputs = run_reference(case.definition, inputs, seed=case.seed)
         return self.outputs
 
-    def scales(self, case: Case):
-        """The error model's per-element scales of these inputs (errormodel.py), computed once."""
-        self.get(case)
-        if self._scales_key != self.key:
-            self._scales_key, self._scales = self.key, error_scales(case.definition, self.inputs)
+    def scales(self, case: Case) -> list:
+        """The error model's per-element scales of these inputs (verdict/errormodel.py), computed once."""
+        if self._scales is None:
+            self._scales = error_scales(case.definition, self.inputs)
         return self._scales
 
 
-def _result(case: Case, status: str, **kw) -> Result:
-    return Result(case.definition.name, case.check, status, case.size, case.seed, case.case, case.source, **kw)
+def _path(gt) -> GroundTruthPath:
+    return GroundTruthPath.model_validate(gt.describe())
 
 
-def _compare(case: Case, memo: _Memo, config: CheckConfig, tol: Tolerance) -> Result:
+def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> CaseRecord:
     d = case.definition
-    try:
-        gt = get_ground_truth(case.source, d, device=memo.device)
-    except GroundTruthUnavailable as e:
-        return _result(case, "skip", reason=str(e))
-    inputs = memo.get(case)
-    try:
-        return _compare_with(case, memo, config, tol, gt, inputs)
-    except GroundTruthUnavailable as e:  # an adapter that finds out late that it cannot run this
-        return _result(case, "skip", reason=str(e))
-
-
-def _compare_with(case: Case, memo: _Memo, config: CheckConfig, tol: Tolerance, gt, inputs) -> Result:
-    d = case.definition
-    if is_sampler(d):
+    tol = tolerance_for(d, cli=config.tolerance)
+    gt = get_ground_truth(case.source, d, device=memo.device, prebuild=config.prebuild())
+    if d.is_sampler:
         settings = config.sampling()
-        report = check_sampler(d, inputs, gt, settings, case.seed)
-        return _result(case, "pass" if report.passed else "fail", verdict=report.verdict,
-                       tolerance=settings.as_dict(), ground_truth=gt.describe(), reports=[report.as_dict()],
-                       reason=None if report.passed else report.summary())
-    expected = gt(inputs)
-    reports = compare_with_model(d, inputs, memo.reference(case), expected, tol, scales=lambda: memo.scales(case))
-    passed = all(r.passed for r in reports)
-    verdict = None if passed else Mismatch(reports).verdict
-    return _result(case, "pass" if passed else "fail", verdict=verdict, tolerance=tol.as_dict(),
-                   ground_truth=gt.describe(), reports=[r.as_dict() for r in reports],
-                   reason=None if passed else "; ".join(r.summary() for r in reports if not r.passed))
+        inputs = memo.copy(case, phases)
+        with phases("compare"):
+            j = judge_sampler(d, inputs, gt, settings, case.seed)
+        return _judged(case, j, ground_truth=_path(gt), sampling=settings.as_dict(), kind=Kind.SAMPLES)
+    inputs = memo.copy(case, phases)
+    with phases("ground_truth"):
+        expected = gt(inputs)
+    actual = memo.reference(case, phases)
+    with phases("compare"):
+        j = judge(d, memo.inputs, actual, expected, tol, scales=lambda: memo.scales(case))
+    return _judged(case, j, ground_truth=_path(gt), tolerance=tol.as_dict(), kind=Kind.MISMATCH)
 
 
-def _structure(case: Case, memo: _Memo) -> Result:
+def _judged(case: Case, j: Judgement, *, kind: Kind, **kw: Any) -> CaseRecord:
+    return case.record(Status.PASS if j.passed else Status.FAIL, kind=None if j.passed else kind, detail=j.summary,
+                       verdict=j.verdict, compared=j.compared, reports=[] if j.passed else j.reports, **kw)
+
+
+def _structure(case: Case, memo: Memo, phases: Phases) -> CaseRecord:
     d = case.definition
-    outputs = memo.reference(case)
-    if case.check == "shape":
-        got = [list(getattr(o, "shape", [])) if getattr(o, "shape", None) is not None else None for o in outputs]
-        want = expected_shapes(d, memo.inputs)
+    outputs = memo.reference(case, phases)
+    if case.check is Check.SHAPE:
+        got, want = output_shapes(outputs), expected_shapes(d, memo.inputs)
         ok = len(got) == len(want) and all(shape_fits(g, w) for g, w in zip(got, want, strict=False))
+        kind = Kind.SHAPE
     else:
-        got = [str(getattr(o, "dtype", type(o).__name__)).replace("torch.", "") for o in outputs]
-        want = expected_dtypes(d)
-        ok = got == want
-    return _result(case, "pass" if ok else "fail", reason=None if ok else f"{case.check}s {got} != {want}")
+        got, want = output_dtypes(outputs), expected_dtypes(d)
+        ok, kind = got == want, Kind.DTYPE
+    if ok:
+        return case.record(Status.PASS)
+    return case.record(Status.FAIL, kind=kind, detail=f"{case.check.value}s {got} != {want}")
 
 
-def _deterministic(case: Case, memo: _Memo) -> Result:
-    inputs = memo.get(case)
-    first = run_reference(case.definition, inputs, seed=0)
-    second = run_reference(case.definition, inputs, seed=0)
-    same = all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-               for a, b in zip(first, second, strict=True))
-    return _result(case, "pass" if same else "fail",
-                   reason=None if same else "two runs with the same inputs and seed differ")
+def _deterministic(case: Case, memo: Memo, phases: Phases) -> CaseRecord:
+    first = memo.reference(case, phases)
+    with phases("reference"):
+        second = run_reference(case.definition, memo.copy(case, phases), seed=case.seed)
+    same = len(first) == len(second) and all(
+        torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
+        for a, b in zip(first, second, strict=True))
+    if same:
+        return case.record(Status.PASS)
+    return case.record(Status.FAIL, kind=Kind.NONDETERMINISTIC, detail="two runs with the same inputs and seed differ")
 
 
-def run_case(case: Case, memo: _Memo, config: CheckConfig) -> Result:
-    start = time.perf_counter()
-    try:
-        if case.check in ("match", "edge"):
-            tol = tolerance_for(case.definition, cli=config.tolerance)
-            result = _compare(case, memo, config, tol)
-        elif case.check in ("shape", "dtype"):
-            result = _structure(case, memo)
-        else:
-            result = _deterministic(case, memo)
-    except InputGenerationError as e:
-        result = _result(case, "error", reason=f"inputs: {e}")
-    except Exception as e:  # a kernel or reference that raises is a result, not a crash of the run
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        result = _result(case, "error", reason=f"{type(e).__name__}: {' '.join(str(e).split())[:400]} "
-                                               f"({Path(tb.filename).name}:{tb.lineno})")
-    result.seconds = time.perf_counter() - start
+def outcome_of(e: BaseException) -> tuple[Status, Kind, str]:
+    """Every exception a case can end in, as a status: the one place they are mapped."""
+    if isinstance(e, GroundTruthUnavailable):  # an adapter that finds out late that it cannot run this
+        return Status.SKIP, Kind(e.kind), str(e)
+    if isinstance(e, InputGenerationError):
+        return Status.ERROR, Kind.INPUTS, f"inputs: {e}"
+    if isinstance(e, (ReferenceFailure, SandboxError)):
+        return Status.ERROR, Kind.REFERENCE, " ".join(str(e).split())[:1000]
+    tb = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" ({Path(tb.filename).name}:{tb.lineno})" if tb else ""
+    return Status.ERROR, Kind.EXCEPTION, f"{type(e).__name__}: {' '.join(str(e).split())[:400]}{where}"
+
+
+def run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
+    """One case, start to record; never raises for what the case does (KeyboardInterrupt passes)."""
+    from .sandbox import pool
+
+    start, starts, phases = time.perf_counter(), pool.worker_starts(), Phases()
+    if case.skip is not None:
+        record = case.record(Status.SKIP, kind=case.skip[0], detail=f"{case.skip[0].value}: {case.skip[1]}")
+    else:
+        try:
+            if case.check in (Check.MATCH, Check.EDGE):
+                record = _compare(case, memo, config, phases)
+            elif case.check in (Check.SHAPE, Check.DTYPE):
+                record = _structure(case, memo, phases)
+            else:
+                record = _deterministic(case, memo, phases)
+        except Exception as e:  # a kernel or reference that raises is a record, not a crash of the run
+            status, kind, detail = outcome_of(e)
+            record = case.record(status, kind=kind, detail=detail)
+    record.seconds = time.perf_counter() - start
+    record.phases = {**{k: round(v, 4) for k, v in phases.seconds.items()},
+                     "worker_starts": pool.worker_starts() - starts}
+    record.environment = config.environment
     if memo.inputs is not None and memo.key == (case.definition.name, case.size, case.seed, case.case):
-        result.inputs = memo.inputs.source
-    return result
+        record.inputs = memo.inputs.source
+    if record.status is Status.FAIL and config.save_failures:
+        record.failure_file = save_failure(record, case, memo, config)
+    return record
 
 
-def run(cases: list[Case | Result], config: CheckConfig) -> Iterator[Result]:
-    from .failures import save_failure
+def save_failure(record: CaseRecord, case: Case, memo: Memo, config: CheckConfig) -> str:
+    from .failures import save_failure as save
+
+    data = {**record.as_dict(), "device": memo.device,
+            "definition_path": str(case.definition.source) if case.definition.source else None}
+    return str(save(data, config.save_failures, inputs=config.save_inputs))
+
+
+def recorded(path: str | Path) -> dict[tuple, CaseRecord]:
+    """The records in a JSONL stream by key (the last record of a key wins); a torn line is skipped."""
+    from .results.record import parse
+    from .sweep.results import read_latest
+
+    return {r.key: r for r in read_latest(path, parse, lambda r: r.key)}
+
+
+def run(cases: list[Case | CaseRecord], config: CheckConfig) -> Iterator[CaseRecord]:
     from .sweep.results import JsonlStream
 
-    memo = _Memo(config.resolved_device)
+    memo = Memo(config.resolved_device)
     done = recorded(config.results_file) if config.resume and config.results_file else {}
     stream = JsonlStream(config.results_file, append=config.resume) if config.results_file else None
     try:
         for case in cases:
-            if isinstance(case, Result):
-                result = case
-            elif case_key(case) in done:
-                yield done[case_key(case)]  # already in the stream
+            if isinstance(case, CaseRecord):
+                record = case
+            elif case.key in done:
+                yield done[case.key]  # already in the stream
                 continue
             else:
-                result = run_case(case, memo, config)
-                if result.status == "fail" and config.save_failures:
-                    record = {**result.as_dict(), "device": memo.device,
-                              "definition_path": str(case.definition.source) if case.definition.source else None}
-                    result.failure_file = str(save_failure(record, config.save_failures, inputs=config.save_inputs))
+                record = run_case(case, memo, config)
             if stream is not None:
-                stream.write(result.as_dict())
-            yield result
+                stream.write(record.as_dict())
+            yield record
     finally:
         if stream is not None:
             stream.close()
 
 
 # -- summarise --------------------------------------------------------------------------------------
-def summarise(results: list[Result]) -> Summary:
-    by_status = Counter(r.status for r in results)
-    reasons = Counter(r.reason for r in results if r.status == "skip")
-    failures = [f"{r.definition} {r.check} {r.source or ''} {r.size or ''} seed={r.seed}: {r.reason}"
-                for r in results if r.status in ("fail", "error")]
-    return Summary(len(results), dict(by_status), dict(reasons.most_common()), failures)
+def summarise(records: list[CaseRecord]) -> Summary:
+    by_status = Counter(r.status.value for r in records)
+    reasons = Counter(r.detail for r in records if r.status is Status.SKIP)
+    failures = [f"{r.definition} {r.check} {r.source or ''} {r.size or ''} seed={r.seed}: {r.detail}"
+                for r in records if r.status in (Status.FAIL, Status.ERROR)]
+    return Summary(len(records), dict(by_status), dict(reasons.most_common()), failures)
 
 
-def check(targets: Iterable[str], config: CheckConfig) -> tuple[list[Result], Summary]:
-    results = list(run(plan(discover(targets, config), config), config))
-    return results, summarise(results)
+def check(targets: Iterable[str], config: CheckConfig) -> tuple[list[CaseRecord], Summary]:
+    records = list(run(plan(discover(targets, config), config), config))
+    return records, summarise(records)

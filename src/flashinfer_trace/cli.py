@@ -168,7 +168,7 @@ def cmd_inputs(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace, name: str) -> dict[str, Any]:
     from .inputs import UnsupportedOpType
-    from .testing import output_problems, run_reference
+    from .reference import output_problems, run_reference
 
     try:
         d, inputs = _generate(args, name)
@@ -826,7 +826,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .compare import ToleranceConfigError
+    from .verdict.compare import ToleranceConfigError
     from .inputs import InputGenerationError
     from .sandbox import SandboxError
     from .validate import DefinitionError

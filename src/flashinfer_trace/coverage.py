@@ -8,10 +8,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .compare import governing_dtype
+from .verdict.compare import governing_dtype
 from .definition import Definition
 from .groundtruth import SOURCES, adapters_for
-from .groundtruth import semantics as sem
+from . import semantics as sem
 from .inputs import supported_op_types
 from .testgen import DEFAULT_DIR, tested_definitions
 

@@ -228,6 +228,16 @@ class Definition(BaseModel):
         return entry_point(self.reference, list(self.inputs), params, optional)
 
     @property
+    def is_sampler(self) -> bool:
+        """Sampling definitions draw random tokens: compared statistically, not element-wise. FlashInfer's
+        fi_trace files `sampling` ops that return probabilities or logits (renorm, softmax, masking) under
+        the same op_type: a sampler's first output is integer token ids."""
+        if self.op_type != "sampling":
+            return False
+        first = next(iter(self.outputs.values()), None)
+        return first is None or first.dtype is None or not first.dtype.is_float
+
+    @property
     def reference_entry(self) -> str:
         """The function the reference is called through: `run`, or FlashInfer fi_trace's single
         function that takes the inputs by name (`entry_point`; validate reports why when none is)."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 from samples import VALID
 
-from flashinfer_trace.compare import (
+from flashinfer_trace.verdict.compare import (
     DTYPE_TOLERANCES,
     Mismatch,
     Tolerance,

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashinfer_trace.compare_samples import (
+from flashinfer_trace.verdict.samples import (
     SamplingMismatch,
     SamplingSettings,
     assert_samples_match,
     chi2_sf,
     compare_samples,
-    repeat_rows,
     two_sample_chi2,
 )
+from flashinfer_trace.inputs.sampling import repeat_rows
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.groundtruth import get_ground_truth
 from flashinfer_trace.inputs import Inputs, generate_inputs
@@ -283,7 +283,7 @@ def test_sampler_check_replays_with_the_same_seed():
 
 def test_reference_draws_in_several_calls_are_independent(monkeypatch):
     """The worker reseeds its RNG per call: a row split over calls must not repeat its draws."""
-    from flashinfer_trace import compare_samples
+    from flashinfer_trace.verdict import samples as compare_samples
     from flashinfer_trace.dataset import load_definition
 
     d = load_definition("top_k_sampling_from_probs_v32000")
@@ -297,7 +297,8 @@ def test_reference_draws_in_several_calls_are_independent(monkeypatch):
 
 
 def test_a_sampler_of_logits_repeats_its_logits_rows_and_has_no_probability_support():
-    from flashinfer_trace.compare_samples import allowed_tokens, distribution_input, repeat_rows
+    from flashinfer_trace.inputs.sampling import distribution_input, repeat_rows
+    from flashinfer_trace.verdict.samples import allowed_tokens
 
     d = Definition.model_validate({
         "name": "sampling_from_logits_v4", "op_type": "sampling",

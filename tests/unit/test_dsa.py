@@ -10,8 +10,8 @@ import pytest
 import torch
 from packaging.version import Version
 
-from flashinfer_trace import compare_topk
-from flashinfer_trace.compare import Tolerance
+from flashinfer_trace.verdict import topk as compare_topk
+from flashinfer_trace.verdict.compare import Tolerance
 from flashinfer_trace.dataset import load_definition, load_path
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth
 from flashinfer_trace.groundtruth.torch_dsa import indexer_scores, unpack_index_cache

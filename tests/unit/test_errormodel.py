@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from flashinfer_trace.compare import Mismatch, assert_close, diff, tolerance_for
-from flashinfer_trace.errormodel import MODELS, error_models, error_scales
+from flashinfer_trace.verdict.compare import Mismatch, assert_close, diff, tolerance_for
+from flashinfer_trace.verdict.errormodel import MODELS, error_models, error_scales
 from flashinfer_trace.mutants import MUTANTS, first_failure, kill, kill_rate, mutate
 from flashinfer_trace.testing import (
     assert_matches,

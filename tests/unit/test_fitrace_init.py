@@ -225,8 +225,8 @@ def test_the_emit_task_runs_on_the_requested_device(monkeypatch, tmp_path):
 
     seen = []
     monkeypatch.setattr(emit, "emit_all", lambda op_types, *, device: seen.append(device) or {"results": []})
-    assert worker._fi_trace_emit({"op_types": None}, "cuda:0") == {"ok": {"results": []}}
-    assert worker._fi_trace_emit({"op_types": ["rmsnorm"]}) == {"ok": {"results": []}}
+    assert emit.run({"op_types": None}, "cuda:0") == {"ok": {"results": []}}
+    assert emit.run({"op_types": ["rmsnorm"]}) == {"ok": {"results": []}}
     assert seen == ["cuda:0", "cpu"]  # the worker's own device; the CPU as before
 
     asked = []

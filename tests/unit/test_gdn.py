@@ -142,7 +142,7 @@ def test_the_ground_truth_catches_a_transposed_state():
 
 
 def test_error_scales_bound_the_output_and_state():
-    from flashinfer_trace.errormodel import error_models, error_scales
+    from flashinfer_trace.verdict.errormodel import error_models, error_scales
 
     for stage in ("decode", "prefill"):
         d = load_definition(OURS[stage])

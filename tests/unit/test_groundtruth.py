@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from packaging.version import Version
 from samples import REPRESENTATIVES, VALID
 
-from flashinfer_trace.compare import Mismatch, assert_close, tolerance_for
+from flashinfer_trace.verdict.compare import Mismatch, assert_close, tolerance_for
 from flashinfer_trace.dataset import load_definition, load_path
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.groundtruth import (
@@ -28,7 +28,7 @@ from flashinfer_trace.groundtruth import (
     ground_truths,
 )
 from flashinfer_trace.groundtruth import flashinfer as fi_adapters
-from flashinfer_trace.groundtruth import semantics as sem
+from flashinfer_trace import semantics as sem
 from flashinfer_trace.inputs import edge_cases, generate_inputs
 from flashinfer_trace.testing import run_reference
 
@@ -634,7 +634,7 @@ def test_a_moe_without_an_expert_offset_has_every_expert_local():
 def test_an_absent_softmax_scale_is_flashinfers_default():
     import math
 
-    from flashinfer_trace.groundtruth import semantics as sem
+    from flashinfer_trace import semantics as sem
 
     assert sem.sm_scale({"sm_scale": None}, 128) == 1 / math.sqrt(128)  # fi_trace's inits pass None
     assert sem.sm_scale({}, 576) == 1 / math.sqrt(576)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from flashinfer_trace.results.record import from_v1
+
 from flashinfer_trace.matrix import build, diff_environments, diff_matrices, render_diff_md, render_md
 from flashinfer_trace.matrix.__main__ import main as matrix_main
 from flashinfer_trace.matrix.diff import BROKEN
@@ -100,7 +102,7 @@ def test_build_gives_every_state_and_merges_bench_timings(results, tmp_path):
     assert c[("rope_x", g)]["state"] == "xfail" and c[("silu_x", g)]["state"] == "xpass"
     cpu = c[("rmsnorm_h4096", "cpu-torch2.13@cpu")]
     assert cpu["state"] == "skip:not-installed" and cpu["sources"]["torch"]["state"] == "pass"
-    assert cpu["checks"] == {"passed": 1}
+    assert cpu["checks"] == {"pass": 1}
     # the closest a pass came to its tolerance, where the records say (older results: no key at all)
     assert c[("rmsnorm_h4096", g)]["sources"]["flashinfer"]["tolerance_used"] == 0.34
     assert "tolerance_used" not in cpu["sources"]["torch"]
@@ -190,7 +192,7 @@ def test_a_source_keeps_the_paths_it_passed_over():
                  ground_truth=gt).as_dict() for s in (0, 1)]
     tests.append(rec("test_matches_ground_truth[small-0-moe_x-torch]", "passed", "moe_x", "torch").as_dict())
     env = Environment(id="e", combination="c", arch="sm90")
-    c = cell("moe_x", env, tests)
+    c = cell("moe_x", env, [from_v1(t) for t in tests])
     assert c["state"] == "pass" and c["sources"]["flashinfer"]["passed_over"] == [gate]
     assert "passed_over" not in c["sources"]["torch"]
 
@@ -314,10 +316,15 @@ def test_known_issue_errors_name_the_field(tmp_path, text, field):
 PLANTED = '''
 import pytest
 
-@pytest.mark.parametrize("definition,source", [("rmsnorm_h4096", "torch"), ("rmsnorm_h8", "torch"),
-                                               ("gemm_n4096_k4096", "torch")])
-def test_case(definition, source):
-    assert definition != "rmsnorm_h4096"
+from flashinfer_trace.results.record import CaseRecord
+
+CASES = [CaseRecord(definition=d, check="match", source="torch", status="not-run")
+         for d in ("rmsnorm_h4096", "rmsnorm_h8", "gemm_n4096_k4096")]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.definition)
+def test_case(case):
+    assert case.definition != "rmsnorm_h4096"
 '''
 
 
@@ -352,9 +359,9 @@ def test_a_not_run_known_issue_is_lifted_where_the_prebuild_has_the_module(tmp_p
 
     def run(status):
         report.write_text(json.dumps({"definition": "rmsnorm_h4096", "source": "torch", "status": status}) + "\n")
-        monkeypatch.setenv("FLASHINFER_TRACE_JIT_REPORT", str(report))
         return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--device=cpu",
-                               f"--known-issues={issues}", str(tmp_path / "test_planted.py"), "-rxX"],
+                               f"--known-issues={issues}", f"--jit-report={report}", str(tmp_path / "test_planted.py"),
+                               "-rxX"],
                               cwd=tmp_path, capture_output=True, text=True).stdout
 
     timed_out = run("build-timeout")  # the module is not there: both rmsnorm tests not run, as known
@@ -400,7 +407,7 @@ def test_a_cell_says_which_kernel_path_ran():
     tests = [{"nodeid": f"tests/references/test_gqa_paged.py::test_matches_ground_truth[{i}]", "status": "passed",
               "properties": {"definition": "d", "source": "flashinfer", "ground_truth": {"api": api}}}
              for i in range(2)]
-    c = cell("d", Environment("e", "c", "sm90"), tests)
+    c = cell("d", Environment("e", "c", "sm90"), [from_v1(t) for t in tests])
     assert c["state"] == "pass" and c["sources"]["flashinfer"]["api"] == api
 
 

@@ -10,7 +10,7 @@ import torch
 
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.groundtruth import get_ground_truth
-from flashinfer_trace.groundtruth import semantics as sem
+from flashinfer_trace import semantics as sem
 from flashinfer_trace.groundtruth.torch_ref import unpack_routed
 from flashinfer_trace.inputs import generate_inputs
 from flashinfer_trace.testing import assert_matches, run_reference, tolerance_for

@@ -13,6 +13,7 @@ import pytest
 from flashinfer_trace.sweep import manifest
 from flashinfer_trace.sweep.combos import load_combination
 from flashinfer_trace.sweep.install import InstallOptions, install
+from flashinfer_trace.status import Kind, Status
 from flashinfer_trace.sweep.results import SessionInfo, TestRecord, junit_xml, read_records, write_session
 from flashinfer_trace.sweep.session import EXIT_SKIPPED, run_session
 
@@ -80,11 +81,12 @@ def test_a_session_survives_a_crash_and_writes_every_file(tmp_path):
     session = json.loads((out / "session.json").read_text())
     assert session["status"] == "tests-failed" and session["install_mode"] == "fresh"
     assert session["constraints_sha256"] == combo.sha256 and session["arch"] == "cpu"
-    by_name = {r.nodeid.rsplit("::", 1)[1]: r for r in read_records(out / "tests.json")}
-    assert by_name["test_passes"].status == "passed" and by_name["test_passes"].properties["seed"] == 7
-    assert by_name["test_skips"].status == "skipped" and "not-installed: flashinfer" in by_name["test_skips"].message
-    assert by_name["test_crashes"].status == "error" and "SIGSEGV" in by_name["test_crashes"].message
-    assert by_name["test_after_the_crash"].status == "passed"
+    by_name = {r.nodeid.rsplit("::", 1)[1]: r for r in read_records(out / "tests.json")}  # CaseRecords
+    assert by_name["test_passes"].status is Status.PASS and by_name["test_passes"].seed == 7
+    skipped = by_name["test_skips"]
+    assert skipped.status is Status.SKIP and skipped.kind is Kind.NOT_INSTALLED and "flashinfer" in skipped.detail
+    assert by_name["test_crashes"].status is Status.ERROR and "SIGSEGV" in by_name["test_crashes"].detail
+    assert by_name["test_after_the_crash"].status is Status.PASS
     env = json.loads((out / "env.json").read_text())
     assert env["combination"]["id"] == "cpu-torch2.13" and env["torch"]["version"].startswith("2.")
     assert "clocks_start" in env and "clocks_end" in env
@@ -127,7 +129,7 @@ def test_matrix_reads_a_session_killed_mid_run(tmp_path):
     problems: list = []
     data = read_session(out, problems)
     assert data.session["status"] == "interrupted" and "1 streamed test record" in data.session["reason"]
-    assert [t["nodeid"] for t in data.tests] == ["tests/references/test_rmsnorm.py::test_x"] and not problems
+    assert [t.nodeid for t in data.tests] == ["tests/references/test_rmsnorm.py::test_x"] and not problems
 
 
 def test_a_gpu_session_without_a_gpu_is_recorded_and_skipped(tmp_path):
@@ -279,7 +281,7 @@ def test_an_interrupt_during_the_prebuild_keeps_every_record(tmp_path, monkeypat
     rc = run_session("references", combo, "references-cuda13", out, cwd=_planted_tree(tmp_path), resume=True)
     s = json.loads((out / "session.json").read_text())
     assert rc == 130 and s["status"] == "interrupted" and "during the JIT prebuild after 2 test(s)" in s["reason"]
-    assert s["counts"] == {"passed": 2} and s["jit"]["counts"] == {"built": 1} and s["jit"]["interrupted"]
+    assert s["counts"] == {"pass": 2} and s["jit"]["counts"] == {"built": 1} and s["jit"]["interrupted"]
 
 
 def test_offline_extra_wheels_go_in_after_the_pins_without_dependencies(tmp_path, monkeypatch):

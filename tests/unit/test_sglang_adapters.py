@@ -17,7 +17,7 @@ import pytest
 import torch
 from packaging.version import Version
 
-from flashinfer_trace.compare import Mismatch, assert_close, tolerance_for
+from flashinfer_trace.verdict.compare import Mismatch, assert_close, tolerance_for
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth

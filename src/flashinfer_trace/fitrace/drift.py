@@ -249,7 +249,7 @@ def constants(entry: Entry) -> dict[str, Any]:
 
 def epsilon(entry: Entry, consts: dict[str, Any]) -> float | None:
     """What `semantics.eps` reads: a named constant, else the one literal added in a norm."""
-    from ..groundtruth.semantics import EPS_NAMES
+    from ..semantics import EPS_NAMES
     from ..sandbox.constants import literal_epsilon
 
     for n in EPS_NAMES:
@@ -289,7 +289,7 @@ def compare_fields(o: Entry, t: Entry) -> tuple[list[str], list[dict[str, Any]]]
     check("axes.var.names", sorted(o.var_axes), sorted(t.var_axes))
     ok, tk = constants(o), constants(t)
     check("eps", epsilon(o, ok), epsilon(t, tk))
-    from ..groundtruth.semantics import EPS_NAMES
+    from ..semantics import EPS_NAMES
 
     for n in sorted(set(ok) & set(tk) - set(EPS_NAMES)):
         check(f"constants.{n}", ok[n], tk[n])
@@ -386,10 +386,10 @@ def _bind(t: Entry, params: list[tuple[str, bool, Any]], values: dict[str, Any],
 
 
 def compare_results(o: Entry, t: Entry, s: ResultSettings) -> dict[str, Any]:
-    from ..compare import compare_outputs, tolerance_for
+    from ..verdict.compare import compare_outputs, tolerance_for
     from ..inputs import InputGenerationError, generate_inputs
     from ..sandbox import ReferenceFailure, SandboxError, compile_reference
-    from ..testing import is_sampler, run_reference
+    from ..reference import run_reference
 
     if not s.enabled:
         return {"outcome": "not-compared", "reason": "result comparison turned off (--no-results)"}
@@ -399,7 +399,7 @@ def compare_results(o: Entry, t: Entry, s: ResultSettings) -> dict[str, Any]:
         return {"outcome": "not-compared", "reason": "their definition has no reference"}
     if d is None:
         return {"outcome": "not-compared", "reason": "our definition did not load"}
-    if is_sampler(d):
+    if d.is_sampler:
         return {"outcome": "not-compared", "reason": "sampling references draw random tokens; fields only"}
     entry = entry_function(code)
     params = _parameters(code, entry) if entry else None

@@ -351,3 +351,20 @@ def _main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main())
+
+
+# -- the confined worker's task -----------------------------------------------------------------
+def run(msg: dict, device: str = "cpu") -> dict:
+    """The worker task (sandbox/worker.py): this emitter runs the installed FlashInfer's trace templates and their
+    init() here, confined: FlashInfer's template code is third-party code like a reference. The answer is
+    JSON the parent checks (fitrace/layout.py); nothing is written here (the worker cannot write).
+    `device`: this worker's (inits that compute values run there after the meta device)."""
+    op_types = msg.get("op_types")
+    if op_types is not None and not (isinstance(op_types, list) and all(isinstance(t, str) for t in op_types)):
+        return {"error": {"kind": "protocol", "message": "op_types must be a list of strings"}}
+    try:
+        return {"ok": emit_all(op_types or None, device=device)}
+    except TraceUnavailable as e:
+        return {"error": {"kind": "unavailable", "message": str(e)}}
+    except Exception as e:  # noqa: BLE001 - whatever FlashInfer's import raises, as a message
+        return {"error": {"kind": "raised", "type": type(e).__name__, "message": str(e)[:2000], "line": None}}

@@ -66,7 +66,7 @@ def import_fi_trace(out: str | Path, op_types: list[str] | None = None, *,
 
     installed_flashinfer()
     try:
-        emitted = run_task("fi_trace_emit", {"op_types": list(op_types) if op_types else None},
+        emitted = run_task("flashinfer_trace.fitrace.emit", {"op_types": list(op_types) if op_types else None},
                            label="import-fi-trace", timeout=timeout, memory_bytes=EMIT_MEMORY,
                            device=device or default_emit_device())
     except TaskUnavailable as e:

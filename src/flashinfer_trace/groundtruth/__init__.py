@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from packaging.version import Version
 
 from . import fi_api, flashinfer, flashinfer_dsa, sglang, torch_ref
-from .base import SOURCES, Adapter, Call, GroundTruthUnavailable, arch_gate, availability
+from .base import SOURCES, Adapter, Call, GroundTruthUnavailable, PrebuildLookup, arch_gate, availability
 
 if TYPE_CHECKING:
     from ..definition import Definition
@@ -91,11 +91,11 @@ class GroundTruth:
 
 
 def get_ground_truth(source: str, definition: Definition | str, *, device: str | None = None,
-                     prebuilt: bool = True) -> GroundTruth:
+                     prebuild: PrebuildLookup | None = None) -> GroundTruth:
     """The first adapter of `source` that can run `definition` on `device`; otherwise raises
     GroundTruthUnavailable with the most telling reason among the source's adapters. For FlashInfer,
     a definition no hand-written adapter applies to is tried with the API its `fi_api:` tag names. With
-    `prebuilt`, a module the JIT prebuild failed to build (sweep/jit.py) makes the adapter unavailable."""
+    `prebuild` (the JIT prebuild's report), a module it failed to build makes the adapter unavailable."""
     if source not in SOURCES:
         raise ValueError(f"unknown ground-truth source {source!r}; expected one of {', '.join(SOURCES)}")
     if isinstance(definition, str):
@@ -116,7 +116,7 @@ def get_ground_truth(source: str, definition: Definition | str, *, device: str |
     reasons: list[GroundTruthUnavailable] = []
     for adapter in candidates:
         try:
-            module, version = availability(adapter, definition, device, prebuilt=prebuilt)
+            module, version = availability(adapter, definition, device, prebuild=prebuild)
         except GroundTruthUnavailable as e:
             reasons.append(e)
             continue

@@ -11,6 +11,7 @@ groups. Nothing here imports flashinfer or sglang at module import.
 from __future__ import annotations
 
 import importlib
+import inspect
 import importlib.metadata
 import importlib.util
 import re
@@ -23,38 +24,16 @@ from typing import TYPE_CHECKING, Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from ..status import REASON_KINDS, GroundTruthUnavailable  # noqa: F401 - re-exported
+
 if TYPE_CHECKING:
     from ..definition import Definition
     from ..inputs import Inputs
 
 SOURCES = ("flashinfer", "sglang", "torch")
 
-# Reason kinds, in the order `availability` checks them. The matrix maps them to cell states:
-# not-installed -> skip:not-installed, api-missing -> skip:api-missing, arch-unsupported ->
-# skip:arch, build-failed / build-timeout (the JIT prebuild's outcome, sweep/jit.py) -> their own states,
-# the rest -> skip:other.
-REASON_KINDS = ("unsupported", "not-installed", "import-failed", "api-missing", "dtype-unsupported",
-                "no-gpu", "arch-unsupported", "build-failed", "build-timeout")
-
-
-class GroundTruthUnavailable(Exception):
-    """This ground truth cannot run here; `str()` is the skip reason, `kind: detail`."""
-
-    def __init__(self, kind: str, detail: str):
-        if kind not in REASON_KINDS:
-            raise ValueError(f"unknown reason kind {kind!r}")
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
-        self.detail = detail
-
-    @property
-    def progress(self) -> int:
-        """How far the availability pipeline got; among several adapters the furthest is the most
-        telling reason (arch-unsupported says more than api-missing)."""
-        return REASON_KINDS.index(self.kind)
-
-    def __reduce__(self):
-        return (type(self), (self.kind, self.detail))
+# (definition, source) -> the prebuild's record of that job (`.api`, `.status`, `.message`), or None
+PrebuildLookup = Callable[[str, str], Any]
 
 
 @dataclass(frozen=True)
@@ -189,11 +168,11 @@ def float_input_dtypes(definition: Definition) -> set[str]:
 
 
 # -- the availability pipeline --------------------------------------------------------------------
-def availability(adapter: Adapter, definition: Definition, device: str | None, *, prebuilt: bool = True
-                 ) -> tuple[ModuleType | None, Version | None]:
+def availability(adapter: Adapter, definition: Definition, device: str | None, *,
+                 prebuild: PrebuildLookup | None = None) -> tuple[ModuleType | None, Version | None]:
     """The imported module and version if the adapter can run this definition on this device;
     otherwise raises GroundTruthUnavailable with the first reason, in REASON_KINDS order.
-    `prebuilt`: also consult the JIT prebuild's report, when this process has one."""
+    `prebuild`: the JIT prebuild's report, read by the caller from where the sweep wrote it."""
     why = adapter.applies(definition)
     if why:
         raise GroundTruthUnavailable("unsupported", f"{adapter.api}: {why}")
@@ -228,16 +207,14 @@ def availability(adapter: Adapter, definition: Definition, device: str | None, *
         if (adapter.min_cc and cc < adapter.min_cc) or (adapter.max_cc and cc > adapter.max_cc):
             raise GroundTruthUnavailable(
                 "arch-unsupported", f"{adapter.api} needs {adapter.arch_range}, have sm{cc[0]}{cc[1]}")
-    if prebuilt and pkg is not None:
-        _check_prebuild(adapter, definition)
+    if prebuild is not None and pkg is not None:
+        _check_prebuild(adapter, definition, prebuild)
     return module, version
 
 
-def _check_prebuild(adapter: Adapter, definition: Definition) -> None:
+def _check_prebuild(adapter: Adapter, definition: Definition, prebuild: PrebuildLookup) -> None:
     """A module the prebuild could not build is not built again inside a test's time."""
-    from ..sweep.jit import prebuild_outcome
-
-    record = prebuild_outcome(definition.name, adapter.source)
+    record = prebuild(definition.name, adapter.source)
     if record is not None and record.api == adapter.api and record.status in ("build-failed", "build-timeout"):
         detail = record.message or record.status
         raise GroundTruthUnavailable(record.status, f"{adapter.api}: {detail}")
@@ -257,3 +234,24 @@ def arch_gate(e: BaseException) -> str | None:
     """The kernel's own message when an exception says this GPU's architecture is not one it runs on."""
     text = " ".join(f"{type(e).__name__}: {e}".split())
     return text[:300] if _ARCH_GATE.search(text) else None
+
+
+# -- what a kernel's signature takes (versions add and drop keywords) ------------------------------
+@cache
+def _params(fn: Any) -> frozenset[str] | None:
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def accepts(fn: Any, name: str) -> bool:
+    """Whether a callable takes a keyword of that name (plain parameters only; **kwargs does not count,
+    because some versions swallow unknown keywords there and warn instead of acting on them)."""
+    params = _params(fn)
+    return params is not None and name in params
+
+
+def keywords(fn: Any, **maybe: Any) -> dict[str, Any]:
+    """The subset of optional keywords this version's `fn` takes."""
+    return {k: v for k, v in maybe.items() if accepts(fn, k)}

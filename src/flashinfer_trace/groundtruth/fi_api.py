@@ -222,7 +222,7 @@ def run_sampler(p: Plan, c: Call) -> tuple:
     (One call per row gives one draw per row: too few to compare distributions.)"""
     import dataclasses
 
-    from ..compare_samples import distribution_input, repeat_rows
+    from ..inputs.sampling import distribution_input, repeat_rows
 
     d, x = c.definition, c.inputs.values
     dist = x[distribution_input(d)]
@@ -240,9 +240,7 @@ def run_sampler(p: Plan, c: Call) -> tuple:
 
 def adapters(definition: Definition) -> list[Adapter]:
     """One adapter per `fi_api:` tag of the definition (none without one)."""
-    from ..testing import is_sampler
-
-    sampler = is_sampler(definition)
+    sampler = definition.is_sampler
     out = []
     for path in api_paths(definition):
         def check(module: ModuleType, version: Version | None, d: Definition, path: str = path) -> None:

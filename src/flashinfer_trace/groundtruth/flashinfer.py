@@ -19,8 +19,8 @@ import torch
 from packaging.specifiers import SpecifierSet
 
 from . import flashinfer_gdn as gdn
-from . import semantics as sem
-from .base import Adapter, Call, GroundTruthUnavailable, Package
+from .. import semantics as sem
+from .base import Adapter, Call, GroundTruthUnavailable, Package, accepts, keywords
 
 PACKAGE = Package("flashinfer", ("flashinfer-python", "flashinfer"), "flashinfer")
 # The wrappers' float workspace: split-kv prefill keeps its partial outputs there, and 128 MiB was too
@@ -40,26 +40,6 @@ def workspace(device: torch.device, *, zeroed: bool = False, nbytes: int = WORKS
         make = torch.zeros if zeroed else torch.empty
         _workspaces[key] = make(nbytes, dtype=torch.uint8, device=device)
     return _workspaces[key]
-
-
-@cache
-def _params(fn: Any) -> frozenset[str] | None:
-    try:
-        return frozenset(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-
-
-def accepts(fn: Any, name: str) -> bool:
-    """Whether a callable takes a keyword of that name (plain parameters only; **kwargs does not count,
-    because some versions swallow unknown keywords there and warn instead of acting on them)."""
-    params = _params(fn)
-    return params is not None and name in params
-
-
-def keywords(fn: Any, **maybe: Any) -> dict[str, Any]:
-    """The subset of optional keywords this version's `fn` takes."""
-    return {k: v for k, v in maybe.items() if accepts(fn, k)}
 
 
 def _fa2(cls) -> dict[str, Any]:
@@ -268,7 +248,7 @@ def _sampler_name(d) -> str | None:
 def sampling(call: Call) -> tuple:
     """draws per row from repeated rows: [batch, draws]. deterministic=True and a seeded generator
     make the draws replay."""
-    from ..compare_samples import repeat_rows
+    from ..inputs.sampling import repeat_rows
 
     fi, d, x = call.module, call.definition, call.inputs.values
     fn = getattr(fi.sampling, _sampler_name(d))

@@ -23,7 +23,8 @@ import torch
 from packaging.specifiers import SpecifierSet
 
 from .base import Adapter, Call, GroundTruthUnavailable
-from .flashinfer import PACKAGE, accepts, workspace
+from .base import accepts
+from .flashinfer import PACKAGE, workspace
 from .torch_dsa import attention_applies, indexer_applies
 
 TRTLLM_PAGE_SIZES = (32, 64)  # the trtllm-gen MLA kernels' block sizes

@@ -35,7 +35,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from .base import Call, GroundTruthUnavailable
+from .base import Call, GroundTruthUnavailable, keywords
 
 CUTLASS_DSL = "nvidia-cutlass-dsl (cutlass)"
 
@@ -129,8 +129,6 @@ def _kernel(call: Call, module_name: str, attr: str):
 
 
 def _keywords(fn, **maybe):
-    from .flashinfer import keywords
-
     return keywords(fn, **maybe)
 
 

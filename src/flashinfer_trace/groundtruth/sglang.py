@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from . import semantics as sem
+from .. import semantics as sem
 from . import sglang_triton
 from .base import Adapter, Call, Package
 from .sglang_triton import FUSED_EXPERTS, ROPE, RUNNER_CONFIG, SGLANG, TOPK_OUTPUT, needs
@@ -73,7 +73,7 @@ def rope_jit(call: Call) -> tuple:
 
 def sampling(call: Call) -> tuple:
     """top_k_top_p_sampling_from_probs serves all three: a disabled filter is top_k = vocab or top_p = 1."""
-    from ..compare_samples import repeat_rows
+    from ..inputs.sampling import repeat_rows
 
     sk, d, x = call.module, call.definition, call.inputs.values
     probs = x["probs"]

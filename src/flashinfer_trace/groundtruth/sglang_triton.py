@@ -36,9 +36,8 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from . import semantics as sem
-from .base import Adapter, Call, GroundTruthUnavailable, Package, import_package
-from .flashinfer import accepts
+from .. import semantics as sem
+from .base import Adapter, Call, GroundTruthUnavailable, Package, accepts, import_package
 
 SGLANG = Package("sglang", ("sglang",), "sglang")
 HALF = frozenset({"bfloat16", "float16"})

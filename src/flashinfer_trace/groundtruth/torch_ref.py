@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import semantics as sem
+from .. import semantics as sem
 from . import torch_dsa
 from .base import Adapter, Call
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..semantics import Routing, declared_routing, routing_params
 from .common import FP8_CODE_RMS, Builder, log_uniform, normal, permutation, randint, uniform
 
 OP_TYPES = ("moe",)
@@ -70,31 +71,6 @@ def edge_cases(definition) -> list[str]:
             "num_local_experts" in ax and "num_experts" in ax and ax["num_local_experts"] >= ax["num_experts"]):
         return [c for c in CASES if c != "no_local_tokens"]
     return list(CASES)
-
-
-@dataclass(frozen=True)
-class Routing:
-    top_k: int
-    n_group: int | None = None
-    topk_group: int | None = None
-
-
-def routing_params(definition) -> Routing | None:
-    """top_k / n_group / topk_group from axes of those names, else from the name (`topk8_ng8_kg4`)."""
-    ax = definition.const_axes
-
-    def find(axis_names, pattern):
-        for a in axis_names:
-            if a in ax:
-                return ax[a]
-        m = re.search(pattern, definition.name)
-        return int(m.group(1)) if m else None
-
-    top_k = find(("top_k", "topk"), r"topk(\d+)")
-    if top_k is None:
-        return None
-    return Routing(top_k, find(("n_group", "num_groups"), r"_ng(\d+)"),
-                   find(("topk_group", "num_topk_groups"), r"_kg(\d+)"))
 
 
 def route(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing) -> torch.Tensor:
@@ -199,8 +175,6 @@ def _packed_topk(b: Builder, rows: int, num_experts: int) -> torch.Tensor:
 
 
 def _declares_llama4(definition) -> bool:
-    from ..groundtruth.semantics import declared_routing
-
     return declared_routing(definition) == "llama4"
 
 

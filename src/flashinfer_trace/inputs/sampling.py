@@ -87,3 +87,26 @@ def _put_per_row(b: Builder, name: str, values: torch.Tensor) -> None:
         b.put(name, values.to(b.torch_dtype(name)))
     else:
         b.put_scalar(name, values[0].item())
+
+
+# -- sampler calls: the inputs a sampler is drawn from, rows repeated ----------------------------
+def distribution_input(definition: Definition) -> str:
+    """The input a sampler draws from: `probs`, else `logits` (fi_trace's `sampling_from_logits`)."""
+    for name in ("probs", "logits"):
+        if name in definition.inputs:
+            return name
+    raise KeyError(f"{definition.name}: a sampler needs a probs or logits input, it has {', '.join(definition.inputs)}")
+
+
+def repeat_rows(definition: Definition, inputs: Inputs, times: int, rows: slice | None = None) -> list:
+    """The inputs with every row of the batch repeated `times` times (row-major)."""
+    batch_axis = definition.inputs[distribution_input(definition)].shape[0]
+    args = []
+    for name, value in inputs.values.items():
+        spec = definition.inputs[name]
+        if isinstance(value, torch.Tensor) and spec.shape and spec.shape[0] == batch_axis:
+            v = value[rows] if rows is not None else value
+            args.append(v.repeat_interleave(times, dim=0))
+        else:
+            args.append(value)
+    return args

@@ -23,35 +23,37 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..results.record import CaseRecord, parse
+from ..status import CellState, Status, cell_state
 from ..sweep.manifest import sandbox_label
 from ..sweep.results import read_jsonl, read_latest
 from . import drift_view
 
 SCHEMA_VERSION = 1
-STATES = {
-    "pass": "the reference agrees with the kernel's ground truth",
-    "fail": "outputs differ beyond tolerance (numerical)",
-    "error": "a runtime or compile error (or a crash)",
-    "timeout": "a test ran past its time limit and was killed",
-    "skip:arch": "the kernel does not run on this GPU arch",
-    "skip:api-missing": "this version has no such API",
-    "skip:not-installed": "the ground-truth package is not installed",
-    "skip:other": "skipped for another reason (see the cell)",
-    "build-failed": "the kernel's JIT module failed to compile (the prebuild's log tail is in the cell)",
-    "build-timeout": "the kernel's JIT module was not built within its prebuild budget",
-    "install-failed": "the combination could not be installed",
-    "xfail": "a known issue (constraints/known-issues.toml), failing as recorded",
-    "xpass": "a known issue now passing: the entry should go",
-    "not-run": "no result for this cell",
+_MEANING = {
+    CellState.PASS: "the reference agrees with the kernel's ground truth",
+    CellState.FAIL: "outputs differ beyond tolerance (numerical)",
+    CellState.ERROR: "a runtime or compile error (or a crash)",
+    CellState.TIMEOUT: "a test ran past its time limit and was killed",
+    CellState.SKIP_ARCH: "the kernel does not run on this GPU arch",
+    CellState.SKIP_API_MISSING: "this version has no such API",
+    CellState.SKIP_NOT_INSTALLED: "the ground-truth package is not installed",
+    CellState.SKIP_OTHER: "skipped for another reason (see the cell)",
+    CellState.BUILD_FAILED: "the kernel's JIT module failed to compile (the prebuild's log tail is in the cell)",
+    CellState.BUILD_TIMEOUT: "the kernel's JIT module was not built within its prebuild budget",
+    CellState.INSTALL_FAILED: "the combination could not be installed",
+    CellState.XFAIL: "a known issue (constraints/known-issues.toml), failing as recorded",
+    CellState.XPASS: "a known issue now passing: the entry should go",
+    CellState.NOT_RUN: "no result for this cell",
 }
-SYMBOLS = {"pass": "✅", "fail": "❌", "error": "💥", "timeout": "⏱", "skip:arch": "🚫", "skip:api-missing": "➖",
-           "skip:not-installed": "⬜", "skip:other": "⏭", "build-failed": "🔨", "build-timeout": "⌛",
-           "install-failed": "📦", "xfail": "🟡", "xpass": "⭐",
-           "not-run": "·"}
-BAD = ("error", "timeout", "fail", "xpass")  # worst first
+STATES = {state.value: text for state, text in _MEANING.items()}
+_SYMBOL = {CellState.PASS: "✅", CellState.FAIL: "❌", CellState.ERROR: "💥", CellState.TIMEOUT: "⏱",
+           CellState.SKIP_ARCH: "🚫", CellState.SKIP_API_MISSING: "➖", CellState.SKIP_NOT_INSTALLED: "⬜",
+           CellState.SKIP_OTHER: "⏭", CellState.BUILD_FAILED: "🔨", CellState.BUILD_TIMEOUT: "⌛",
+           CellState.INSTALL_FAILED: "📦", CellState.XFAIL: "🟡", CellState.XPASS: "⭐", CellState.NOT_RUN: "·"}
+SYMBOLS = {state.value: symbol for state, symbol in _SYMBOL.items()}
+BAD = tuple(s.value for s in (CellState.ERROR, CellState.TIMEOUT, CellState.FAIL, CellState.XPASS))  # worst first
 KERNEL_SOURCES = ("flashinfer", "sglang")
-SKIP_KINDS = {"arch-unsupported": "skip:arch", "api-missing": "skip:api-missing", "not-installed": "skip:not-installed",
-              "build-failed": "build-failed", "build-timeout": "build-timeout"}
 TIMING_FIELDS = ("median_us", "q1_us", "q3_us", "iqr_us", "timer", "l2_flushed", "gb_per_s", "tflop_per_s",
                  "pct_of_peak_bandwidth", "pct_of_peak_flops", "includes_setup")
 
@@ -61,7 +63,7 @@ class SessionData:
     folder: Path
     session: dict[str, Any]
     manifest: dict[str, Any] = field(default_factory=dict)
-    tests: list[dict[str, Any]] | None = None
+    tests: list[CaseRecord] | None = None
     benchmarks: list[dict[str, Any]] = field(default_factory=list)
     builds: list[dict[str, Any]] = field(default_factory=list)  # jit.jsonl: the prebuild's records, one per job
 
@@ -128,12 +130,11 @@ def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | 
                            required=session.get("status") in ("ok", "tests-failed") and not streamed and runs_tests)
     tests = None
     if isinstance(tests_doc, dict) and isinstance(tests_doc.get("tests"), list):
-        tests = [t for t in tests_doc["tests"] if isinstance(t, dict) and "nodeid" in t and "status" in t]
+        tests = _records(tests_doc["tests"], folder / "tests.json", problems)
     elif tests_doc is not None:
         problems.append({"path": str(folder / "tests.json"), "problem": "corrupt: no tests list"})
     if tests is None and streamed:  # a session killed before it wrote tests.json: what it streamed
-        tests = read_latest(folder / "tests.jsonl", lambda t: {**t, "nodeid": t["nodeid"], "status": t["status"]},
-                            lambda t: t["nodeid"])  # (a record without both raises KeyError: skipped)
+        tests = read_latest(folder / "tests.jsonl", parse, lambda r: r.nodeid or r.key)  # a bad line is skipped
         if session.get("status") == "running":
             session = {**session, "status": "interrupted",
                        "reason": f"the session stopped while running; {len(tests)} streamed test record(s)"}
@@ -147,6 +148,17 @@ def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | 
         benchmarks = streamed_bench + [b for b in benchmarks if isinstance(b, dict) and b.get("fullname") not in seen]
     builds = [b for b in read_jsonl(folder / "jit.jsonl") if isinstance(b, dict)]
     return SessionData(folder, session, manifest if isinstance(manifest, dict) else {}, tests, benchmarks, builds)
+
+
+def _records(items: list, path: Path, problems: list[dict[str, str]]) -> list[CaseRecord]:
+    """The case records of a tests.json of any schema version; one that does not parse is a problem."""
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append(parse(item))
+        except (TypeError, KeyError, ValueError) as e:
+            problems.append({"path": str(path), "problem": f"test {i}: not a case record: {' '.join(str(e).split())[:200]}"})
+    return out
 
 
 # -- environments -----------------------------------------------------------------------------------
@@ -268,30 +280,8 @@ def jit_label(jit: dict[str, Any] | None) -> str:
 
 
 # -- cells ------------------------------------------------------------------------------------------
-def test_state(test: dict[str, Any]) -> str:
-    status, message = test["status"], test.get("message") or ""
-    if status == "passed":
-        return "pass"
-    if status == "failed":
-        return "xpass" if "XPASS(strict)" in message else "fail"
-    if status in ("error", "timeout"):
-        return status
-    if status == "xfailed":
-        return "xfail"
-    if status == "xpassed":
-        return "xpass"
-    kind = (test.get("properties") or {}).get("skip_kind") or message.partition(":")[0].strip()
-    return SKIP_KINDS.get(kind, "skip:other")
-
-
-def _definition_of(test: dict[str, Any]) -> str | None:
-    props = test.get("properties") or {}
-    return props.get("definition")
-
-
-def _op_type_of(test: dict[str, Any]) -> str | None:
-    name = Path(test["nodeid"].partition("::")[0]).stem
-    return name.removeprefix("test_") if name.startswith("test_") else None
+def test_state(record: CaseRecord) -> str:
+    return cell_state(record.status, record.kind).value
 
 
 def _summarise(states: list[str], reasons: list[str | None]) -> tuple[str, str | None]:
@@ -309,26 +299,24 @@ def _summarise(states: list[str], reasons: list[str | None]) -> tuple[str, str |
     return state, next((r for s, r in zip(states, reasons, strict=True) if s == state and r), None)
 
 
-def cell(definition: str, env: Environment, tests: list[dict[str, Any]], issues: list | None = None) -> dict[str, Any]:
-    by_source: dict[str, list[dict[str, Any]]] = {}
-    checks: list[dict[str, Any]] = []
-    tolerance = None
+def cell(definition: str, env: Environment, tests: list[CaseRecord], issues: list | None = None) -> dict[str, Any]:
+    by_source: dict[str, list[CaseRecord]] = {}
+    checks: list[CaseRecord] = []
+    tolerance = next((t.tolerance for t in tests if t.tolerance), None)
     for t in tests:
-        props = t.get("properties") or {}
-        tolerance = tolerance or props.get("tolerance")
-        if props.get("source"):
-            by_source.setdefault(props["source"], []).append(t)
+        if t.source:
+            by_source.setdefault(t.source, []).append(t)
         else:
             checks.append(t)
     sources = {}
     for src, group in sorted(by_source.items()):
         states = [test_state(t) for t in group]
-        state, reason = _summarise(states, [t.get("message") for t in group])
-        apis = sorted({(t.get("properties") or {}).get("ground_truth", {}).get("api") for t in group} - {None})
-        sources[src] = {"state": state, "counts": dict(Counter(t["status"] for t in group)), "reason": reason,
+        state, reason = _summarise(states, [t.detail for t in group])
+        apis = sorted({t.ground_truth.api for t in group if t.ground_truth} - {None})
+        sources[src] = {"state": state, "counts": dict(Counter(t.status.value for t in group)), "reason": reason,
                         "api": apis[0] if len(apis) == 1 else apis or None}  # which kernel path ran
         used = tolerance_used(group)
-        if used is not None:  # recorded since 2026-11-24: older results have none, and say nothing
+        if used is not None:
             sources[src]["tolerance_used"] = used
         over = passed_over(group)
         if over:
@@ -338,7 +326,7 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]], issues:
     worst = next((b for b in BAD if b in all_states), None)
     if worst:
         state = worst
-        reason = next((t.get("message") for t in tests if test_state(t) == worst and t.get("message")), None)
+        reason = next((t.detail for t in tests if test_state(t) == worst and t.detail), None)
     else:  # the kernels decide: a pass of FlashInfer or SGLang, else why none ran (FlashInfer first)
         kernel = [sources[s] for s in KERNEL_SOURCES if s in sources]
         if any(k["state"] == "pass" for k in kernel):
@@ -350,9 +338,9 @@ def cell(definition: str, env: Environment, tests: list[dict[str, Any]], issues:
         elif kernel:
             state, reason = kernel[0]["state"], kernel[0]["reason"]
         else:
-            state, reason = _summarise(all_states, [t.get("message") for t in tests])
+            state, reason = _summarise(all_states, [t.detail for t in tests])
     return {"definition": definition, "environment": env.id, "state": state, "reason": reason, "sources": sources,
-            "checks": dict(Counter(t["status"] for t in checks)), "tolerance": tolerance,
+            "checks": dict(Counter(t.status.value for t in checks)), "tolerance": tolerance,
             "timing": timing(definition, env), "tests": len(tests)}
 
 
@@ -375,23 +363,21 @@ def not_run_by_known_issue(definition: str, env: Environment, sources: dict[str,
     return out
 
 
-def passed_over(tests: list[dict[str, Any]]) -> list[dict[str, str]]:
+def passed_over(tests: list[CaseRecord]) -> list[dict[str, str]]:
     """The kernel paths the source tried first and could not run here (trtllm-gen's fp8 MoE on sm90), from
     the ground truth each test recorded: a pass of the path that ran must not hide the gate of the other."""
     seen = {}
     for t in tests:
-        for p in ((t.get("properties") or {}).get("ground_truth") or {}).get("passed_over") or []:
-            if isinstance(p, dict) and isinstance(p.get("api"), str):
-                seen.setdefault(p["api"], str(p.get("reason") or ""))
+        for p in t.ground_truth.passed_over if t.ground_truth else ():
+            seen.setdefault(p.api, p.reason)
     return [{"api": api, "reason": reason} for api, reason in sorted(seen.items())]
 
 
-def tolerance_used(tests: list[dict[str, Any]]) -> float | None:
+def tolerance_used(tests: list[CaseRecord]) -> float | None:
     """The closest a passing comparison came to its tolerance (the largest `compared` margin, <= 1): how
     loose the tolerance is for this kernel, which a pass alone does not say."""
-    used = [c.get("tolerance_used") for t in tests if t.get("status") == "passed"
-            for c in (t.get("properties") or {}).get("compared") or [] if isinstance(c, dict)]
-    finite = [float(u) for u in used if isinstance(u, (int, float)) and math.isfinite(u)]
+    used = [t.tolerance_used for t in tests if t.status is Status.PASS]
+    finite = [u for u in used if u is not None and math.isfinite(u)]
     return round(max(finite), 4) if finite else None
 
 
@@ -419,11 +405,10 @@ def environment_cells(env: Environment, definitions: list[str], issues: list | N
         return [{"definition": d, "environment": env.id, "state": state, "reason": reason or status, "sources": {},
                  "checks": {}, "tolerance": None, "timing": None, "tests": 0} for d in definitions]
     ref = _references(env)
-    grouped: dict[str, list[dict[str, Any]]] = {}
+    grouped: dict[str, list[CaseRecord]] = {}
     for t in (ref.tests or []) if ref else []:
-        d = _definition_of(t)
-        if d:
-            grouped.setdefault(d, []).append(t)
+        if t.definition:
+            grouped.setdefault(t.definition, []).append(t)
     out = [cell(d, env, grouped[d], issues) for d in definitions if d in grouped]
     for d in definitions:  # benchmarks without reference results still show their timing
         if d not in grouped and timing(d, env):
@@ -437,9 +422,8 @@ def definition_records(sessions: list[SessionData], definitions_dir: Path | None
     seen: dict[str, dict[str, Any]] = {}
     for s in sessions:
         for t in s.tests or []:
-            d = _definition_of(t)
-            if d and d not in seen:
-                seen[d] = {"name": d, "op_type": _op_type_of(t), "models": []}
+            if t.definition and t.definition not in seen:
+                seen[t.definition] = {"name": t.definition, "op_type": t.op_type, "models": []}
         for b in s.benchmarks:
             info = b.get("extra_info") or {}
             d = info.get("definition")

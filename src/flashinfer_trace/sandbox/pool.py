@@ -631,19 +631,20 @@ class TaskUnavailable(RuntimeError):
     """A worker task found what it needs missing (e.g. the installed FlashInfer has no flashinfer.trace)."""
 
 
-def run_task(op: str, payload: dict, *, label: str, timeout: float | None = None,
+def run_task(module: str, payload: dict, *, label: str, timeout: float | None = None,
              memory_bytes: int | None = None, device: str = "cpu") -> Any:
-    """One task of this project's own code that runs third-party code (an op the worker implements:
-    `fi_trace_emit` runs FlashInfer's trace templates and their init) in a confined worker of its
+    """One task of this project's own code that runs third-party code (`module`: a module of this package
+    with `preload()` and `run(message, device)`, e.g. flashinfer_trace.fitrace.emit, which runs FlashInfer's
+    trace templates and their init) in a confined worker of its
     own on `device` (a CUDA worker brings CUDA up before it confines itself, as for references),
     killed afterwards. Returns the answer's `ok` value: untrusted JSON, for the caller to check.
     Raises TaskUnavailable, ReferenceFailure (timeout, crash, raised) or ConfinementUnavailable."""
     with _pool.lock:
-        w = _pool.get((f"task:{op}:{next(_ids)}", "checked"), canonical_device(device), label)
+        w = _pool.get((f"task:{module}:{next(_ids)}", "checked"), canonical_device(device), label)
         try:
             w.limit_cpu()
             w.limit_memory(_pool.host.size, budget=memory_bytes)
-            answer = w.request({"op": op, **payload}, label, timeout or settings.timeout)
+            answer = w.request({"op": "task", **payload}, label, timeout or settings.timeout)
         finally:
             _pool.close()  # the task imported third-party modules: no reference runs after it there
     error = answer.get("error")

@@ -21,6 +21,7 @@ import contextlib
 import gc
 import json
 import os
+import importlib
 import pickle
 import traceback
 from typing import Any
@@ -121,22 +122,18 @@ def _compile_escaped(code: str, definition: str, entry: str):
     return namespace[entry]
 
 
-def _fi_trace_emit(msg: dict, device: str = "cpu") -> dict:
-    """This project's emitter (fitrace/emit.py) runs the installed FlashInfer's trace templates and their
-    init() here, confined: FlashInfer's template code is third-party code like a reference. The answer is
-    JSON the parent checks (fitrace/layout.py); nothing is written here (the worker cannot write).
-    `device`: this worker's (inits that compute values run there after the meta device)."""
-    from ..fitrace.emit import TraceUnavailable, emit_all
+def _task_module(name: str | None):
+    """The parent's named task: a module of this package with `preload()` (run before confinement: the
+    third-party imports it needs) and `run(message, device) -> answer` (run confined). Imported by name,
+    so the worker depends on no layer above the sandbox."""
+    if name is None:
+        return None
+    if not (isinstance(name, str) and name.startswith(TASK_PREFIX)):
+        raise ValueError(f"not a task module of this package: {name!r}")
+    return importlib.import_module(name)
 
-    op_types = msg.get("op_types")
-    if op_types is not None and not (isinstance(op_types, list) and all(isinstance(t, str) for t in op_types)):
-        return {"error": {"kind": "protocol", "message": "op_types must be a list of strings"}}
-    try:
-        return {"ok": emit_all(op_types or None, device=device)}
-    except TraceUnavailable as e:
-        return {"error": {"kind": "unavailable", "message": str(e)}}
-    except Exception as e:  # noqa: BLE001 - whatever FlashInfer's import raises, as a message
-        return {"error": {"kind": "raised", "type": type(e).__name__, "message": str(e)[:2000], "line": None}}
+
+TASK_PREFIX = "flashinfer_trace."
 
 
 class _Server:
@@ -161,14 +158,12 @@ class _Server:
             (probe @ probe).sum().item()
             self.buffers["cuda"] = pickle.loads(conn.recv_bytes(MAX_MESSAGE))
             torch.cuda.synchronize()
-        if settings.get("task") == "fi_trace_emit":
-            # FlashInfer itself is an installed library, trusted like torch, and its import writes its JIT
-            # log and workspace under ~/.cache (no writes once confined): it and its traced modules are
-            # imported now, like CUDA above. Its trace templates and their init() run only when asked,
-            # confined (fitrace/emit.py).
-            from ..fitrace.emit import preload
-
-            preload()
+        self.task = _task_module(settings.get("task"))
+        if self.task is not None:
+            # A task's third-party library (FlashInfer, trusted like torch) is imported now, like CUDA above:
+            # its import writes under ~/.cache, which the confined worker cannot. What it runs of third-party
+            # code (FlashInfer's trace templates and their init) runs only when asked, confined.
+            self.task.preload()
         self.confinement = confine.apply(memory_bytes=settings.get("memory_bytes"), gpu=self.gpu,
                                          disable=settings.get("disable", ()))
         confine.finish(self.confinement)
@@ -195,8 +190,8 @@ class _Server:
             return {"ok": True}
         if op == "call":
             return self.call(msg)
-        if op == "fi_trace_emit":
-            return _fi_trace_emit(msg, self.device)
+        if op == "task" and self.task is not None:
+            return self.task.run(msg, self.device)
         if op == "exit":
             return None
         return {"error": {"kind": "protocol", "message": f"unknown op {op!r}"}}

@@ -2,7 +2,8 @@
 file named by $FLASHINFER_TRACE_STREAM, fsynced line by line, so that whatever the child reported
 before a segfault or a kill survives it and the supervisor knows which test was running.
 
-Events: {"event": "collected", "nodeids": [...]}, {"event": "collect_error", "nodeid", "message"},
+Events: {"event": "collected", "nodeids": [...], "cases": {nodeid: the case's identity}} (a test that
+records a case says which before it runs, so the record of a crash during it names the case), {"event": "collect_error", "nodeid", "message"},
 {"event": "start", "nodeid", "time"}, and one {"event": "report", "nodeid", "status", "duration",
 "message", "properties"} per test with setup, call and teardown folded into one status.
 
@@ -72,7 +73,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    _emit({"event": "collected", "nodeids": [item.nodeid for item in session.items]})
+    cases = {item.nodeid: case for item in session.items if (case := dict(item.user_properties).get("case"))}
+    _emit({"event": "collected", "nodeids": [item.nodeid for item in session.items], "cases": _json_safe(cases)})
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:

@@ -101,6 +101,7 @@ class _Attempt:
     def __init__(self, on_record: Callable[[TestRecord], None] = _ignore) -> None:
         self.on_record = on_record
         self.collected: list[str] | None = None
+        self.cases: dict[str, dict[str, Any]] = {}  # nodeid -> the case it checks (reference tests)
         self.collect_errors: list[tuple[str, str]] = []
         self.reports: dict[str, dict[str, Any]] = {}
         self.current: str | None = None  # started, not reported
@@ -130,6 +131,8 @@ class _Attempt:
         kind = event.get("event")
         if kind == "collected":
             self.collected = list(event.get("nodeids") or [])
+            cases = event.get("cases")
+            self.cases = dict(cases) if isinstance(cases, dict) else {}
         elif kind == "collect_error":
             self.collect_errors.append((event.get("nodeid") or "", event.get("message") or ""))
         elif kind == "start":
@@ -151,8 +154,11 @@ def _run_target(target: str, pytest_args: list[str], *, python: str, env: dict[s
     head: list[TestRecord] = []  # collection errors and target-level failures
     first = True
     restarts = 0
+    cases: dict[str, dict[str, Any]] = {}  # nodeid -> its case, over all attempts
 
     def final(record: TestRecord) -> TestRecord:  # a record the supervisor made (crash, timeout): streamed too
+        if record.nodeid in cases:
+            record.properties.setdefault("case", cases[record.nodeid])
         on_record(record)
         return record
 
@@ -163,6 +169,7 @@ def _run_target(target: str, pytest_args: list[str], *, python: str, env: dict[s
                                          test_timeout=test_timeout, stem=stem.with_name(f"{stem.name}.{restarts}"),
                                          deselect=deselect, stop=stop, on_record=on_record)
         log = stem.with_name(f"{stem.name}.{restarts}.log")
+        cases.update(attempt.cases)
         known = set(order)
         order.extend(n for n in attempt.collected or [] if n not in known)
         for nodeid, e in attempt.reports.items():

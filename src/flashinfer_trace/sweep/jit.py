@@ -151,7 +151,7 @@ def plan(definitions: Iterable[Definition], config: JitConfig) -> list[Job]:
     for d in definitions:
         for source in config.sources:
             try:
-                gt = get_ground_truth(source, d, device=config.device, prebuilt=False)
+                gt = get_ground_truth(source, d, device=config.device, prebuild=None)
             except GroundTruthUnavailable:
                 continue
             job = Job(d.name, str(d.source) if d.source else d.name, d.op_type, source, gt.api, config.budget_for(d))
@@ -600,7 +600,7 @@ def _warm(job: dict, device: str) -> tuple[str, str | None]:
         from ..inputs import generate_inputs
 
         d = load_path(job["path"]) if Path(job["path"]).is_file() else load_definition(job["definition"])
-        gt = get_ground_truth(job["source"], d, device=device, prebuilt=False)
+        gt = get_ground_truth(job["source"], d, device=device, prebuild=None)
         gt(generate_inputs(d, "small", 0, device=device))
         import torch
 

@@ -6,7 +6,8 @@
     env.json        the environment manifest (manifest.py)
     jit.jsonl       the JIT prebuild, one record per (definition, kernel source) as each ends (jit.py)
     tests.jsonl     one record per test as it finishes (fsynced): what a killed session leaves
-    tests.json      one record per test: status, skip reason, tolerance, error summary, seed, ...
+    tests.json      one record per test: a references session's are CaseRecords (results/record.py,
+                    schema_version 2), a bench session's pytest's own (TestRecord, schema_version 1)
     junit.xml       the same records as JUnit XML
     benchmark.jsonl each benchmark as it finishes (bench sessions; pytest-benchmark's format)
     benchmark.json  pytest-benchmark's JSON of the last child (bench sessions)
@@ -24,9 +25,13 @@ import tempfile
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..results.record import SCHEMA_VERSION as RECORD_SCHEMA
+from ..results.record import CaseRecord
 
 SCHEMA_VERSION = 1
 TEST_STATUSES = ("passed", "failed", "error", "timeout", "skipped", "xfailed", "xpassed")
@@ -184,44 +189,61 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def junit_xml(records: list[TestRecord], suite: str) -> bytes:
-    counts = {s: sum(r.status == s for r in records) for s in TEST_STATUSES}
+FAILURES = ("failed", "xpassed", "fail", "xpass")  # pytest's words (bench sessions) and the engine's
+ERRORS = ("error", "timeout")
+SKIPS = ("skipped", "xfailed", "skip", "xfail", "not-run")
+
+
+def _junit_fields(r: TestRecord | CaseRecord) -> tuple[str, str, str, float, str | None, dict[str, Any]]:
+    """(classname, name, status, seconds, message, properties) of either kind of record."""
+    if isinstance(r, CaseRecord):
+        name = r.nodeid or "-".join(str(p) for p in (r.definition, r.check, r.source, r.size, r.seed, r.case)
+                                    if p is not None)
+        path, _, test = name.partition("::")
+        props = {k: v for k, v in r.as_dict().items() if v not in (None, [], {}) and k not in ("detail", "reports")}
+        return path.removesuffix(".py").replace("/", "."), test or path, r.status.value, r.seconds, r.detail, props
+    path, _, test = r.nodeid.partition("::")
+    return path.removesuffix(".py").replace("/", "."), test or path, r.status, r.duration, r.message, r.properties
+
+
+def junit_xml(records: list[TestRecord] | list[CaseRecord], suite: str) -> bytes:
+    rows = [_junit_fields(r) for r in records]
     root = ET.Element("testsuites")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(records)),
-                       failures=str(counts["failed"] + counts["xpassed"]),
-                       errors=str(counts["error"] + counts["timeout"]),
-                       skipped=str(counts["skipped"] + counts["xfailed"]),
-                       time=f"{sum(r.duration for r in records):.3f}")
-    for r in records:
-        path, _, name = r.nodeid.partition("::")
-        tc = ET.SubElement(ts, "testcase", classname=path.removesuffix(".py").replace("/", "."), name=name or path,
-                           time=f"{r.duration:.3f}")
-        if r.properties:
+    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(rows)),
+                       failures=str(sum(r[2] in FAILURES for r in rows)),
+                       errors=str(sum(r[2] in ERRORS for r in rows)),
+                       skipped=str(sum(r[2] in SKIPS for r in rows)),
+                       time=f"{sum(r[3] for r in rows):.3f}")
+    for classname, name, status, seconds, message, properties in rows:
+        tc = ET.SubElement(ts, "testcase", classname=classname, name=name, time=f"{seconds:.3f}")
+        if properties:
             props = ET.SubElement(tc, "properties")
-            for k, v in r.properties.items():
+            for k, v in properties.items():
                 ET.SubElement(props, "property", name=k, value=v if isinstance(v, str) else json.dumps(v, default=str))
-        msg = (r.message or "")[:2000]
-        if r.status in ("failed", "xpassed"):
-            ET.SubElement(tc, "failure", message=msg.splitlines()[0] if msg else r.status).text = msg
-        elif r.status in ("error", "timeout"):
-            ET.SubElement(tc, "error", message=f"{r.status}: {msg.splitlines()[0] if msg else ''}").text = msg
-        elif r.status in ("skipped", "xfailed"):
+        msg = (message or "")[:2000]
+        if status in FAILURES:
+            ET.SubElement(tc, "failure", message=msg.splitlines()[0] if msg else status).text = msg
+        elif status in ERRORS:
+            ET.SubElement(tc, "error", message=f"{status}: {msg.splitlines()[0] if msg else ''}").text = msg
+        elif status in SKIPS:
             ET.SubElement(tc, "skipped", message=msg)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
 
-def counts(records: list[TestRecord]) -> dict[str, int]:
-    return {s: n for s in TEST_STATUSES if (n := sum(r.status == s for r in records))}
+def counts(records: list[TestRecord] | list[CaseRecord]) -> dict[str, int]:
+    return dict(Counter(str(r.status) for r in records))
 
 
-def write_session(directory: str | Path, session: SessionInfo, *, records: list[TestRecord] | None = None,
+def write_session(directory: str | Path, session: SessionInfo, *,
+                  records: list[TestRecord] | list[CaseRecord] | None = None,
                   manifest: dict[str, Any] | None = None) -> Path:
     """Write everything the session has; tests.json / junit.xml only when tests ran."""
     directory = Path(directory)
     if records is not None:
         session.counts = counts(records)
-        write_json(directory / "tests.json", {"schema_version": SCHEMA_VERSION, "session": session.session,
-                                              "tests": [r.as_dict() for r in records]})
+        cases = bool(records) and isinstance(records[0], CaseRecord)
+        write_json(directory / "tests.json", {"schema_version": RECORD_SCHEMA if cases else SCHEMA_VERSION,
+                                              "session": session.session, "tests": [r.as_dict() for r in records]})
         write_atomic(directory / "junit.xml", junit_xml(records, session.session))
     if manifest is not None:
         write_json(directory / "env.json", manifest)
@@ -229,6 +251,9 @@ def write_session(directory: str | Path, session: SessionInfo, *, records: list[
     return directory
 
 
-def read_records(path: str | Path) -> list[TestRecord]:
+def read_records(path: str | Path) -> list[TestRecord] | list[CaseRecord]:
+    """A tests.json's records: CaseRecords (schema_version 2), else pytest's TestRecords."""
     data = json.loads(Path(path).read_text())
+    if data.get("schema_version") == RECORD_SCHEMA:
+        return [CaseRecord.model_validate(t) for t in data["tests"]]
     return [TestRecord(**t) for t in data["tests"]]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .combos import Combination, arch_of, load_combination
 from .isolation import Target
-from .jit import REPORT_ENV
+from ..results.record import CaseRecord, from_test, parse
 from .results import JsonlStream, SessionInfo, TestRecord, from_fields, read_latest, write_session
 
 EXIT_SKIPPED = 3
@@ -63,7 +63,8 @@ def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str]) 
         return [f"--benchmark-json={results / 'benchmark.json'}", f"--bench-stream={results / 'benchmark.jsonl'}",
                 "-p", "no:xdist", *extra]
     device = "cuda" if combo.gpu else "cpu"
-    return [f"--device={device}", f"--save-failures={results / 'failures'}", *extra]
+    report = [f"--jit-report={results / JIT_STREAM}"] if combo.gpu else []  # the tests skip what it could not build
+    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *extra]
 
 
 def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
@@ -96,7 +97,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     targets = collect_files([str((cwd or Path(".")) / folder)])
     if kind == "references":
         targets = shard(targets, jobs, (cwd or Path(".")) / "definitions")
-    earlier = streamed_records(results) if resume else []
+    earlier = streamed_records(results, kind) if resume else []
     info.status = "running"  # until the end: a session killed outright is read as partial, from tests.jsonl
     write_session(results, info, manifest=manifest)
     built_before = None
@@ -104,12 +105,11 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         if combo.gpu:
             info.jit, built_before = prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget)
             write_session(results, info, manifest=manifest)
-            os.environ[REPORT_ENV] = str(results / JIT_STREAM)  # the tests skip what could not be built
     except KeyboardInterrupt:  # the finished builds are in jit.jsonl, an earlier run's tests in tests.jsonl
         from . import jit
 
         info.jit = jit.summarise(jit.read_report(results / JIT_STREAM)) | {"interrupted": True, "report": JIT_STREAM}
-        return _interrupted(info, results, manifest, t0, "during the JIT prebuild")
+        return _interrupted(info, results, manifest, t0, "during the JIT prebuild", kind)
     if kind == "jit":
         if info.jit is None:
             info.jit = {"counts": {}, "wall_seconds": 0.0, "note": f"{combo.id} has no GPU: nothing to build"}
@@ -120,17 +120,18 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         print(f"{session}: prebuild: " + ", ".join(f"{k} {v}" for k, v in info.jit["counts"].items())
               + f" in {info.jit['wall_seconds']} s", file=sys.stderr)
         return 1 if bad else 0
+    convert = record_of(kind)
     try:
         with JsonlStream(results / STREAM, append=resume) as stream:
-            records: list[TestRecord] = earlier + run_isolated(
+            records = earlier + [convert(r) for r in run_isolated(
                 targets, pytest_args(kind, combo, results, extra or []), python=sys.executable,
                 env=child_environment(1 if kind == "bench" else jobs),
                 cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
-                log_dir=results / "logs", on_record=lambda r: stream.write(r.as_dict()),
-                skip={r.nodeid for r in earlier})
+                log_dir=results / "logs", on_record=lambda r: stream.write(convert(r).as_dict()),
+                skip={r.nodeid for r in earlier})]
     except KeyboardInterrupt:  # what finished is in the stream: keep it readable as the session's result
-        return _interrupted(info, results, manifest, t0, "")
-    bad = [r for r in records if r.status in ("failed", "error", "timeout", "xpassed")]
+        return _interrupted(info, results, manifest, t0, "", kind)
+    bad = [r for r in records if str(r.status) in ("failed", "error", "timeout", "xpassed", "fail", "xpass")]
     info.status = "tests-failed" if bad else "ok"
     info.phases = phase_totals(records)
     if built_before is not None:
@@ -146,11 +147,11 @@ STREAM = "tests.jsonl"
 JIT_STREAM = "jit.jsonl"
 
 
-def _interrupted(info: SessionInfo, results: Path, manifest: dict, t0: float, where: str) -> int:
+def _interrupted(info: SessionInfo, results: Path, manifest: dict, t0: float, where: str, kind: str) -> int:
     """Ctrl-C (or a SIGINT from a time limit): every record streamed so far becomes the session's result."""
     from . import manifest as mf
 
-    records = streamed_records(results)
+    records = streamed_records(results, kind)
     info.status = "interrupted"
     info.reason = f"interrupted {where + ' ' if where else ''}after {len(records)} test(s); --resume goes on"
     info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
@@ -159,11 +160,19 @@ def _interrupted(info: SessionInfo, results: Path, manifest: dict, t0: float, wh
     return 130
 
 
-def phase_totals(records: list[TestRecord]) -> dict[str, float]:
+def record_of(kind: str):
+    """What a session records per test: a references session the CaseRecord each test made (the matrix
+    reads these), a bench session pytest's own record."""
+    if kind == "references":
+        return lambda test: from_test(test.as_dict())
+    return lambda test: test
+
+
+def phase_totals(records: list[TestRecord] | list[CaseRecord]) -> dict[str, float]:
     """Where the tests' time went, summed over every test (each records its `phases`)."""
     totals: dict[str, float] = {}
     for r in records:
-        phases = r.properties.get("phases")
+        phases = r.phases if isinstance(r, CaseRecord) else r.properties.get("phases")
         for k, v in (phases.items() if isinstance(phases, dict) else ()):
             if isinstance(v, (int, float)):
                 totals[k] = totals.get(k, 0.0) + v
@@ -231,8 +240,10 @@ def compiled_since(before: dict[str, float]) -> list[str]:
     return jit.new_modules(before, jit.libraries(jit.cache_roots()))
 
 
-def streamed_records(results: Path) -> list[TestRecord]:
-    """The test records a session streamed (one per node id, the last wins), in the order written."""
+def streamed_records(results: Path, kind: str = "references") -> list[TestRecord] | list[CaseRecord]:
+    """The records a session streamed (one per node id, the last wins), in the order written."""
+    if kind == "references":
+        return read_latest(results / STREAM, parse, lambda r: r.nodeid)
     return read_latest(results / STREAM, from_fields(TestRecord), lambda r: r.nodeid)
 
 

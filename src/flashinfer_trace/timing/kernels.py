@@ -63,7 +63,7 @@ def _prep_fused_add_rmsnorm(kernel: Callable[[Any], Callable]):
     setup restores from the pristine inputs before every call, outside the timed region."""
 
     def prep(call: Call):
-        from ..groundtruth import semantics as sem
+        from .. import semantics as sem
 
         x = call.inputs.values
         op = kernel(call.module)
@@ -82,7 +82,7 @@ def _prep_fused_add_rmsnorm(kernel: Callable[[Any], Callable]):
 
 def _prep_rmsnorm(kernel: Callable[[Any], Callable]):
     def prep(call: Call):
-        from ..groundtruth import semantics as sem
+        from .. import semantics as sem
 
         x = call.inputs.values
         op, eps = kernel(call.module), sem.eps(call.definition)
@@ -106,7 +106,7 @@ def _prep_sgl_silu_and_mul(call: Call):
 
 
 def _prep_fi_rope(call: Call):
-    from ..groundtruth import semantics as sem
+    from .. import semantics as sem
 
     x = call.inputs.values
     op = call.module.rope.apply_rope_with_cos_sin_cache
@@ -120,7 +120,7 @@ def _prep_fi_rope(call: Call):
 
 def _prep_sgl_rope(call: Call):
     """In place on query/key: clones restored by setup before every call, outside the timed region."""
-    from ..groundtruth import semantics as sem
+    from .. import semantics as sem
 
     x = call.inputs.values
     op = call.module.apply_rope_with_cos_sin_cache_inplace

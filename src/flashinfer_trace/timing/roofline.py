@@ -18,7 +18,7 @@ The byte count is the least traffic a kernel needs (MIN bytes, the usual rooflin
   the spare pages the generator allocates count not at all;
 * and MoE expert weights (gemm1_weights, gemm2_weights and their `_scale`s): only the local
   experts that receive at least one token under the definition's DeepSeek-V3 routing
-  (`groundtruth.torch_ref.route`, by the routing `groundtruth.semantics.moe_routing` names) are read.
+  (`groundtruth.torch_ref.route`, by the routing `semantics.moe_routing` names) are read.
 
 FLOPs (multiply and add count as two), per op_type:
 
@@ -158,7 +158,7 @@ def _qo_lengths(values: Mapping[str, Any], batch: int) -> list[int]:
 
 
 def _is_causal(definition: Definition) -> bool:
-    from ..groundtruth import semantics as sem
+    from .. import semantics as sem
 
     return sem.is_causal(definition)
 
@@ -167,7 +167,7 @@ def _is_causal(definition: Definition) -> bool:
 def _moe_active_experts(definition: Definition, values: Mapping[str, Any], num_local: int
                         ) -> tuple[int, int, str]:
     """(local experts with >= 1 token, routed (token, local expert) pairs, how it was decided)."""
-    from ..groundtruth import semantics as sem
+    from .. import semantics as sem
     from ..groundtruth.base import GroundTruthUnavailable
     from ..groundtruth.torch_ref import route
 

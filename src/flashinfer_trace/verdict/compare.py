@@ -28,7 +28,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from .definition import Definition
+    from ..definition import Definition
 
 TOLERANCE_FILE = "tolerances.toml"
 BUG_ABS = 1.0  # a difference above this is no rounding effect

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .definition import Definition
-from .inputs import Inputs
+from ..definition import Definition
+from ..inputs import Inputs
 
 __all__ = ["MODELS", "ErrorModel", "compare_with_model", "error_models", "error_scales", "model_for"]
 
@@ -71,7 +71,7 @@ MODELS: dict[str, ErrorModel] = {
 
 
 def _gdn_scales(definition: Definition, inputs: Inputs) -> list:
-    from .groundtruth.torch_gdn import run
+    from ..groundtruth.torch_gdn import run
 
     return list(run(definition, inputs.values, absolute=True))
 
@@ -97,7 +97,7 @@ def compare_with_model(definition: Definition, inputs: Inputs, actual, expected,
     fails and the family has a model, again with the operand scales (the model can only widen, so
     the ground-truth call it costs is paid by the cases that need it). Top-k index outputs are sets,
     judged by the scores that chose them (compare_topk.py)."""
-    from . import compare_topk
+    from . import topk as compare_topk
     from .compare import compare_outputs
 
     if compare_topk.applies(definition):
@@ -118,7 +118,7 @@ def error_scales(definition: Definition, inputs: Inputs) -> list[torch.Tensor | 
         return none
     if model.compute is not None:
         return model.compute(definition, inputs)
-    from .groundtruth import GroundTruthUnavailable, get_ground_truth
+    from ..groundtruth import GroundTruthUnavailable, get_ground_truth
 
     names = model.absolute_inputs or tuple(n for n, v in inputs.values.items()
                                            if isinstance(v, torch.Tensor) and v.is_floating_point())

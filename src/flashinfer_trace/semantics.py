@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..sandbox import reference_constants
-from ..sandbox.constants import literal_epsilon
-from .base import GroundTruthUnavailable
+from .sandbox import reference_constants
+from .sandbox.constants import literal_epsilon
+from .status import GroundTruthUnavailable
 
 if TYPE_CHECKING:
-    from ..definition import Definition
+    from .definition import Definition
 
 EPS_NAMES = ("EPS", "EPSILON", "eps", "epsilon", "VARIANCE_EPSILON")
 
@@ -194,13 +194,36 @@ def declared_routing(definition: Definition) -> str | None:
     return named.pop() if len(named) == 1 else None
 
 
+@dataclass(frozen=True)
+class Routing:
+    top_k: int
+    n_group: int | None = None
+    topk_group: int | None = None
+
+
+def routing_params(definition) -> Routing | None:
+    """top_k / n_group / topk_group from axes of those names, else from the name (`topk8_ng8_kg4`)."""
+    ax = definition.const_axes
+
+    def find(axis_names, pattern):
+        for a in axis_names:
+            if a in ax:
+                return ax[a]
+        m = re.search(pattern, definition.name)
+        return int(m.group(1)) if m else None
+
+    top_k = find(("top_k", "topk"), r"topk(\d+)")
+    if top_k is None:
+        return None
+    return Routing(top_k, find(("n_group", "num_groups"), r"_ng(\d+)"),
+                   find(("topk_group", "num_topk_groups"), r"_kg(\d+)"))
+
+
 def moe_routing(definition: Definition) -> MoeRouting:
     """The routing a MoE definition uses: pre-computed when it has a topk_ids input; else the one its
     description declares (Llama4's sigmoid top-k has a routing_bias input that it ignores); else
     DeepSeek-V3's when it has a routing_bias input (top_k, n_group, topk_group from axes or the
     name, `topk8_ng8_kg4`); else renormalize (top_k only)."""
-    from ..inputs.moe import routing_params
-
     r = routing_params(definition)
     if r is None:
         raise GroundTruthUnavailable("unsupported", f"{definition.name}: top_k not found (topkN in the name or a "

@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..inputs.sampling import distribution_input, repeat_rows
+
 if TYPE_CHECKING:
-    from .definition import Definition
-    from .groundtruth import GroundTruth
-    from .inputs import Inputs
+    from ..definition import Definition
+    from ..groundtruth import GroundTruth
+    from ..inputs import Inputs
 
 MIN_BIN = 10
 CHUNK_ELEMENTS = 1 << 25  # rows x vocab per reference call: ~128 MB of float32 probabilities
@@ -117,32 +119,10 @@ def two_sample_chi2(a: torch.Tensor, b: torch.Tensor, vocab: int) -> tuple[float
     return chi2, df, chi2_sf(chi2, df), bins
 
 
-def distribution_input(definition: Definition) -> str:
-    """The input a sampler draws from: `probs`, else `logits` (fi_trace's `sampling_from_logits`)."""
-    for name in ("probs", "logits"):
-        if name in definition.inputs:
-            return name
-    raise KeyError(f"{definition.name}: a sampler needs a probs or logits input, it has {', '.join(definition.inputs)}")
-
-
-def repeat_rows(definition: Definition, inputs: Inputs, times: int, rows: slice | None = None) -> list:
-    """The inputs with every row of the batch repeated `times` times (row-major)."""
-    batch_axis = definition.inputs[distribution_input(definition)].shape[0]
-    args = []
-    for name, value in inputs.values.items():
-        spec = definition.inputs[name]
-        if isinstance(value, torch.Tensor) and spec.shape and spec.shape[0] == batch_axis:
-            v = value[rows] if rows is not None else value
-            args.append(v.repeat_interleave(times, dim=0))
-        else:
-            args.append(value)
-    return args
-
-
 def draw_reference(definition: Definition, inputs: Inputs, draws: int, seed: int) -> torch.Tensor:
     """[batch, draws] samples from the reference, seeded, a bounded number of rows per call."""
-    from .inputs.common import stream_seed
-    from .testing import reference_function
+    from ...inputs.common import stream_seed
+    from ...reference import reference_function
 
     run = reference_function(definition)
     batch, vocab = inputs.values[distribution_input(definition)].shape
@@ -189,8 +169,8 @@ def compare_samples(reference: torch.Tensor, ground_truth: torch.Tensor, vocab: 
 def allowed_tokens(definition: Definition, inputs: Inputs, slack: float) -> torch.Tensor | None:
     """[batch, vocab] bool: what the filters may keep, from the independent torch computation; None for a
     sampler of logits (the torch filters read probabilities): then only the distributions are compared."""
-    from .groundtruth.base import Call
-    from .groundtruth.torch_ref import filtered_distribution
+    from ..groundtruth.base import Call
+    from ..groundtruth.torch_ref import filtered_distribution
 
     if distribution_input(definition) != "probs":
         return None

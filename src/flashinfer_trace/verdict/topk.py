@@ -31,8 +31,8 @@ from .compare import DiffReport
 
 if TYPE_CHECKING:
     from .compare import Tolerance
-    from .definition import Definition
-    from .inputs import Inputs
+    from ..definition import Definition
+    from ..inputs import Inputs
 
 TIE_RTOL = 2e-5
 TIE_ATOL = 0.0
@@ -41,7 +41,7 @@ MODEL = f"index set, ties within {TIE_RTOL:g} x sum|terms| of the score"
 
 def applies(definition: Definition) -> bool:
     """Whether this definition's outputs are top-k index sets (judged here, not element-wise)."""
-    from .groundtruth.torch_dsa import indexer_applies
+    from ..groundtruth.torch_dsa import indexer_applies
 
     return definition.op_type == "dsa_paged" and "topk_indices" in definition.outputs and \
         indexer_applies(definition) is None
@@ -55,7 +55,7 @@ def compare(definition: Definition, inputs: Inputs, actual, expected, tolerance:
     if len(actual) != len(names) or len(expected) != len(names):
         return [DiffReport("outputs", [], problem=f"{len(actual)} output(s) vs {len(names)} declared",
                            verdict="bug", tolerance=tol)]
-    from .groundtruth.torch_dsa import indexer_scores
+    from ..groundtruth.torch_dsa import indexer_scores
 
     values = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in inputs.values.items()}
     requests = indexer_scores(values, int(definition.const_axes["page_size"]))

@@ -1,0 +1,1 @@
+"""What runs leave behind: case records, their streams, the session folders' files."""

@@ -1,0 +1,148 @@
+"""The one status vocabulary, from the engine's verdict to the matrix cell.
+
+A case ends in a `Status`; when it did not pass, a `Kind` says why in machine-readable form and the
+record's `detail` says it in words. The matrix's cell states are a pure function of the two
+(`cell_state`), so no layer above the engine ever parses a message. The JIT prebuild's records use
+`BuildStatus`; its failures reach cases as the `Kind`s of the same names.
+
+A leaf module: everything may import it, it imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Status(str, enum.Enum):
+    """How a case ended."""
+
+    PASS = "pass"
+    FAIL = "fail"  # the outputs differ from the ground truth beyond tolerance, or a structural check failed
+    ERROR = "error"  # a runtime or compile error, a crash of the test process
+    TIMEOUT = "timeout"  # the case ran past its time limit and was killed
+    SKIP = "skip"  # could not run here: `Kind` says why
+    XFAIL = "xfail"  # a known issue (constraints/known-issues.toml), failing as recorded
+    XPASS = "xpass"  # a known issue now passing: the entry should go
+    NOT_RUN = "not-run"  # left out on purpose (a run=false known issue) or never reached
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Kind(str, enum.Enum):
+    """Why a case did not pass: the skip's or the failure's machine-readable reason."""
+
+    # the ground truth cannot run here (the order `availability` checks them)
+    UNSUPPORTED = "unsupported"
+    NOT_INSTALLED = "not-installed"
+    IMPORT_FAILED = "import-failed"
+    API_MISSING = "api-missing"
+    DTYPE_UNSUPPORTED = "dtype-unsupported"
+    NO_GPU = "no-gpu"
+    ARCH_UNSUPPORTED = "arch-unsupported"
+    BUILD_FAILED = "build-failed"
+    BUILD_TIMEOUT = "build-timeout"
+    # the case cannot be made here
+    NO_GENERATOR = "no-generator"
+    TOO_LARGE = "too-large"
+    FI_TRACE_INPUTS = "fi-trace-inputs"
+    INPUTS = "inputs"  # the generator raised
+    LOAD = "load"  # the definition file did not load
+    KNOWN_ISSUE = "known-issue"
+    # the case ran and was wrong
+    MISMATCH = "mismatch"  # element-wise, beyond tolerance
+    SAMPLES = "samples"  # a sampler's statistics differ
+    SHAPE = "shape"
+    DTYPE = "dtype"
+    NONDETERMINISTIC = "nondeterministic"
+    REFERENCE = "reference"  # the confined reference raised, timed out or crashed
+    EXCEPTION = "exception"  # anything else raised
+    CRASH = "crash"  # the test process died
+    OTHER = "other"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# the kinds a GroundTruthUnavailable may carry (its constructor checks)
+GROUND_TRUTH_KINDS = (Kind.UNSUPPORTED, Kind.NOT_INSTALLED, Kind.IMPORT_FAILED, Kind.API_MISSING,
+                      Kind.DTYPE_UNSUPPORTED, Kind.NO_GPU, Kind.ARCH_UNSUPPORTED, Kind.BUILD_FAILED,
+                      Kind.BUILD_TIMEOUT)
+
+
+# Reason kinds, in the order `availability` checks them. The matrix maps them to cell states:
+# not-installed -> skip:not-installed, api-missing -> skip:api-missing, arch-unsupported ->
+# skip:arch, build-failed / build-timeout (the JIT prebuild's outcome, sweep/jit.py) -> their own states,
+# the rest -> skip:other.
+REASON_KINDS = tuple(k.value for k in GROUND_TRUTH_KINDS)
+
+
+class GroundTruthUnavailable(Exception):
+    """This ground truth cannot run here; `str()` is the skip reason, `kind: detail`."""
+
+    def __init__(self, kind: str | Kind, detail: str):
+        kind = kind.value if isinstance(kind, Kind) else kind
+        if kind not in REASON_KINDS:
+            raise ValueError(f"unknown reason kind {kind!r}")
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+    @property
+    def progress(self) -> int:
+        """How far the availability pipeline got; among several adapters the furthest is the most
+        telling reason (arch-unsupported says more than api-missing)."""
+        return REASON_KINDS.index(self.kind)
+
+    def __reduce__(self):
+        return (type(self), (self.kind, self.detail))
+
+
+class BuildStatus(str, enum.Enum):
+    """How one JIT prebuild job ended."""
+
+    BUILT = "built"
+    CACHED = "cached"
+    BUILD_FAILED = "build-failed"
+    BUILD_TIMEOUT = "build-timeout"
+    ERROR = "error"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CellState(str, enum.Enum):
+    """A matrix cell's state (the legend's order)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    SKIP_ARCH = "skip:arch"
+    SKIP_API_MISSING = "skip:api-missing"
+    SKIP_NOT_INSTALLED = "skip:not-installed"
+    SKIP_OTHER = "skip:other"
+    BUILD_FAILED = "build-failed"
+    BUILD_TIMEOUT = "build-timeout"
+    INSTALL_FAILED = "install-failed"
+    XFAIL = "xfail"
+    XPASS = "xpass"
+    NOT_RUN = "not-run"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_SKIP_STATES = {Kind.ARCH_UNSUPPORTED: CellState.SKIP_ARCH, Kind.API_MISSING: CellState.SKIP_API_MISSING,
+                Kind.NOT_INSTALLED: CellState.SKIP_NOT_INSTALLED, Kind.BUILD_FAILED: CellState.BUILD_FAILED,
+                Kind.BUILD_TIMEOUT: CellState.BUILD_TIMEOUT}
+_DIRECT = {Status.PASS: CellState.PASS, Status.FAIL: CellState.FAIL, Status.ERROR: CellState.ERROR,
+           Status.TIMEOUT: CellState.TIMEOUT, Status.XFAIL: CellState.XFAIL, Status.XPASS: CellState.XPASS,
+           Status.NOT_RUN: CellState.NOT_RUN}
+
+
+def cell_state(status: Status, kind: Kind | None) -> CellState:
+    """The matrix state of one case: its status, a skip refined by its kind."""
+    if status is Status.SKIP:
+        return _SKIP_STATES.get(kind, CellState.SKIP_OTHER) if kind is not None else CellState.SKIP_OTHER
+    return _DIRECT[status]
