@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+import warnings
 from collections.abc import Sequence
 
 from .. import __version__
@@ -10,6 +12,10 @@ from . import definitions, extract, fitrace, jit, run, testgen
 from .common import err, safe_text
 
 __all__ = ["build_parser", "main"]
+
+# torch warns on import when numpy is missing; the project does not use numpy, so it is noise on every command
+_NUMPY_WARNING = re.escape("Failed to initialize NumPy: No module named 'numpy'")
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashinfer-trace", description=__doc__)
@@ -29,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", message=_NUMPY_WARNING, category=UserWarning)  # before torch is imported
     args = build_parser().parse_args(argv)
     from ..compare import ToleranceConfigError
     from ..inputs import InputGenerationError

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -85,6 +86,21 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+class _AtLeast:
+    """A renderable laid out at least `width` columns wide, wider than the terminal if need be: a line the
+    terminal wraps can still be copied whole, a cell rich shortens cannot."""
+
+    def __init__(self, renderable: Any, width: int) -> None:
+        self.renderable, self.width = renderable, width
+
+    def __rich_console__(self, console, options):
+        yield from console.render(self.renderable, options.update_width(max(options.max_width, self.width)))
+
+
+# the narrowest the tags column may get before the table is laid out wider than the terminal
+_MIN_TAGS_WIDTH = 20
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from ..dataset import Dataset
 
@@ -93,12 +109,19 @@ def cmd_list(args: argparse.Namespace) -> int:
         print_json([{"name": d.name, "op_type": d.op_type, "tags": d.tags,
                      "file": str(d.source) if d.source else None} for d in defs])
         return 0
+    # names are never shortened (they are what `show`, `run` and `check` take): the name and op_type
+    # columns do not wrap, only the tags do, and the table grows past a narrow terminal before a name is cut
     table = Table(title=f"{len(defs)} definition(s)")
-    for col in ("op_type", "name", "tags"):
-        table.add_column(col)
-    for d in sorted(defs, key=lambda d: (d.op_type, d.name)):
-        table.add_row(safe_text(d.op_type), safe_text(d.name), safe_text(" ".join(d.tags)))
-    out.print(table)
+    table.add_column("op_type", no_wrap=True)
+    table.add_column("name", no_wrap=True)
+    table.add_column("tags", overflow="fold")
+    rows = [(safe_text(d.op_type), safe_text(d.name), safe_text(" ".join(d.tags)))
+            for d in sorted(defs, key=lambda d: (d.op_type, d.name))]
+    for row in rows:
+        table.add_row(*row)
+    widest = [max((len(d.op_type) for d in defs), default=0), max((len(d.name) for d in defs), default=0)]
+    # four borders and a space either side of each of the three cells
+    out.print(_AtLeast(table, sum(widest) + _MIN_TAGS_WIDTH + 4 + 6))
     return 0
 
 

@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import resource
 import select
 import signal
@@ -51,6 +52,9 @@ ENV_DISABLE = "FLASHINFER_TRACE_SANDBOX_DISABLE"  # comma-separated mechanisms t
 MAX_MESSAGE = 64 << 20
 POLL_S = 0.05
 MIN_CUDA_ARENA = 256 << 20
+# torch's warning on import where numpy is missing: the fork server shares the caller's stderr, and nothing
+# in it uses numpy, so it filters this one warning before it imports torch
+NUMPY_MISSING = re.escape("Failed to initialize NumPy: No module named 'numpy'")
 
 
 def _total_memory() -> int:
@@ -120,9 +124,11 @@ class _Zygote:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        boot = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+        boot = ("import sys, json, warnings; sys.path[:] = json.loads(sys.argv[1]); "
+                "warnings.filterwarnings('ignore', message=sys.argv[3], category=UserWarning); "
                 "from flashinfer_trace.sandbox.zygote import main; main(int(sys.argv[2]))")
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", boot, json.dumps(sys.path), str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", boot, json.dumps(sys.path), str(theirs.fileno()),
+                                      NUMPY_MISSING],
                                      pass_fds=[theirs.fileno()], env=scrubbed_environment(), stdin=subprocess.DEVNULL)
         theirs.close()
         self.ctl = ours
