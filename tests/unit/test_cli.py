@@ -1,8 +1,16 @@
+import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from flashinfer_trace.cli import main
+import flashinfer_trace
+from flashinfer_trace.cli import definitions, main
+from flashinfer_trace.cli.common import safe_text
 
 
 def run_cli(capsys, *argv):
@@ -97,3 +105,66 @@ def test_inputs_without_a_name_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["inputs"])
     assert exc.value.code == 2
+
+
+# -- what a new user sees -----------------------------------------------------------------------------
+HOSTILE = "kv_indices[kv_indptr:kv_indptr] [link=https://x]click[/link] \x1b]0;title\x07\x1b[2J:thumbs_up: \x9b1m"
+
+
+def test_no_numpy_warning_on_stderr(valid, write_def):
+    """torch warns on import when numpy is missing; neither the command nor its reference worker passes it on."""
+    folder = write_def(valid).parent
+    src = str(Path(flashinfer_trace.__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "flashinfer_trace.cli", "run", "rmsnorm_h8", "--definitions",
+                           str(folder)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "rmsnorm_h8" in done.stdout, done.stderr
+    assert "NumPy" not in done.stderr and done.stderr == ""
+
+
+def test_list_never_shortens_a_name_on_a_narrow_terminal(capsys, valid, write_def, monkeypatch):
+    names = ["rmsnorm_h8_with_a_name_long_enough_to_be_cut_on_sixty_columns", "rmsnorm_h8_b"]
+    for name in names:
+        write_def({**valid, "name": name, "tags": [*valid["tags"], "fi_api:flashinfer.norm.a_long_api_name_here"]})
+    for width in (60, 30):
+        monkeypatch.setattr(definitions, "out", Console(width=width, soft_wrap=True, emoji=False))
+        code, out, _ = run_cli(capsys, "list", "--definitions", str(write_def(valid).parent))
+        assert code == 0 and "…" not in out
+        for name in names:
+            assert any(name in line for line in out.splitlines()), (width, out)
+
+
+def test_show_prints_shapes_and_definition_text_as_written(capsys, valid, write_def, monkeypatch):
+    monkeypatch.setattr(definitions, "out", Console(width=200, soft_wrap=True, emoji=False))  # no cell wraps
+    valid["description"] = HOSTILE
+    valid["inputs"]["weight"]["description"] = "weight[i] scales column i"
+    valid["reference"] = valid["reference"].replace("EPS = 1e-5", "EPS = 1e-5  # [bold]not bold[/bold] \x1b[31m")
+    folder = write_def(valid).parent
+    code, out, err = run_cli(capsys, "show", "rmsnorm_h8", "--reference", "--definitions", str(folder))
+    assert code == 0, err
+    assert "[batch_size, hidden_size]" in out and "[hidden_size]" in out
+    assert "kv_indices[kv_indptr:kv_indptr] [link=https://x]click[/link]" in out
+    assert "\\x1b]0;title\\x07\\x1b[2J:thumbs_up: \\x9b1m" in out
+    assert "weight[i] scales column i" in out and "# [bold]not bold[/bold] \\x1b[31m" in out
+    assert not any(c in out for c in "\x1b\x07\x9b")
+
+
+def test_safe_text_escapes_markup_and_control_characters():
+    console = Console(width=200, file=io.StringIO(), emoji=False, soft_wrap=True)
+    assert safe_text("tab\tand\nnewline stay") == "tab\tand\nnewline stay"
+    console.print(safe_text("a [red]b[/red] \\[c] \x00\x08\x0b\x0d\x1b\x7f\x80\x9f ok\nnext"))
+    assert console.file.getvalue() == "a [red]b[/red] \\[c] \\x00\\x08\\x0b\\x0d\\x1b\\x7f\\x80\\x9f ok\nnext\n"
+
+
+def test_check_failure_lines_print_the_reason_as_written(capsys, valid, write_def, monkeypatch):
+    monkeypatch.chdir(write_def(valid).parent)
+    valid["reference"] = ("def run(hidden_states, weight):\n"
+                          "    raise ValueError('[link=https://x]click[/link] \\x1b[2J')\n")
+    path = write_def(valid)
+    code, out, _ = run_cli(capsys, "check", str(path), "--ground-truth", "torch", "--size", "small",
+                           "--no-edge-cases", "--device", "cpu", "--save-failures", "", "--results", "",
+                           "--no-progress")
+    failures = [line for line in out.splitlines() if line.startswith(("FAIL", "ERROR"))]
+    assert code == 1 and failures
+    assert all("[link=https://x]click[/link] \\x1b[2J" in line for line in failures)
+    assert "\x1b" not in out

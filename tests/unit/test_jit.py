@@ -177,12 +177,12 @@ def test_check_builds_before_it_checks(tmp_path, monkeypatch):
     """check's prebuild stage writes its report beside --results and points the ground truths at it."""
     import argparse
 
-    from flashinfer_trace import cli
+    from flashinfer_trace.cli.run import _prebuild
 
     monkeypatch.setenv(jit.REPORT_ENV, "")  # restored after the test: _prebuild sets it for the process
     args = argparse.Namespace(results=str(tmp_path / "check.jsonl"), resume=False, no_progress=True,
                               jit_budget=jit.DEFAULT_BUDGET)
-    assert cli._prebuild([load_definition("rmsnorm_h4096")], ("flashinfer",), "cpu", args) == 0
+    assert _prebuild([load_definition("rmsnorm_h4096")], ("flashinfer",), "cpu", args) == 0
     assert os.environ[jit.REPORT_ENV] == str(tmp_path / "jit.jsonl")
 
 

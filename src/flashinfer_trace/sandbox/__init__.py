@@ -3,6 +3,7 @@
     check_reference(code)            -> [Violation(line, message), ...]; never raises, runs nothing
     run = compile_reference(code, definition="rmsnorm_h4096")   # SandboxError on any violation
     run(x, w)                        # runs in the worker; ReferenceFailure on timeout / crash / raise
+    run(hidden_states=x, weight=w)   # by keyword too, bound against run()'s parameters as Python would
     reference_constants(code)        -> {"EPS": 1e-05}; parses only, never executes
 
 The data flow: `static` (AST allowlist) -> `pool` (parent: workers, arenas, timeouts) -> `worker`

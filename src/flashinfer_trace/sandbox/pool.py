@@ -18,9 +18,11 @@ The next call after a failure starts a fresh worker and compiles the reference a
 from __future__ import annotations
 
 import hashlib
+import inspect
 import itertools
 import json
 import os
+import re
 import resource
 import select
 import signal
@@ -39,7 +41,7 @@ import torch.multiprocessing  # noqa: F401 - registers CUDA IPC for ForkingPickl
 
 from .confine import scrubbed_environment
 from .errors import ConfinementUnavailable, ReferenceFailure, SandboxError, reference_raised
-from .static import check_reference
+from .static import check_reference, entry_signature
 from .transport import Arenas, HostArena, ProtocolError, decode, encode, needed
 
 __all__ = ["ConfinedReference", "Settings", "compile_reference", "configure", "settings", "shutdown", "status"]
@@ -51,6 +53,9 @@ ENV_DISABLE = "FLASHINFER_TRACE_SANDBOX_DISABLE"  # comma-separated mechanisms t
 MAX_MESSAGE = 64 << 20
 POLL_S = 0.05
 MIN_CUDA_ARENA = 256 << 20
+# torch's warning on import where numpy is missing: the fork server shares the caller's stderr, and nothing
+# in it uses numpy, so it filters this one warning before it imports torch
+NUMPY_MISSING = re.escape("Failed to initialize NumPy: No module named 'numpy'")
 
 
 def _total_memory() -> int:
@@ -120,9 +125,11 @@ class _Zygote:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        boot = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+        boot = ("import sys, json, warnings; sys.path[:] = json.loads(sys.argv[1]); "
+                "warnings.filterwarnings('ignore', message=sys.argv[3], category=UserWarning); "
                 "from flashinfer_trace.sandbox.zygote import main; main(int(sys.argv[2]))")
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", boot, json.dumps(sys.path), str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", boot, json.dumps(sys.path), str(theirs.fileno()),
+                                      NUMPY_MISSING],
                                      pass_fds=[theirs.fileno()], env=scrubbed_environment(), stdin=subprocess.DEVNULL)
         theirs.close()
         self.ctl = ours
@@ -474,12 +481,21 @@ def _line(value: Any) -> int | None:
 
 
 class ConfinedReference:
-    """A compiled reference: call it like `run`; it runs in a confined worker."""
+    """A compiled reference: call it like `run` (arguments by position, by keyword, or both); it runs in
+    a confined worker.
+
+    The arguments are bound in this process against the entry's parameter list, read from the code's
+    AST (`static.entry_signature`; nothing of the code runs here), so a missing, unexpected or doubled
+    argument is a TypeError before any worker is asked, and the worker gets them in parameter order."""
 
     def __init__(self, code: str, definition: str, entry: str, *, escaped: bool = False,
                  names: list[str] | None = None) -> None:
         self.code, self.definition, self.entry, self.escaped = code, definition, entry, escaped
         self.names = list(names) if names is not None else None  # call by keyword, args in this order
+        # what a call binds against: the entry's own parameters, or with `names` those names, each required
+        # (the worker passes every one by keyword); None: the code does not show them (positional calls only)
+        self.signature = entry_signature(code, entry) if names is None else inspect.Signature(
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
         # tighter bounds than the settings' for this code's calls (an fi_trace init); None: the settings'
         self.timeout: float | None = None
         self.memory_bytes: int | None = None
@@ -489,8 +505,41 @@ class ConfinedReference:
     def __repr__(self) -> str:
         return f"<ConfinedReference {self.definition}.{self.entry}>"
 
-    def __call__(self, *args: Any) -> Any:
-        return self.call(args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        values, keywords = self.bind(args, kwargs)
+        return self.call(values, keywords=keywords)
+
+    def bind(self, args: tuple | list, kwargs: dict[str, Any]) -> tuple[list, tuple[str, ...]]:
+        """(values, keywords): the call's arguments in parameter order, the last len(keywords) of them to
+        be passed by those keywords (keyword-only parameters, **kwargs, and any given by name after an
+        omitted default). TypeError, worded like Python's, for arguments the entry would not take."""
+        if self.signature is None:
+            if kwargs:
+                raise TypeError(f"{self.definition}: {self.entry}() takes its arguments by position only here: "
+                                f"the code has no top-level `def {self.entry}` to read its parameters from "
+                                f"(got keyword argument(s) {', '.join(map(repr, kwargs))})")
+            return list(args), ()
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.definition}: {self.entry}() {e}") from None
+        positional: list[Any] = []
+        by_keyword: dict[str, Any] = {}
+        skipped = False  # a positional parameter left to its default: those after it go by keyword
+        for p in self.signature.parameters.values():
+            if p.name not in bound.arguments:
+                skipped = skipped or p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                continue
+            value = bound.arguments[p.name]
+            if p.kind is p.VAR_POSITIONAL:
+                positional.extend(value)  # only bound when every positional parameter before it was
+            elif p.kind is p.VAR_KEYWORD:
+                by_keyword.update(value)
+            elif p.kind is p.KEYWORD_ONLY or skipped:
+                by_keyword[p.name] = value
+            else:
+                positional.append(value)
+        return positional + list(by_keyword.values()), tuple(by_keyword)
 
     @property
     def _timeout(self) -> float:
@@ -511,14 +560,19 @@ class ConfinedReference:
             self._worker(canonical_device(device))
         return self
 
-    def call(self, args: tuple | list, *, seed: int | None = None, device: str | None = None) -> Any:
-        """run(*args) in the worker; `seed` seeds its RNG (0 when None: every call starts the same).
-        `device`: the worker's device where no argument is a tensor (an fi_trace init gets only numbers)."""
+    def call(self, args: tuple | list, *, seed: int | None = None, device: str | None = None,
+             keywords: tuple[str, ...] = ()) -> Any:
+        """run(*args) in the worker, the last len(keywords) of `args` passed by those keywords (`bind` makes
+        both); `seed` seeds its RNG (0 when None: every call starts the same). `device`: the worker's device
+        where no argument is a tensor (an fi_trace init gets only numbers)."""
+        if len(keywords) > len(args) or (keywords and self.names is not None):
+            raise ValueError("`keywords` names at most len(args) trailing arguments, and none where the "
+                             "reference was compiled with `names`")
         device = _device_of(args) if device is None or _has_tensor(args) else canonical_device(device)
         with _pool.lock:
             for _ in range(3):  # at most two arena growths that need a new worker
                 w = self._worker(device)
-                answer, specs, buffers = self._call(w, list(args), device, seed)
+                answer, specs, buffers = self._call(w, list(args), device, seed, tuple(keywords))
                 if answer is not None:
                     break
             else:
@@ -526,7 +580,7 @@ class ConfinedReference:
             self._raise_for(answer, w)
             return self._outputs(answer, w, list(args), specs, buffers)
 
-    def _call(self, w: _Worker, args: list, device: str, seed: int | None):
+    def _call(self, w: _Worker, args: list, device: str, seed: int | None, keywords: tuple[str, ...]):
         """One request; (None, ...) when the CUDA arena had to grow first (the worker was replaced)."""
         need = needed(args)
         _pool.host.ensure(need.get("cpu", 0))
@@ -542,8 +596,8 @@ class ConfinedReference:
             torch.cuda.synchronize(device)
         w.limit_cpu()
         w.limit_memory(_pool.host.size, budget=self.memory_bytes)
-        answer = w.request({"op": "call", "id": self.id, "args": specs, "seed": seed, "cpu_size": _pool.host.size,
-                            "input_end": arenas.cursor}, self.definition, self._timeout)
+        answer = w.request({"op": "call", "id": self.id, "args": specs, "keywords": list(keywords), "seed": seed,
+                            "cpu_size": _pool.host.size, "input_end": arenas.cursor}, self.definition, self._timeout)
         while "need" in answer:
             want = answer["need"] if isinstance(answer["need"], dict) else {}
             cuda = want.get("cuda", 0)
@@ -617,6 +671,8 @@ def compile_reference(code: str, *, definition: str = "<reference>", entry: str 
         raise SandboxError(definition, violations[0].line, violations[0].message)
     if names is not None and not all(isinstance(n, str) and n.isidentifier() for n in names):
         raise SandboxError(definition, None, "argument names must be identifiers")
+    if names is not None and len(set(names)) != len(names):
+        raise SandboxError(definition, None, "argument names must be distinct")
     return ConfinedReference(code, definition, entry, names=names).compile(device or "cpu")
 
 

@@ -13,12 +13,14 @@ so this is not the boundary: references run in a confined worker process (`confi
 from __future__ import annotations
 
 import ast
+import inspect
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["ALLOWED_MODULES", "FUTURE_FEATURES", "SAFE_BUILTIN_NAMES", "TORCH_NN_NAMES", "TYPING_NAMES", "Entry",
-           "Violation", "attribute_problem", "check_reference", "entry_point", "parse", "undefined_names"]
+           "UNEVALUATED", "Violation", "attribute_problem", "check_reference", "entry_point", "entry_signature",
+           "parse", "undefined_names"]
 
 # Pure-math modules a reference may import (or reach by attribute: `torch.nn.functional`).
 ALLOWED_MODULES: frozenset[str] = frozenset({
@@ -345,6 +347,58 @@ def run_parameters(code: str, entry: str = "run") -> list[str] | None:
     if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs:
         return None
     return [p.arg for p in a.args]
+
+
+class _Unevaluated:
+    """A parameter's default as `entry_signature` gives it: the expression stays unevaluated in the parent
+    (only the worker runs a reference's code); the worker's function applies the real default."""
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+UNEVALUATED = _Unevaluated()
+
+
+def entry_signature(code: str, entry: str = "run") -> inspect.Signature | None:
+    """The parameter list of the top-level `def <entry>` in `code`, read from the AST (never run): names,
+    kinds (positional-only, keyword-only, *args, **kwargs) and which have a default (UNEVALUATED), so a
+    caller can bind arguments exactly as calling the function would. None when the code does not parse,
+    or `entry` is bound other than by top-level `def`s (an assignment, an import, a nested definition):
+    then which function the name ends up as is not readable statically."""
+    try:
+        tree = parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    top = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry]
+    for node in ast.walk(tree):
+        binds = (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id == entry
+                 or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == entry
+                 and node not in top
+                 or isinstance(node, ast.alias) and (node.asname or node.name.partition(".")[0]) == entry
+                 or isinstance(node, (ast.Global, ast.Nonlocal)) and entry in node.names
+                 or isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name == entry
+                 or isinstance(node, ast.MatchMapping) and node.rest == entry)
+        if binds:
+            return None
+    if not top:
+        return None
+    a = top[-1].args
+    kind = inspect.Parameter
+    positional = [(p, kind.POSITIONAL_ONLY) for p in a.posonlyargs] + [(p, kind.POSITIONAL_OR_KEYWORD) for p in a.args]
+    first_default = len(positional) - len(a.defaults)
+    params = [kind(p.arg, k, default=UNEVALUATED if i >= first_default else kind.empty)
+              for i, (p, k) in enumerate(positional)]
+    if a.vararg:
+        params.append(kind(a.vararg.arg, kind.VAR_POSITIONAL))
+    params += [kind(p.arg, kind.KEYWORD_ONLY, default=kind.empty if d is None else UNEVALUATED)
+               for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+    if a.kwarg:
+        params.append(kind(a.kwarg.arg, kind.VAR_KEYWORD))
+    try:
+        return inspect.Signature(params)
+    except ValueError:  # not reachable for code that parses; never a crash of the caller
+        return None
 
 
 @dataclass(frozen=True)

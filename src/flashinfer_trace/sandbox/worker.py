@@ -5,7 +5,8 @@ takes its arenas from the parent, confines itself (`confine.py`) and then serves
 pipe, one at a time:
 
     {"op": "compile", "id": N, "code": ..., "definition": ..., "entry": "run", "names": null | [...]}
-    {"op": "call", "id": N, "args": [...], "seed": S, "cpu_size": BYTES}
+    {"op": "call", "id": N, "args": [...], "keywords": [...], "seed": S, "cpu_size": BYTES}
+                                              the last len(keywords) args go by those keywords
     {"op": "deliver", "cpu_size": BYTES}      after a {"need": ...} answer: the arena has grown
 
 Every call starts from the same torch state (grad mode on, inference mode and autocast off, no torch
@@ -198,9 +199,14 @@ class _Server:
 
     def call(self, msg: dict) -> dict:
         fn, definition, names = self.functions[msg["id"]]
+        keywords = msg.get("keywords") or []
+        if not (isinstance(keywords, list) and all(isinstance(k, str) for k in keywords)
+                and len(keywords) <= len(msg["args"]) and (names is None or not keywords)):
+            return {"error": {"kind": "protocol", "message": "keywords must be names of the last arguments"}}
         self.map_cpu(msg.get("cpu_size", 0))
         arenas = Arenas(self.buffers)
         args = decode({"t": "seq", "kind": "list", "v": msg["args"]}, arenas, clone=False)
+        split = len(args) - len(keywords)
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         versions = [t._version for t in inputs]
         input_end = dict(msg.get("input_end", {}))
@@ -208,7 +214,9 @@ class _Server:
         try:
             with torch.inference_mode(False):
                 # by keyword where the parent named the arguments (an fi_trace entry point), else by position
-                out = fn(**dict(zip(names, args, strict=True))) if names is not None else fn(*args)
+                # and then the call's own keywords
+                out = (fn(**dict(zip(names, args, strict=True))) if names is not None else
+                       fn(*args[:split], **dict(zip(keywords, args[split:], strict=True))))
         except BaseException as e:  # noqa: BLE001 - SystemExit / KeyboardInterrupt from a reference too
             return _error(e, definition)
         finally:

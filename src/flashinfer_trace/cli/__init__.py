@@ -1,0 +1,51 @@
+"""The `flashinfer-trace` command: parses arguments, calls the package, renders tables or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import warnings
+from collections.abc import Sequence
+
+from .. import __version__
+from . import definitions, extract, fitrace, jit, run, testgen
+from .common import err, safe_text
+
+__all__ = ["build_parser", "main"]
+
+# torch warns on import when numpy is missing; the project does not use numpy, so it is noise on every command
+_NUMPY_WARNING = re.escape("Failed to initialize NumPy: No module named 'numpy'")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flashinfer-trace", description=__doc__)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    for group in (definitions, run, jit, fitrace, extract):
+        group.add_commands(sub)
+
+    from ..matrix.__main__ import add_commands
+
+    m = sub.add_parser("matrix", help="build the compatibility matrix from results; diff two matrices")
+    add_commands(m.add_subparsers(dest="matrix_command", required=True))
+    m.set_defaults(func=lambda a: a.run(a))
+
+    testgen.add_commands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", message=_NUMPY_WARNING, category=UserWarning)  # before torch is imported
+    args = build_parser().parse_args(argv)
+    from ..compare import ToleranceConfigError
+    from ..inputs import InputGenerationError
+    from ..sandbox import SandboxError
+    from ..validate import DefinitionError
+
+    try:
+        return args.func(args)
+    except (DefinitionError, SandboxError, InputGenerationError, ToleranceConfigError, KeyError,
+            FileNotFoundError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        err.print(f"error: {safe_text(msg)}", highlight=False, style="red")
+        return 2

@@ -1,0 +1,317 @@
+"""Running references: sandbox, run, check, mutants."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from .common import (
+    add_common_options,
+    add_input_options,
+    add_sandbox_options,
+    add_tolerance_options,
+    configure_sandbox,
+    describe,
+    err,
+    generate,
+    out,
+    print_json,
+    progress,
+    safe_text,
+    tolerance_args,
+)
+from .jit import run_builds
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("sandbox", help="how references are confined here; exit 1 if not fully")
+    add_common_options(s)
+    add_sandbox_options(s)
+    s.set_defaults(func=cmd_sandbox)
+
+    s = sub.add_parser("run", help="run references on generated inputs")
+    add_common_options(s)
+    add_input_options(s)
+    add_sandbox_options(s)
+    s.add_argument("names", nargs="*", help="definition names or paths to JSON files")
+    s.add_argument("--all", action="store_true", help="every definition in the definitions folder")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("check", help="check references against ground truth outside pytest; exit 1 on any failure")
+    add_common_options(s)
+    add_sandbox_options(s)
+    s.add_argument("targets", nargs="*", help="definition files, folders or names (default: the definitions folder)")
+    s.add_argument("--ground-truth", default="all", choices=("all", "torch", "flashinfer", "sglang"))
+    s.add_argument("--size", action="append", choices=("small", "medium", "large"),
+                   help="repeatable (default: small and medium)")
+    s.add_argument("--seed", action="append", type=int, help="repeatable (default: 0)")
+    s.add_argument("--case", action="append", help="only these edge cases (repeatable)")
+    s.add_argument("--no-edge-cases", action="store_true")
+    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    add_tolerance_options(s)
+    s.add_argument("--draws", type=int, help="sampler draws per row")
+    s.add_argument("--save-failures", default="results/failures", metavar="DIR",
+                   help="where failing cases are saved for replay ('' to disable)")
+    s.add_argument("--save-inputs", action="store_true", help="also save failing inputs as safetensors")
+    s.add_argument("--results", default="results/check.jsonl", metavar="FILE",
+                   help="each result appended here as it completes, fsynced ('' to disable)")
+    s.add_argument("--resume", action="store_true", help="skip the cases already in --results, reuse their results")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    s.add_argument("--no-prebuild", action="store_true",
+                   help="on a GPU, do not build the kernels' JIT modules in parallel first (they then build "
+                        "one at a time, inside the checks)")
+    s.add_argument("--jit-budget", type=_positive_seconds, default=600.0, metavar="S",
+                   help="seconds each prebuild job may take (default 600); past it the module is build-timeout "
+                        "and its checks skip with that reason")
+    s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("mutants",
+                       help="planted bugs: which the comparisons catch (kill rate); exit 1 if one is missed")
+    add_common_options(s)
+    add_sandbox_options(s)
+    s.add_argument("--ground-truth", default="torch", choices=("torch", "flashinfer", "sglang"))
+    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--only", action="append", help="mutants whose name contains this (repeatable)")
+    s.add_argument("--stream", metavar="FILE", help="append each mutant's verdict to FILE (JSONL) as it is judged")
+    s.set_defaults(func=cmd_mutants)
+
+
+# -- sandbox ------------------------------------------------------------------------------------
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    """Start a worker and say how it is confined here; exit 1 when a mechanism is missing."""
+    from ..sandbox import status
+    from ..sandbox.pool import describe_settings
+
+    configure_sandbox(args)
+    info = status(probe=True) or {}
+    if args.json:
+        print_json({"confinement": info, "settings": describe_settings()})
+    else:
+        for mechanism, what in (info.get("active") or {}).items():
+            out.print(f"[green]✓[/] {safe_text(mechanism)}: {safe_text(what)}", highlight=False)
+        for mechanism, why in (info.get("missing") or {}).items():
+            out.print(f"[red]✗[/] {safe_text(mechanism)}: {safe_text(why)}", highlight=False)
+        if info.get("error"):
+            out.print(f"[red]✗ the worker did not start: {safe_text(info['error'])}[/]", highlight=False)
+        verdict = ("references run confined" if info.get("complete") else
+                   "references run WITHOUT full confinement (allowed)" if info.get("allow_unconfined") else
+                   "references are refused here unless --allow-unconfined-references")
+        out.print(("[green]" if info.get("complete") else "[red]") + verdict + "[/]", highlight=False)
+    return 0 if info.get("complete") else 1
+
+
+# -- run ----------------------------------------------------------------------------------------
+def _run_one(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    from ..inputs import UnsupportedOpType
+    from ..testing import output_problems, run_reference
+
+    try:
+        d, inputs = generate(args, name)
+    except UnsupportedOpType as e:
+        return {"definition": name, "status": "skip", "reason": str(e), "outputs": {}, "problems": []}
+    start = time.perf_counter()
+    try:
+        outputs = run_reference(d, inputs)
+    except Exception as e:  # a broken reference is a result to report, not a crash of the whole run
+        return {"definition": d.name, "status": "error", "outputs": {},
+                "problems": [f"reference failed: {type(e).__name__}: {e}"]}
+    seconds = time.perf_counter() - start
+    problems = output_problems(d, inputs, outputs)
+    stats = {}
+    for out_name, value in zip(d.outputs, outputs, strict=False):
+        info = describe(value)
+        if hasattr(value, "is_floating_point") and value.is_floating_point() and value.numel():
+            v = value.float()
+            finite = v[v.isfinite()]
+            info.update(nonfinite=int(v.numel() - finite.numel()),
+                        mean=float(finite.mean()) if finite.numel() else None,
+                        absmax=float(finite.abs().max()) if finite.numel() else None)
+        stats[out_name] = info
+    return {"definition": d.name, "status": "fail" if problems else "ok", "seconds": seconds,
+            "outputs": stats, "problems": problems}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..dataset import Dataset
+
+    configure_sandbox(args)
+
+    names = Dataset(args.definitions).names() if args.all else args.names
+    if not names:
+        err.print("error: name a definition or pass --all", style="red")
+        return 2
+    results = [_run_one(args, n) for n in names]
+    if args.json:
+        from ..sandbox import status
+
+        print_json({"size": args.size, "seed": args.seed, "case": args.case, "device": args.device,
+                    "sandbox": status(), "results": results})
+    else:
+        t = Table(title=f"reference runs on {safe_text(args.device)} (size={args.size}, seed={args.seed})")
+        for col in ("definition", "status", "ms", "outputs (shape dtype absmax)"):
+            t.add_column(col, overflow="fold")
+        for r in results:
+            ms = f"{r['seconds'] * 1e3:.1f}" if "seconds" in r else ""
+            outs = "\n".join(f"{o} {'x'.join(map(str, s['shape'] or []))} {s['dtype']} {_fmt(s.get('absmax'))}"
+                             for o, s in r["outputs"].items())
+            t.add_row(safe_text(r["definition"]), r["status"], ms, safe_text(outs))
+        out.print(t)
+        for r in results:
+            for p in r["problems"]:
+                out.print(f"[red]✗ {safe_text(r['definition'])}: {safe_text(p)}[/]", highlight=False)
+            if r["status"] == "skip":
+                out.print(f"[yellow]skip {safe_text(r['definition'])}: {safe_text(r['reason'])}[/]",
+                          highlight=False)
+    return 1 if any(r["status"] in ("fail", "error") for r in results) else 0
+
+
+def _fmt(x: Any) -> str:
+    return "" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+# -- check --------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    from ..check import CheckConfig, discover, plan, run, summarise
+    from ..dataset import definitions_dir
+    from ..groundtruth import SOURCES
+    from ..sandbox import status
+
+    configure_sandbox(args)
+
+    sources = SOURCES if args.ground_truth == "all" else (args.ground_truth,)
+    sizes = tuple(args.size) if args.size else ("small", "medium")
+    config = CheckConfig(sources=sources, sizes=sizes, seeds=tuple(args.seed or (0,)),
+                         cases=(tuple(args.case) if args.case else None) if not args.no_edge_cases else (),
+                         device=args.device, tolerance=tolerance_args(args), draws=args.draws,
+                         definitions_dir=args.definitions, save_failures=args.save_failures,
+                         save_inputs=args.save_inputs, results_file=args.results or None, resume=args.resume)
+    targets = args.targets or [str(definitions_dir(args.definitions))]
+    found = discover(targets, config)
+    kernels = tuple(s for s in sources if s != "torch")
+    if kernels and config.resolved_device.startswith("cuda") and not args.no_prebuild:
+        code = _prebuild(found.definitions, kernels, config.resolved_device, args)
+        if code:
+            return code
+    planned = plan(found, config)
+    results = []
+    try:
+        with progress(len(planned), enabled=not args.no_progress) as advance:
+            for r in run(planned, config):
+                results.append(r)
+                advance(f"{r.definition} {r.check} {r.source or ''}")
+                if not args.json and r.status in ("fail", "error"):
+                    out.print(f"[red]{r.status.upper()}[/] " + safe_text(
+                        f"{r.definition} {r.check} {r.source or ''} {r.size or ''} seed={r.seed} {r.case or ''}: "
+                        f"{r.reason or ''}"), highlight=False)
+    except KeyboardInterrupt:
+        kept = f"; the {len(results)} finished are in {config.results_file} (--resume goes on)" \
+            if config.results_file else ""
+        err.print(f"interrupted after {len(results)} of {len(planned)} case(s){safe_text(kept)}", style="yellow")
+        return 130
+    summary = summarise(results)
+    if args.json:
+        print_json({"device": config.resolved_device, "summary": asdict(summary), "sandbox": status(),
+                    "results": [r.as_dict() for r in results]})
+        return 0 if summary.ok else 1
+    t = Table(title=f"check on {safe_text(config.resolved_device)}: {summary.total} case(s)")
+    for col in ("definition", "pass", "fail", "error", "skip"):
+        t.add_column(col)
+    per: dict[str, dict[str, int]] = {}
+    for r in results:
+        per.setdefault(r.definition, {}).setdefault(r.status, 0)
+        per[r.definition][r.status] += 1
+    for name, counts in per.items():
+        t.add_row(safe_text(name), *(str(counts.get(k, 0)) for k in ("pass", "fail", "error", "skip")))
+    out.print(t)
+    for reason, n in summary.skip_reasons.items():
+        out.print(f"[yellow]skip x{n}[/] {safe_text(reason or '')}", highlight=False)
+    colour = "green" if summary.ok else "red"
+    out.print(f"[{colour}]" + ", ".join(f"{k} {v}" for k, v in sorted(summary.by_status.items())) + "[/]",
+              highlight=False)
+    return 0 if summary.ok else 1
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> int:
+    """check on a GPU builds every module first, in parallel, and its ground truths then skip what
+    could not be built (build-failed / build-timeout) instead of compiling inside the checks."""
+    import os
+
+    from ..sweep import jit
+
+    report = str(Path(args.results).with_name("jit.jsonl")) if args.results else None
+    config = jit.JitConfig(sources=sources, device=device, report=report, resume=args.resume,
+                           log_dir=str(Path(report).with_name("jit-logs")) if report else None,
+                           stamps=jit.default_stamps(), budget=args.jit_budget)
+    records = run_builds(jit.plan(definitions, config), config, progress_bar=not args.no_progress)
+    if records is None:
+        return 130
+    counts = jit.summarise(records)["counts"]
+    if records:
+        err.print("prebuild: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), highlight=False)
+    if report:
+        os.environ[jit.REPORT_ENV] = report
+    return 0
+
+
+# -- mutants ------------------------------------------------------------------------------------
+def cmd_mutants(args: argparse.Namespace) -> int:
+    """The planted-bug suite against one ground truth: which bugs each comparison catches."""
+    from ..groundtruth import default_device
+    from ..mutants import MUTANTS, kill, kill_rate
+
+    configure_sandbox(args)
+    device = args.device or default_device()
+    chosen = [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
+    stream = None
+    if args.stream:
+        from ..sweep.results import JsonlStream
+
+        stream = JsonlStream(args.stream)
+    kills = []
+    for m in chosen:  # each verdict streamed as it comes: a run cut short keeps what it judged
+        kills.append(kill(m, args.ground_truth, device=device))
+        if stream:
+            stream.write(asdict(kills[-1]) | {"bug": m.bug, "known_gap": m.survives, "ground_truth": args.ground_truth,
+                                              "device": device})
+    if stream:
+        stream.close()
+    killed, ran = kill_rate(kills)
+    unexpected = [k for m, k in zip(chosen, kills, strict=True) if k.killed is False and not m.survives]
+    if args.json:
+        print_json({"ground_truth": args.ground_truth, "device": device, "killed": killed, "ran": ran,
+                    "mutants": [asdict(k) | {"bug": m.bug, "known_gap": m.survives}
+                                for m, k in zip(chosen, kills, strict=True)]})
+    else:
+        t = Table(title=f"planted bugs vs {args.ground_truth} on {safe_text(device)}: {killed}/{ran} caught")
+        for col in ("mutant", "bug", "caught", "how", "closest: bug / true reference"):
+            t.add_column(col, overflow="fold")
+        for m, k in zip(chosen, kills, strict=True):
+            caught = "n/a" if k.killed is None else "yes" if k.killed else "known gap" if m.survives else "NO"
+            t.add_row(safe_text(m.name), safe_text(m.bug), caught,
+                      safe_text(k.how if k.killed is not False or not m.survives else m.survives),
+                      f"{_margin(k.margin)} / {_margin(k.baseline_margin)}")
+        out.print(t)
+    return 1 if unexpected else 0
+
+
+def _margin(m) -> str:
+    """A run's closest approach to failing: the share of its tolerance used, the lowest cosine."""
+    if m is None:
+        return "-"
+    used = "-" if m.tolerance_used is None else f"{m.tolerance_used:.3g}"
+    return f"{used} of tol, cos {'-' if m.cosine is None else f'{m.cosine:.5f}'}"
