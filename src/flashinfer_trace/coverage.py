@@ -8,12 +8,12 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .verdict.compare import governing_dtype
+from . import semantics as sem
 from .definition import Definition
 from .groundtruth import SOURCES, adapters_for
-from . import semantics as sem
 from .inputs import supported_op_types
 from .testgen import DEFAULT_DIR, tested_definitions
+from .verdict.compare import governing_dtype
 
 
 @dataclass

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from .check import Case, CheckConfig, Memo, add_check_options, config_from_options, configure_sandbox, run_case
+from .check import Case, CheckConfig, Memo, config_from_options, configure_sandbox, run_case
+from .options import add_check_options
 from .results.record import CaseRecord
 from .status import Kind, Status
 

@@ -22,7 +22,8 @@ from flashinfer_trace.inputs import Inputs, generate_inputs
 from flashinfer_trace.inputs.common import fixed_bytes
 from flashinfer_trace.inputs.moe import route, routing_params
 from flashinfer_trace.testing import load_definition
-from flashinfer_trace.timing import kernels, roofline, timers
+from flashinfer_trace.timing import clocks, kernels, roofline, timers
+from flashinfer_trace.timing import cupti as cupti_timer
 from flashinfer_trace.timing.roofline import PEAKS, Peak, Work, peak_for, rates, visible_pairs, work
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -322,7 +323,7 @@ def test_gpu_clocks_never_raises_and_parses_nvidia_smi(monkeypatch):
 
     from flashinfer_trace.sweep import manifest
 
-    monkeypatch.setattr(timers, "_nvml_clocks", no_nvml)
+    monkeypatch.setattr(clocks, "_nvml_clocks", no_nvml)
     monkeypatch.setattr(manifest.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(manifest.subprocess, "run", lambda *a, **k: Done())
     assert timers.gpu_clocks() == {"source": "nvidia-smi", "sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0,
@@ -385,8 +386,8 @@ def test_summarize_keeps_a_few_distinct_names_in_launch_order_cut_short():
     kernels = [_rec(100 * (i + 1), 100 * (i + 1) + 50, name) for i, name in
                enumerate(["b", "a", "b", long, "c", "d", "e", "f"])]
     s = timers.summarize_cupti_calls([list(reversed(kernels))])  # CUPTI's order need not be launch order
-    assert s.kernel_names[:3] == ["b", "a", long[:timers.KERNEL_NAME_CHARS]]
-    assert len(s.kernel_names) == timers.KERNEL_NAMES_KEPT and s.kernels_per_call == 8
+    assert s.kernel_names[:3] == ["b", "a", long[:cupti_timer.KERNEL_NAME_CHARS]]
+    assert len(s.kernel_names) == cupti_timer.KERNEL_NAMES_KEPT and s.kernels_per_call == 8
 
 
 class _Kind(enum.IntEnum):
@@ -424,7 +425,7 @@ class FakeCupti:
         self.clock = 1_000
 
     def activity_register_callbacks(self, requested, completed):
-        assert requested() == (timers.CUPTI_BUFFER_BYTES, 0)
+        assert requested() == (cupti_timer.CUPTI_BUFFER_BYTES, 0)
         self.callbacks = (requested, completed)
 
     def activity_enable(self, kind):
@@ -479,7 +480,7 @@ def test_tracer_refused_by_another_cupti_client_names_the_error():
 def test_cupti_not_installed_is_a_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupti", None)  # `from cupti import cupti` raises ImportError
     with pytest.raises(timers.CuptiUnavailable, match=r"^cupti: not installed \(pip install cupti-python"):
-        timers.load_cupti()
+        cupti_timer.load_cupti()
 
 
 class _Gpu:
@@ -504,7 +505,7 @@ def test_time_cupti_keeps_only_each_calls_own_kernels():
         c.launch("merge_states", 1.0)
 
     with timers.CuptiTracer(c) as tracer:
-        calls = timers._time_cupti(gpu, tracer, fn, lambda: c.launch("setup_copy", 2.0), 3, gpu.flush_buffer())
+        calls = cupti_timer._time_cupti(gpu, tracer, fn, lambda: c.launch("setup_copy", 2.0), 3, gpu.flush_buffer())
     assert [[r.name for r in call] for call in calls] == [["attention", "merge_states"]] * 3
     assert timers.summarize_cupti_calls(calls).samples_us == pytest.approx([6.0, 7.0, 8.0])
 
@@ -544,7 +545,7 @@ def test_auto_without_cupti_falls_back_and_records_why(fake_gpu, monkeypatch):
 
 def test_auto_under_another_cupti_client_falls_back(fake_gpu, monkeypatch):
     gpu, asked = fake_gpu
-    monkeypatch.setattr(timers, "load_cupti", lambda: FakeCupti(refuse=39))
+    monkeypatch.setattr(cupti_timer, "load_cupti", lambda: FakeCupti(refuse=39))
     t = timers.time_device(lambda: None)
     assert asked == ["auto"] and t.timer == "graph"
     assert t.fallback_reason == ("cupti: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39) in "
@@ -554,7 +555,7 @@ def test_auto_under_another_cupti_client_falls_back(fake_gpu, monkeypatch):
 def test_auto_prefers_cupti_and_records_kernels(fake_gpu, monkeypatch):
     gpu, asked = fake_gpu
     c = gpu.cupti
-    monkeypatch.setattr(timers, "load_cupti", lambda: c)
+    monkeypatch.setattr(cupti_timer, "load_cupti", lambda: c)
     durations = iter(float(9 + i % 3) for i in range(1000))
 
     def fn():
@@ -576,7 +577,7 @@ def test_auto_prefers_cupti_and_records_kernels(fake_gpu, monkeypatch):
 def test_cupti_without_kernel_records_falls_back(fake_gpu, monkeypatch):
     gpu, asked = fake_gpu
     c = gpu.cupti
-    monkeypatch.setattr(timers, "load_cupti", lambda: c)
+    monkeypatch.setattr(cupti_timer, "load_cupti", lambda: c)
     t = timers.time_device(lambda: c.launch("copy", 1.0, kind=_Kind.MEMCPY), rounds=4, timer="cupti")
     assert asked == ["events"] and t.timer == "events"
     assert t.fallback_reason == "cupti: no usable kernel record in 4 calls (4 of 4 calls had no kernel record)"

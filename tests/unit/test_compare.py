@@ -10,6 +10,8 @@ import pytest
 import torch
 from samples import VALID
 
+from flashinfer_trace.dataset import load_path
+from flashinfer_trace.definition import Definition
 from flashinfer_trace.verdict.compare import (
     DTYPE_TOLERANCES,
     Mismatch,
@@ -22,8 +24,6 @@ from flashinfer_trace.verdict.compare import (
     load_tolerance_config,
     tolerance_for,
 )
-from flashinfer_trace.dataset import load_path
-from flashinfer_trace.definition import Definition
 
 EMPTY = {"op_type": {}, "definition": {}}
 TIGHT = Tolerance(1e-5, 1e-5)

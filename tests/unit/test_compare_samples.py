@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flashinfer_trace.definition import Definition
+from flashinfer_trace.groundtruth import get_ground_truth
+from flashinfer_trace.inputs import Inputs, generate_inputs
+from flashinfer_trace.inputs.sampling import repeat_rows
 from flashinfer_trace.verdict.samples import (
     SamplingMismatch,
     SamplingSettings,
@@ -14,10 +18,6 @@ from flashinfer_trace.verdict.samples import (
     compare_samples,
     two_sample_chi2,
 )
-from flashinfer_trace.inputs.sampling import repeat_rows
-from flashinfer_trace.definition import Definition
-from flashinfer_trace.groundtruth import get_ground_truth
-from flashinfer_trace.inputs import Inputs, generate_inputs
 
 VOCAB = 50
 
@@ -283,8 +283,8 @@ def test_sampler_check_replays_with_the_same_seed():
 
 def test_reference_draws_in_several_calls_are_independent(monkeypatch):
     """The worker reseeds its RNG per call: a row split over calls must not repeat its draws."""
-    from flashinfer_trace.verdict import samples as compare_samples
     from flashinfer_trace.dataset import load_definition
+    from flashinfer_trace.verdict import samples as compare_samples
 
     d = load_definition("top_k_sampling_from_probs_v32000")
     inputs = generate_inputs(d, "small", seed=0)

@@ -10,13 +10,13 @@ import pytest
 import torch
 from packaging.version import Version
 
-from flashinfer_trace.verdict import topk as compare_topk
-from flashinfer_trace.verdict.compare import Tolerance
 from flashinfer_trace.dataset import load_definition, load_path
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth
 from flashinfer_trace.groundtruth.torch_dsa import indexer_scores, unpack_index_cache
 from flashinfer_trace.inputs import edge_cases, generate_inputs
 from flashinfer_trace.inputs.dsa import FP8_E4M3_MAX, POISON_SCALE, pack_index_cache
+from flashinfer_trace.verdict import topk as compare_topk
+from flashinfer_trace.verdict.compare import Tolerance
 
 ATT1 = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps1"
 ATT64 = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"

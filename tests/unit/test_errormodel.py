@@ -7,8 +7,6 @@ import json
 import pytest
 import torch
 
-from flashinfer_trace.verdict.compare import Mismatch, assert_close, diff, tolerance_for
-from flashinfer_trace.verdict.errormodel import MODELS, error_models, error_scales
 from flashinfer_trace.mutants import MUTANTS, first_failure, kill, kill_rate, mutate
 from flashinfer_trace.testing import (
     assert_matches,
@@ -17,6 +15,8 @@ from flashinfer_trace.testing import (
     load_definition,
     run_reference,
 )
+from flashinfer_trace.verdict.compare import Mismatch, assert_close, diff, tolerance_for
+from flashinfer_trace.verdict.errormodel import MODELS, error_models, error_scales
 
 
 def _split_k_fp16(a: torch.Tensor, b: torch.Tensor, chunk: int = 256) -> torch.Tensor:

@@ -221,7 +221,7 @@ def test_an_emitted_definition_gets_its_inputs_from_its_init():
 # -- import-fi-trace: the worker's device reaches the emitter ---------------------------------------------------
 def test_the_emit_task_runs_on_the_requested_device(monkeypatch, tmp_path):
     from flashinfer_trace.fitrace import emit, importer
-    from flashinfer_trace.sandbox import pool, worker
+    from flashinfer_trace.sandbox import pool
 
     seen = []
     monkeypatch.setattr(emit, "emit_all", lambda op_types, *, device: seen.append(device) or {"results": []})

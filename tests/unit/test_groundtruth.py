@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from packaging.version import Version
 from samples import REPRESENTATIVES, VALID
 
-from flashinfer_trace.verdict.compare import Mismatch, assert_close, tolerance_for
+from flashinfer_trace import semantics as sem
 from flashinfer_trace.dataset import load_definition, load_path
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.groundtruth import (
@@ -28,9 +28,9 @@ from flashinfer_trace.groundtruth import (
     ground_truths,
 )
 from flashinfer_trace.groundtruth import flashinfer as fi_adapters
-from flashinfer_trace import semantics as sem
 from flashinfer_trace.inputs import edge_cases, generate_inputs
 from flashinfer_trace.testing import run_reference
+from flashinfer_trace.verdict.compare import Mismatch, assert_close, tolerance_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "definitions"

@@ -1068,8 +1068,8 @@ def test_rope_heads_left_var_get_the_tiers_head_counts():
 
 def test_kv_last_page_len_declared_as_long_as_the_indptr_gets_a_trailing_unused_entry():
     """Some public gqa_paged_prefill_*_ps64 files declare kv_last_page_len with len_indptr entries."""
-    from flashinfer_trace.definition import Definition
     from flashinfer_trace import semantics as sem
+    from flashinfer_trace.definition import Definition
     from flashinfer_trace.testing import generate_inputs, load_definition
 
     data = json.loads(load_definition("gqa_paged_prefill_causal_h32_kv8_d128_ps1").to_json())

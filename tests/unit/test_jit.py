@@ -6,9 +6,12 @@ same machinery builds FlashInfer's modules on a GPU."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -190,7 +193,7 @@ def test_a_worker_that_cannot_start_is_a_record_not_a_hang(monkeypatch):
     def refuse(*args, **kwargs):
         raise OSError("fork failed")
 
-    monkeypatch.setattr(jit, "_Worker", refuse)
+    monkeypatch.setattr(jit.scheduler, "_Worker", refuse)
     jobs = [_job("rmsnorm_h4096"), _job("rmsnorm_h7168"), _job("silu_and_mul_i256")]
     records = list(jit.run(jobs, jit.JitConfig(device="cpu", workers=2)))
     assert sorted(r.key for r in records) == sorted(j.key for j in jobs)
@@ -243,3 +246,73 @@ def test_the_longest_groups_build_first_at_normal_priority_the_rest_below():
     base = os.getpriority(os.PRIO_PROCESS, 0)
     nice = {r.definition: r.nice for r in jit.run(jobs, config)}
     assert nice == {"gemm_n4096_k4096": base, "rmsnorm_h4096": base, "silu_and_mul_i256": max(base, jit.NICE)}
+
+
+def test_a_report_is_read_by_path_without_the_environment(tmp_path, monkeypatch):
+    """JitReport.load(path).outcome() answers what prebuild_outcome answers through REPORT_ENV; a torn line, a
+    record of an unknown status and an unreadable path are skipped; the last record of a pair wins."""
+    report = tmp_path / "jit.jsonl"
+    first = jit.BuildRecord("rmsnorm_h4096", "flashinfer", "build-timeout", api="flashinfer.norm.rmsnorm")
+    last = jit.BuildRecord("rmsnorm_h4096", "flashinfer", "built", api="flashinfer.norm.rmsnorm", modules=["norm"])
+    other = jit.BuildRecord("gemm_n4096_k4096", "flashinfer", "build-failed", message="nvcc")
+    lines = [json.dumps(r.as_dict()) for r in (first, other, last)]
+    lines.insert(1, json.dumps({**other.as_dict(), "status": "melted"}))
+    report.write_text("\n".join(lines) + '\n{"definition": "torn", "sou')
+    loaded = jit.JitReport.load(report)
+    assert len(loaded) == 2
+    assert loaded.outcome("rmsnorm_h4096", "flashinfer") == last
+    assert loaded.outcome("gemm_n4096_k4096", "flashinfer") == other
+    assert loaded.outcome("rmsnorm_h4096", "sglang") is None
+    assert len(jit.JitReport.load(tmp_path / "missing.jsonl")) == 0 and len(jit.JitReport.load(None)) == 0
+    monkeypatch.setenv(jit.REPORT_ENV, str(report))
+    jit._report.cache_clear()
+    assert jit.prebuild_outcome("rmsnorm_h4096", "flashinfer") == last
+    assert [r.key for r in jit.read_report(report)] == [other.key, last.key]  # in the order last written
+    jit._report.cache_clear()
+
+
+JIT_PACKAGE = Path(jit.__file__).parent
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, anywhere in it (TYPE_CHECKING blocks and function bodies too), absolute."""
+    package = "flashinfer_trace.sweep.jit"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            found.add(module)
+            if not node.module:  # from . import x
+                found.update(f"{module}.{a.name}" for a in node.names)
+    return found
+
+
+def test_the_jit_report_is_a_leaf_and_the_package_has_no_import_cycle():
+    """report.py imports the standard library only (the ground truths read it), and no module of sweep/jit
+    imports, through the others, itself."""
+    allowed = set(sys.stdlib_module_names) | {"pydantic"}
+    assert {m for m in _imports(JIT_PACKAGE / "report.py") if m.split(".")[0] not in allowed} == set()
+    graph = {p.stem: {m.rsplit(".", 1)[-1] for m in _imports(p) if m.startswith("flashinfer_trace.sweep.jit.")}
+             for p in JIT_PACKAGE.glob("*.py") if p.stem != "__init__"}
+    assert set(graph) == {"cache", "plan", "report", "scheduler", "worker"}
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        return any(n == target or (n not in seen and reaches(n, target, seen | {n})) for n in graph.get(start, ()))
+
+    assert [m for m in graph if reaches(m, m, set())] == []
+    assert graph["report"] == set()
+
+
+def test_importing_the_report_loads_no_ground_truth_nor_the_build_pool():
+    code = ("import sys; import flashinfer_trace.sweep.jit.report; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('flashinfer_trace'))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    loaded = set(res.stdout.split())
+    assert "flashinfer_trace.sweep.jit.report" in loaded
+    assert not {m for m in loaded if m.startswith(("flashinfer_trace.groundtruth", "flashinfer_trace.inputs"))}
+    assert not loaded & {"flashinfer_trace.sweep.jit.scheduler", "flashinfer_trace.sweep.jit.worker",
+                         "flashinfer_trace.sweep.jit.cache", "flashinfer_trace.sweep.results"}

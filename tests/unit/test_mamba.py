@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from flashinfer_trace import semantics as sem
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.extract import ConfigError, plan, select_models
 from flashinfer_trace.extract.templates import FAMILIES
 from flashinfer_trace.groundtruth import GroundTruthUnavailable
-from flashinfer_trace import semantics as sem
 from flashinfer_trace.groundtruth.base import Call
 from flashinfer_trace.inputs import InputGenerationError, edge_cases, generate_inputs
 from flashinfer_trace.testing import assert_close, get_ground_truth, run_reference, tolerance_for

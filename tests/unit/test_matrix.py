@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from flashinfer_trace.results.record import from_v1
-
 from flashinfer_trace.matrix import build, diff_environments, diff_matrices, render_diff_md, render_md
 from flashinfer_trace.matrix.__main__ import main as matrix_main
 from flashinfer_trace.matrix.diff import BROKEN
 from flashinfer_trace.matrix.known_issues import KnownIssueError, installed_versions, load_known_issues
+from flashinfer_trace.results.record import from_v1
 from flashinfer_trace.sweep.results import SessionInfo, TestRecord, write_json, write_session
 
 ROOT = Path(__file__).resolve().parents[2]

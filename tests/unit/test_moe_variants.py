@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flashinfer_trace import semantics as sem
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.groundtruth import get_ground_truth
-from flashinfer_trace import semantics as sem
 from flashinfer_trace.groundtruth.torch_ref import unpack_routed
 from flashinfer_trace.inputs import generate_inputs
 from flashinfer_trace.testing import assert_matches, run_reference, tolerance_for

@@ -11,9 +11,9 @@ import pytest
 import torch
 from packaging.version import Version
 
+from flashinfer_trace import semantics as sem
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.groundtruth import base, get_ground_truth
-from flashinfer_trace import semantics as sem
 from flashinfer_trace.inputs import generate_inputs
 from flashinfer_trace.testing import assert_matches, run_reference, tolerance_for
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from flashinfer_trace.status import Kind, Status
 from flashinfer_trace.sweep import manifest
 from flashinfer_trace.sweep.combos import load_combination
 from flashinfer_trace.sweep.install import InstallOptions, install
-from flashinfer_trace.status import Kind, Status
 from flashinfer_trace.sweep.results import SessionInfo, TestRecord, junit_xml, read_records, write_session
 from flashinfer_trace.sweep.session import EXIT_SKIPPED, run_session
 

@@ -17,13 +17,13 @@ import pytest
 import torch
 from packaging.version import Version
 
-from flashinfer_trace.verdict.compare import Mismatch, assert_close, tolerance_for
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth
 from flashinfer_trace.groundtruth import sglang as sgt
 from flashinfer_trace.groundtruth import sglang_triton as st
 from flashinfer_trace.inputs import generate_inputs
+from flashinfer_trace.verdict.compare import Mismatch, assert_close, tolerance_for
 
 SHIPPED = Path(__file__).resolve().parents[2] / "definitions"
 NEW_DECODE = "sglang.kernels.ops.attention.decode_attention"

@@ -37,10 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=_NUMPY_WARNING, category=UserWarning)  # before torch is imported
     args = build_parser().parse_args(argv)
-    from ..compare import ToleranceConfigError
     from ..inputs import InputGenerationError
     from ..sandbox import SandboxError
     from ..validate import DefinitionError
+    from ..verdict.compare import ToleranceConfigError
 
     try:
         return args.func(args)

@@ -10,11 +10,12 @@ from typing import Any
 
 from rich.table import Table
 
+from ..options import add_check_options
+from ..status import Status
 from .common import (
     add_common_options,
     add_input_options,
     add_sandbox_options,
-    add_tolerance_options,
     configure_sandbox,
     describe,
     err,
@@ -23,7 +24,6 @@ from .common import (
     print_json,
     progress,
     safe_text,
-    tolerance_args,
 )
 from .jit import run_builds
 
@@ -44,23 +44,14 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("check", help="check references against ground truth outside pytest; exit 1 on any failure")
     add_common_options(s)
-    add_sandbox_options(s)
+    add_check_options(s.add_argument)  # the engine's options, the same as the pytest suite's (check.py)
     s.add_argument("targets", nargs="*", help="definition files, folders or names (default: the definitions folder)")
     s.add_argument("--ground-truth", default="all", choices=("all", "torch", "flashinfer", "sglang"))
-    s.add_argument("--size", action="append", choices=("small", "medium", "large"),
-                   help="repeatable (default: small and medium)")
-    s.add_argument("--seed", action="append", type=int, help="repeatable (default: 0)")
     s.add_argument("--case", action="append", help="only these edge cases (repeatable)")
     s.add_argument("--no-edge-cases", action="store_true")
-    s.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    add_tolerance_options(s)
-    s.add_argument("--draws", type=int, help="sampler draws per row")
-    s.add_argument("--save-failures", default="results/failures", metavar="DIR",
-                   help="where failing cases are saved for replay ('' to disable)")
-    s.add_argument("--save-inputs", action="store_true", help="also save failing inputs as safetensors")
     s.add_argument("--results", default="results/check.jsonl", metavar="FILE",
-                   help="each result appended here as it completes, fsynced ('' to disable)")
-    s.add_argument("--resume", action="store_true", help="skip the cases already in --results, reuse their results")
+                   help="each record appended here as it completes, fsynced ('' to disable)")
+    s.add_argument("--resume", action="store_true", help="skip the cases already in --results, reuse their records")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.add_argument("--no-prebuild", action="store_true",
                    help="on a GPU, do not build the kernels' JIT modules in parallel first (they then build "
@@ -108,7 +99,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 # -- run ----------------------------------------------------------------------------------------
 def _run_one(args: argparse.Namespace, name: str) -> dict[str, Any]:
     from ..inputs import UnsupportedOpType
-    from ..testing import output_problems, run_reference
+    from ..reference import output_problems, run_reference
 
     try:
         d, inputs = generate(args, name)
@@ -176,25 +167,22 @@ def _fmt(x: Any) -> str:
 
 # -- check --------------------------------------------------------------------------------------
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..check import CheckConfig, discover, plan, run, summarise
+    from ..check import config_from_options, configure_sandbox, discover, plan, run, summarise
     from ..dataset import definitions_dir
     from ..groundtruth import SOURCES
     from ..sandbox import status
 
-    configure_sandbox(args)
-
+    configure_sandbox(lambda name: getattr(args, name))
     sources = SOURCES if args.ground_truth == "all" else (args.ground_truth,)
-    sizes = tuple(args.size) if args.size else ("small", "medium")
-    config = CheckConfig(sources=sources, sizes=sizes, seeds=tuple(args.seed or (0,)),
-                         cases=(tuple(args.case) if args.case else None) if not args.no_edge_cases else (),
-                         device=args.device, tolerance=tolerance_args(args), draws=args.draws,
-                         definitions_dir=args.definitions, save_failures=args.save_failures,
-                         save_inputs=args.save_inputs, results_file=args.results or None, resume=args.resume)
+    config = config_from_options(lambda name: getattr(args, name), sources=sources,
+                                 cases=(tuple(args.case) if args.case else None) if not args.no_edge_cases else (),
+                                 definitions_dir=args.definitions, results_file=args.results or None,
+                                 resume=args.resume)
     targets = args.targets or [str(definitions_dir(args.definitions))]
     found = discover(targets, config)
     kernels = tuple(s for s in sources if s != "torch")
     if kernels and config.resolved_device.startswith("cuda") and not args.no_prebuild:
-        code = _prebuild(found.definitions, kernels, config.resolved_device, args)
+        code, config.jit_report = _prebuild(found.definitions, kernels, config.resolved_device, args)
         if code:
             return code
     planned = plan(found, config)
@@ -204,10 +192,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             for r in run(planned, config):
                 results.append(r)
                 advance(f"{r.definition} {r.check} {r.source or ''}")
-                if not args.json and r.status in ("fail", "error"):
-                    out.print(f"[red]{r.status.upper()}[/] " + safe_text(
+                if not args.json and r.status in (Status.FAIL, Status.ERROR):
+                    out.print(f"[red]{r.status.value.upper()}[/] " + safe_text(
                         f"{r.definition} {r.check} {r.source or ''} {r.size or ''} seed={r.seed} {r.case or ''}: "
-                        f"{r.reason or ''}"), highlight=False)
+                        f"{r.detail or ''}"), highlight=False)
     except KeyboardInterrupt:
         kept = f"; the {len(results)} finished are in {config.results_file} (--resume goes on)" \
             if config.results_file else ""
@@ -223,8 +211,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         t.add_column(col)
     per: dict[str, dict[str, int]] = {}
     for r in results:
-        per.setdefault(r.definition, {}).setdefault(r.status, 0)
-        per[r.definition][r.status] += 1
+        per.setdefault(r.definition, {}).setdefault(r.status.value, 0)
+        per[r.definition][r.status.value] += 1
     for name, counts in per.items():
         t.add_row(safe_text(name), *(str(counts.get(k, 0)) for k in ("pass", "fail", "error", "skip")))
     out.print(t)
@@ -246,11 +234,10 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> int:
+def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> tuple[int, str | None]:
     """check on a GPU builds every module first, in parallel, and its ground truths then skip what
-    could not be built (build-failed / build-timeout) instead of compiling inside the checks."""
-    import os
-
+    could not be built (build-failed / build-timeout) instead of compiling inside the checks: (exit
+    code, the report the checks read)."""
     from ..sweep import jit
 
     report = str(Path(args.results).with_name("jit.jsonl")) if args.results else None
@@ -259,13 +246,11 @@ def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> in
                            stamps=jit.default_stamps(), budget=args.jit_budget)
     records = run_builds(jit.plan(definitions, config), config, progress_bar=not args.no_progress)
     if records is None:
-        return 130
+        return 130, report
     counts = jit.summarise(records)["counts"]
     if records:
         err.print("prebuild: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), highlight=False)
-    if report:
-        os.environ[jit.REPORT_ENV] = report
-    return 0
+    return 0, report
 
 
 # -- mutants ------------------------------------------------------------------------------------

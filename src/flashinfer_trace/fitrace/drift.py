@@ -249,8 +249,8 @@ def constants(entry: Entry) -> dict[str, Any]:
 
 def epsilon(entry: Entry, consts: dict[str, Any]) -> float | None:
     """What `semantics.eps` reads: a named constant, else the one literal added in a norm."""
-    from ..semantics import EPS_NAMES
     from ..sandbox.constants import literal_epsilon
+    from ..semantics import EPS_NAMES
 
     for n in EPS_NAMES:
         v = consts.get(n)
@@ -386,10 +386,10 @@ def _bind(t: Entry, params: list[tuple[str, bool, Any]], values: dict[str, Any],
 
 
 def compare_results(o: Entry, t: Entry, s: ResultSettings) -> dict[str, Any]:
-    from ..verdict.compare import compare_outputs, tolerance_for
     from ..inputs import InputGenerationError, generate_inputs
-    from ..sandbox import ReferenceFailure, SandboxError, compile_reference
     from ..reference import run_reference
+    from ..sandbox import ReferenceFailure, SandboxError, compile_reference
+    from ..verdict.compare import compare_outputs, tolerance_for
 
     if not s.enabled:
         return {"outcome": "not-compared", "reason": "result comparison turned off (--no-results)"}

@@ -11,9 +11,9 @@ groups. Nothing here imports flashinfer or sglang at module import.
 from __future__ import annotations
 
 import importlib
-import inspect
 import importlib.metadata
 import importlib.util
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field

@@ -11,15 +11,13 @@ kernels get clones, and every output they write is compared.
 
 from __future__ import annotations
 
-import inspect
-from functools import cache
 from typing import Any
 
 import torch
 from packaging.specifiers import SpecifierSet
 
-from . import flashinfer_gdn as gdn
 from .. import semantics as sem
+from . import flashinfer_gdn as gdn
 from .base import Adapter, Call, GroundTruthUnavailable, Package, accepts, keywords
 
 PACKAGE = Package("flashinfer", ("flashinfer-python", "flashinfer"), "flashinfer")

@@ -22,8 +22,7 @@ import importlib.util
 import torch
 from packaging.specifiers import SpecifierSet
 
-from .base import Adapter, Call, GroundTruthUnavailable
-from .base import accepts
+from .base import Adapter, Call, GroundTruthUnavailable, accepts
 from .flashinfer import PACKAGE, workspace
 from .torch_dsa import attention_applies, indexer_applies
 

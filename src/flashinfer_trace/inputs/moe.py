@@ -32,8 +32,6 @@ DeepSeek-V3's 256 experts or 7168 hidden), so other definitions of the same fami
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 
 import torch
 

@@ -12,9 +12,15 @@ such row when batch > 1); top_p is 0.5..0.95 with about a quarter of rows at 1.0
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .common import Builder, Stream, permutation, randint, uniform
+
+if TYPE_CHECKING:
+    from ..definition import Definition
+    from . import Inputs
 
 OP_TYPES = ("sampling",)
 BATCH = {"small": 2, "medium": 8, "large": 32}

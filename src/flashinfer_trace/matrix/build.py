@@ -157,7 +157,8 @@ def _records(items: list, path: Path, problems: list[dict[str, str]]) -> list[Ca
         try:
             out.append(parse(item))
         except (TypeError, KeyError, ValueError) as e:
-            problems.append({"path": str(path), "problem": f"test {i}: not a case record: {' '.join(str(e).split())[:200]}"})
+            why = " ".join(str(e).split())[:200]
+            problems.append({"path": str(path), "problem": f"test {i}: not a case record: {why}"})
     return out
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import json
 import os
-import importlib
 import pickle
 import traceback
 from typing import Any

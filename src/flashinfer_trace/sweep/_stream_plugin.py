@@ -3,9 +3,10 @@ file named by $FLASHINFER_TRACE_STREAM, fsynced line by line, so that whatever t
 before a segfault or a kill survives it and the supervisor knows which test was running.
 
 Events: {"event": "collected", "nodeids": [...], "cases": {nodeid: the case's identity}} (a test that
-records a case says which before it runs, so the record of a crash during it names the case), {"event": "collect_error", "nodeid", "message"},
-{"event": "start", "nodeid", "time"}, and one {"event": "report", "nodeid", "status", "duration",
-"message", "properties"} per test with setup, call and teardown folded into one status.
+records a case says which before it runs, so the record of a crash during it names the case),
+{"event": "collect_error", "nodeid", "message"}, {"event": "start", "nodeid", "time"}, and one
+{"event": "report", "nodeid", "status", "duration", "message", "properties"} per test with setup, call
+and teardown folded into one status.
 
 $FLASHINFER_TRACE_DESELECT names a file of nodeids (one a line) to deselect by exact match: the
 supervisor's resume list. Pytest's own --deselect matches prefixes, so deselecting `test_x` would

@@ -24,8 +24,8 @@ import os
 import tempfile
 import threading
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any

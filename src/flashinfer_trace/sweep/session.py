@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from ..results.record import CaseRecord, from_test, parse
 from .combos import Combination, arch_of, load_combination
 from .isolation import Target
-from ..results.record import CaseRecord, from_test, parse
 from .results import JsonlStream, SessionInfo, TestRecord, from_fields, read_latest, write_session
 
 EXIT_SKIPPED = 3

@@ -30,9 +30,9 @@ import torch
 from .compare import DiffReport
 
 if TYPE_CHECKING:
-    from .compare import Tolerance
     from ..definition import Definition
     from ..inputs import Inputs
+    from .compare import Tolerance
 
 TIE_RTOL = 2e-5
 TIE_ATOL = 0.0

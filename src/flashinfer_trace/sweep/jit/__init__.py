@@ -1,0 +1,86 @@
+"""JIT prebuild: compile every kernel module the ground truths need before any test runs.
+
+FlashInfer compiles each kernel family with nvcc on first use (13-134 s a module). Left to the
+tests, those builds run one after another inside test time limits, and an interrupt loses them.
+Here they run first, in parallel, each with its own time budget, and every outcome is a record:
+
+    plan(definitions, config)  -> list[Job]            one job per (definition, kernel source) that can run here
+    order(jobs, previous)      -> list[Job]            longest first (recorded seconds, else a guess by op type)
+    run(jobs, config)          -> Iterator[BuildRecord]  a pool of warm-up workers; each record streamed
+    summarise(records)         -> dict                 counts by status, seconds, modules built
+    JitReport.load(path).outcome(definition, source) -> BuildRecord | None   what the report says of a job
+
+A job is a warm-up call of the ground truth on the definition's small inputs in a worker process,
+so whatever modules that call needs get built, whichever FlashInfer version is installed (no
+dependence on its internal JIT API). A job's modules are the JIT cache's libraries loaded in its
+worker (/proc/self/maps); those that appeared or changed during the job are the ones it built. A stamp
+file beside the cache remembers them: on a warm machine a job whose inputs and libraries are
+unchanged is `cached` without running. A job that runs past its budget has its whole process group killed;
+ninja keeps the finished objects, so the next build resumes where it stopped.
+
+Statuses: `built` (new modules appeared), `cached` (nothing to build), `build-failed` (the
+exception came from the JIT build: compiler output in `log_tail`), `build-timeout`, and `error`
+(the call failed after building: not a build problem; the tests report it). The report is read
+back by `availability` (FLASHINFER_TRACE_JIT_REPORT, or a JitReport handed over): a failed or
+timed-out build makes the tests of that definition skip as `build-failed` / `build-timeout`, its own matrix state.
+
+The modules: plan.py (jobs, config, order), scheduler.py (the pool, budgets, streaming), worker.py (the child
+process that builds one job), cache.py (the JIT cache's libraries, stamps) and report.py (jit.jsonl: a leaf,
+standard library only, so the ground truths read it without importing the sweep).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .plan import DEFAULT_BUDGET, GUESS, KERNEL_SOURCES, NVCC_GB, JitConfig, Job, keywords, order, plan, select_k
+from .report import STATUSES, BuildRecord, JitReport, read_report, summarise
+from .report import _report as _report  # tests clear its cache
+
+if TYPE_CHECKING:
+    from .cache import (
+        STAMPS,
+        Stamps,
+        cache_roots,
+        default_stamps,
+        fingerprint,
+        libraries,
+        loaded_libraries,
+        new_modules,
+    )
+    from .scheduler import LOG_TAIL, URGENT, group_key, run
+    from .scheduler import _Schedule as _Schedule
+    from .worker import BUILD_FRAMES, NICE, is_build_failure, worker_main
+
+# The names of the one-module jit.py that live in the pool, worker and cache modules, by module: loaded on first
+# use (PEP 562), so that importing the report does not load them, and `python -m ...jit.worker` does not import
+# its own module twice. plan.py is imported above: importing it later would bind the submodule over the
+# re-exported function `plan`.
+_LAZY = {
+    **dict.fromkeys(("LOG_TAIL", "URGENT", "_Schedule", "group_key", "run"), "scheduler"),
+    **dict.fromkeys(("BUILD_FRAMES", "NICE", "is_build_failure", "worker_main"), "worker"),
+    **dict.fromkeys(("STAMPS", "Stamps", "cache_roots", "default_stamps", "fingerprint", "libraries",
+                     "loaded_libraries", "new_modules"), "cache"),
+}
+_SUBMODULES = ("cache", "scheduler", "worker")
+
+__all__ = ["BUILD_FRAMES", "DEFAULT_BUDGET", "GUESS", "KERNEL_SOURCES", "LOG_TAIL", "NICE", "NVCC_GB",
+           "STAMPS", "STATUSES", "URGENT", "BuildRecord", "JitConfig", "JitReport", "Job", "Stamps", "cache_roots",
+           "default_stamps", "fingerprint", "group_key", "is_build_failure", "keywords", "libraries",
+           "loaded_libraries", "new_modules", "order", "plan", "read_report", "run", "select_k",
+           "summarise", "worker_main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
