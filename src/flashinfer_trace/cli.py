@@ -805,6 +805,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-results", action="store_true", help="compare fields only; run no reference")
     s.set_defaults(func=cmd_drift)
 
+    from .sweep.wheelhouse_cli import add_commands as add_wheelhouse_commands
+
+    w = sub.add_parser("wheelhouse", help="a combination's wheels for an offline machine")
+    add_wheelhouse_commands(w.add_subparsers(dest="wheelhouse_command", required=True))
+
     from .matrix.__main__ import add_commands
 
     m = sub.add_parser("matrix", help="build the compatibility matrix from results; diff two matrices")
