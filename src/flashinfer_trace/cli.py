@@ -793,6 +793,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every job, also those whose stamp says nothing changed since they last ran")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(func=cmd_jit_build)
+    from .sweep.jitarchive_cli import add_commands as add_jit_archive_commands
+
+    add_jit_archive_commands(jsub)
 
     s = sub.add_parser("drift", parents=[common, box],
                        help="our definitions against FlashInfer's own (fi_trace) definitions of one version")
