@@ -112,10 +112,12 @@ def test_a_damaged_member_is_refused_and_the_destination_kept_as_it_was(tmp_path
     dest = tmp_path / "dest"
     (dest / OPS / "rope").mkdir(parents=True)
     (dest / OPS / "rope" / "rope.so").write_bytes(b"an earlier import")
-    with pytest.raises(JitArchiveError, match=rf"{OPS}/norm/norm.so: {len(norm)} bytes, sha256 [0-9a-f]{{64}}; the "
-                                              rf"manifest says {len(norm)} bytes, {manifest['modules'][0]['sha256']}: "
-                                              r"damaged, nothing written"):
+    with pytest.raises(JitArchiveError, match=rf"{OPS}/norm/norm.so: sha256 [0-9a-f]{{64}}, the manifest says "
+                                              rf"{manifest['modules'][0]['sha256']}: damaged, nothing written"):
         jitarchive.import_archive(archive, dest, BUILD)
+    short = _archive(tmp_path / "short.tar", manifest, [(_member(f"{OPS}/norm/norm.so"), norm[:-1])])
+    with pytest.raises(JitArchiveError, match=rf"norm.so: {len(norm) - 1} bytes, the manifest says {len(norm)}"):
+        jitarchive.import_archive(short, dest, BUILD)
     assert _files(dest) == {f"{OPS}/rope/rope.so": b"an earlier import"}  # rope checked fine, yet not moved
     assert [p.name for p in dest.iterdir()] == [COMBO.id]  # the staging folder is gone
 
@@ -156,6 +158,11 @@ def test_an_archive_that_is_not_one_of_export_is_refused(tmp_path):
         tar.add(tmp_path / "cache" / OPS / "rope" / "rope.so", arcname="rope.so")
     with pytest.raises(JitArchiveError, match=r"its first member is not jit-archive.json"):
         jitarchive.import_archive(tmp_path / "late.tar", dest, BUILD)
+    with tarfile.open(tmp_path / "good.tar") as tar:
+        cut = tar.getmembers()[-1].offset_data + 100  # inside the last module
+    (tmp_path / "cut.tar").write_bytes((tmp_path / "good.tar").read_bytes()[:cut])
+    with pytest.raises(JitArchiveError, match=r"cut.tar: unreadable or damaged \(.*\); nothing written"):
+        jitarchive.import_archive(tmp_path / "cut.tar", dest, BUILD)
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 64)
     with pytest.raises(JitArchiveError, match=r"junk.tar: not a tar archive"):
         jitarchive.import_archive(tmp_path / "junk.tar", dest, BUILD)

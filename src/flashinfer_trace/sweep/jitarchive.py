@@ -46,6 +46,7 @@ DEFAULT_DEST = Path.home() / ".cache" / "flashinfer-trace" / "jit-modules"
 MODULE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 CUDA = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?")
 CHUNK = 1 << 20
+MANIFEST_LIMIT = 16 << 20
 
 
 class JitArchiveError(ValueError):
@@ -269,17 +270,22 @@ def import_archive(archive: str | Path, dest: str | Path, expect: Build,
     staging = Path(tempfile.mkdtemp(prefix=".jit-import-", dir=dest))  # beside the targets: a rename moves
     placed: dict[str, Path] = {}
     try:
-        with tar:
-            manifest, staged = _stage(tar, archive, expect, combination, staging)
-        for entry in manifest["modules"]:
-            target = dest / entry["path"]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staged[entry["path"]], target)
-            placed[entry["name"]] = target
+        try:
+            with tar:
+                manifest, staged = _stage(tar, archive, expect, combination, staging)
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise JitArchiveError(f"{archive}: unreadable or damaged ({type(e).__name__}: {e}); nothing "
+                                  "written") from None
+        try:
+            for entry in manifest["modules"]:
+                target = dest / entry["path"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staged[entry["path"]], target)
+                placed[entry["name"]] = target
+        except OSError as e:
+            raise JitArchiveError(f"{dest}: cannot write there ({e}); {len(placed)} of {len(staged)} module(s) "
+                                  "moved in, each whole") from None
         return manifest, placed
-    except (tarfile.TarError, EOFError, OSError) as e:
-        raise JitArchiveError(f"{archive}: unreadable or damaged ({type(e).__name__}: {e}); "
-                              f"{len(placed)} module(s) written") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if made is not None and not placed:
@@ -291,6 +297,8 @@ def _stage(tar: tarfile.TarFile, archive: Path, expect: Build, combination: str 
     first = tar.next()
     if first is None or first.name != MANIFEST or not first.isfile():
         raise JitArchiveError(f"{archive}: its first member is not {MANIFEST}: not an archive of `jit export`")
+    if first.size > MANIFEST_LIMIT:
+        raise JitArchiveError(f"{archive}: {MANIFEST} is {first.size} bytes: not a manifest of `jit export`")
     manifest = read_manifest(tar.extractfile(first).read(), archive)
     if combination is not None and manifest["combination"] != combination:
         raise JitArchiveError(f"{archive}: modules of {manifest['combination']}, not {combination}: nothing written")
@@ -308,11 +316,14 @@ def _stage(tar: tarfile.TarFile, archive: Path, expect: Build, combination: str 
         if entry is None or path in staged:
             raise JitArchiveError(f"{archive}: member {member.name!r} is not a module its manifest lists "
                                   f"{'(twice)' if path in staged else ''}: refused, nothing written")
+        if member.size != entry["size"]:
+            raise JitArchiveError(f"{archive}: {path}: {member.size} bytes, the manifest says {entry['size']}: "
+                                  "damaged, nothing written")
         staged[path] = staging / f"{len(staged)}.so"
         digest = _copy(tar.extractfile(member), staged[path], member.size)
-        if member.size != entry["size"] or digest != entry["sha256"]:
-            raise JitArchiveError(f"{archive}: {path}: {member.size} bytes, sha256 {digest}; the manifest says "
-                                  f"{entry['size']} bytes, {entry['sha256']}: damaged, nothing written")
+        if digest != entry["sha256"]:
+            raise JitArchiveError(f"{archive}: {path}: sha256 {digest}, the manifest says {entry['sha256']}: "
+                                  "damaged, nothing written")
     missing = sorted(set(listed) - set(staged))
     if missing:
         raise JitArchiveError(f"{archive}: {len(missing)} listed module(s) missing ({', '.join(missing)}): "
