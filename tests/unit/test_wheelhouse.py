@@ -9,11 +9,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from flashinfer_trace.cli import main
 from flashinfer_trace.sweep import wheelhouse
 from flashinfer_trace.sweep.combos import load_combination
-from flashinfer_trace.sweep.install import InstallOptions, install
+from flashinfer_trace.sweep.install import PROJECT_REQUIREMENTS, InstallOptions, install
 from flashinfer_trace.sweep.wheelhouse import WheelhouseError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +37,11 @@ INDEX = {
     "apache-tvm-ffi": ("0.1.15.post2", []),
     "nvidia-cudnn-frontend": ("1.32.0", []),
     "cupti-python": ("13.0.1", []),
+    "pytest": ("8.4.2", ["packaging>=20"]),  # the project's own requirements resolve with the pins
+    "packaging": ("25.0", []),
+    "nox": ("2025.5.1", ["packaging>=20"]),  # resolved only when asked for (--add)
 }
+FLAGS = ("--dry-run", "--ignore-installed", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check")
 
 
 def _content(name: str, version: str) -> bytes:
@@ -55,17 +61,18 @@ class FakePip:
 
     def __call__(self, args: list[str]) -> None:
         self.calls.append(args)
-        value = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+        value = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and a not in FLAGS}
+        wanted = [a for i, a in enumerate(args[1:], 1) if not a.startswith("--") and args[i - 1] not in value]
         if args[0] == "install":
-            pins = {a.split("==")[0] for a in args if "==" in a and not a.startswith("-")}
-            items = [{"metadata": {"name": n, "version": v, "requires_dist": reqs}, "requested": n in pins,
+            asked = {canonicalize_name(Requirement(a).name) for a in wanted}
+            items = [{"metadata": {"name": n, "version": v, "requires_dist": reqs}, "requested": n in asked,
                       "download_info": {"url": f"https://example.invalid/{_file(n, v)}", "archive_info": {
                           "hashes": {"sha256": hashlib.sha256(_content(n, v)).hexdigest()}}}}
-                     for n, (v, reqs) in self.index.items()]
+                     for n, (v, reqs) in self.index.items() if n != "nox" or n in asked]
             Path(value["--report"]).write_text(json.dumps({"version": "1", "install": items,
                                                            "environment": self.environment}))
         elif args[0] == "download":
-            for req in (a for a in args if "==" in a and not a.startswith("-")):
+            for req in wanted:
                 name, version = req.split("==")
                 data = b"swapped!" + _content(name, version) if name == self.swap else _content(name, version)
                 (Path(value["--dest"]) / _file(name, version)).write_bytes(data)
@@ -77,7 +84,7 @@ def _options(call: list[str], flag: str) -> list[str]:
 
 def test_the_closure_is_resolved_for_the_target_and_every_wheel_recorded(tmp_path):
     pip, out = FakePip(), tmp_path / "wh"
-    manifest = wheelhouse.build(COMBO, out, version="3.12", pip=pip)
+    manifest = wheelhouse.build(COMBO, out, version="3.12", add=["nox>=2024"], pip=pip)
     resolve, download = pip.calls
     for call in pip.calls:
         assert "--only-binary=:all:" in call and _options(call, "--python-version") == ["3.12"]
@@ -85,7 +92,8 @@ def test_the_closure_is_resolved_for_the_target_and_every_wheel_recorded(tmp_pat
         assert {"manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"} <= set(
             _options(call, "--platform"))
         assert _options(call, "--extra-index-url") == ["https://download.pytorch.org/whl/cu130"]
-    assert resolve[:2] == ["install", "--dry-run"] and resolve[-5:] == COMBO.requirements()
+    asked = [*COMBO.requirements(), *PROJECT_REQUIREMENTS, "nox>=2024"]
+    assert resolve[:2] == ["install", "--dry-run"] and resolve[-len(asked):] == asked == manifest["requirements"]
     assert download[:2] == ["download", "--no-deps"] and "torch==2.11.0+cu130" in download
     assert manifest["combination"] == COMBO.id and manifest["constraints_sha256"] == COMBO.sha256
     assert manifest["python_version"] == "3.12" and manifest["platforms"] == ["manylinux_2_28_x86_64"]
@@ -108,6 +116,7 @@ def test_exclude_leaves_out_a_package_and_what_only_it_requires(tmp_path):
     assert "filelock" in kept  # torch needs it, and so does requests
     assert "pysocks" in kept  # through requests[socks]
     assert not any(a.startswith(("torch==", "sympy==")) for a in pip.calls[1])
+    assert {"pytest", "packaging"} <= kept  # the project's requirements, for the offline install
     assert manifest["excluded"] == ["torch"] and manifest["notes"] == []
     with pytest.raises(WheelhouseError, match=r"--exclude numpy: not in the closure pip resolved"):
         wheelhouse.build(COMBO, tmp_path / "wh2", version="3.11", exclude=["numpy"], pip=FakePip())
@@ -118,6 +127,7 @@ def test_exclude_leaves_out_a_package_and_what_only_it_requires(tmp_path):
     ({"version": "3.9"}, r"--python-version 3.9: cu130-torch2.11-fi0.6.6 needs Python <3.14,>=3.10"),
     ({"version": "3.12", "platforms": ["Manylinux 2.28"]}, r"--platform 'Manylinux 2.28': not a wheel platform tag"),
     ({"version": "3.12", "platforms": []}, r"--platform: at least one platform tag"),
+    ({"version": "3.12", "add": ["nox>="]}, r"--add 'nox>=': not a requirement"),
 ])
 def test_a_bad_target_is_refused_before_pip_runs(tmp_path, kwargs, message):
     pip = FakePip()
@@ -196,9 +206,9 @@ def test_the_commands(tmp_path, monkeypatch, capsys):
     assert main(["wheelhouse", "build", "--combination", COMBO.id, "--out", str(out), "--python-version", "3.11",
                  "--platform", "manylinux_2_28_x86_64", "--exclude", "torch", "--constraints", constraints]) == 0
     printed = capsys.readouterr().out
-    assert "7 wheel(s)" in printed and "left out: mpmath 1.3.0, nvidia-cublas 13.0.0, sympy 1.14.0, torch" in printed
+    assert "9 wheel(s)" in printed and "left out: mpmath 1.3.0, nvidia-cublas 13.0.0, sympy 1.14.0, torch" in printed
     assert main(["wheelhouse", "verify", str(out), "--combination", COMBO.id, "--constraints", constraints]) == 0
-    assert "7 wheel(s) of cu130-torch2.11-fi0.6.6 match" in capsys.readouterr().out
+    assert "9 wheel(s) of cu130-torch2.11-fi0.6.6 match" in capsys.readouterr().out
     (out / _file("filelock", "3.20.0")).write_bytes(b"x" * len(_content("filelock", "3.20.0")))
     assert main(["wheelhouse", "verify", str(out)]) == 1
     assert "filelock-3.20.0-py3-none-any.whl: sha256" in capsys.readouterr().err

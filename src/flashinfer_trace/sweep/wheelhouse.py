@@ -3,7 +3,9 @@
 An offline GPU node installs from a folder of wheels (`--wheelhouse DIR`, install.py). The folder is
 built on a connected machine for the node's Python and platform, which need not be the builder's:
 pip resolves the combination's pins for that target (`--python-version`, `--platform`,
-`--implementation cp`, wheels only), and the closure it resolves is downloaded. `wheelhouse.json`
+`--implementation cp`, wheels only), with the project's own requirements that the offline install
+resolves from the same folder (install.PROJECT_REQUIREMENTS) and whatever `--add` names (nox, to run the
+sessions there), and the closure it resolves is downloaded. `wheelhouse.json`
 records the build (the combination and its file's sha256, the target, each wheel's size and sha256),
 so the node refuses a wheel damaged or swapped on the way instead of installing it.
 
@@ -213,11 +215,26 @@ def _earlier(dest: Path) -> dict | None:
     return None
 
 
+def requirements(combo: Combination, add: Sequence[str] = (), project: bool = True) -> list[str]:
+    """The combination's pins, the project's requirements (unless `project` is false) and `add`."""
+    from .install import PROJECT_REQUIREMENTS
+
+    for text in add:
+        try:
+            Requirement(text)
+        except InvalidRequirement as e:
+            raise WheelhouseError(f"--add {text!r}: not a requirement ({e})") from None
+    return [*combo.requirements(), *(PROJECT_REQUIREMENTS if project else ()), *add]
+
+
 def build(combo: Combination, dest: str | Path, *, version: str, platforms: Sequence[str] = DEFAULT_PLATFORMS,
-          exclude: Sequence[str] = (), torch_index: str | None = None, pip: Pip | None = None) -> dict:
-    """Resolve `combo` for the target, download the closure into `dest`, write and return its manifest."""
+          exclude: Sequence[str] = (), add: Sequence[str] = (), project: bool = True, torch_index: str | None = None,
+          pip: Pip | None = None) -> dict:
+    """Resolve `combo` (with the project's requirements and `add`) for the target, download the
+    closure into `dest`, write and return its manifest."""
     if not combo.installable:
         raise WheelhouseError(f"{combo.id} is marked uninstallable ({combo.reason}): there is nothing to download")
+    wanted_requirements = requirements(combo, add, project)
     version = python_version(version, combo)
     tags = platform_tags(platforms)
     dest = Path(dest)
@@ -231,7 +248,7 @@ def build(combo: Combination, dest: str | Path, *, version: str, platforms: Sequ
     with tempfile.TemporaryDirectory(prefix="flashinfer-trace-wheelhouse-") as tmp:
         report_file = Path(tmp) / "report.json"
         pip(["install", "--dry-run", "--ignore-installed", "--target", str(Path(tmp) / "target"),
-             "--report", str(report_file), *target, *combo.requirements()])
+             "--report", str(report_file), *target, *wanted_requirements])
         try:
             report = json.loads(report_file.read_text())
         except (OSError, ValueError) as e:
@@ -261,6 +278,7 @@ def build(combo: Combination, dest: str | Path, *, version: str, platforms: Sequ
     manifest = {"format": FORMAT, "combination": combo.id, "constraints_file": combo.path.name,
                 "constraints_sha256": combo.sha256, "python_version": version, "implementation": "cp",
                 "platforms": list(platforms), "platform_tags": tags, "indexes": [torch_index] if torch_index else [],
+                "requirements": wanted_requirements,
                 "excluded": sorted({canonicalize_name(n) for n in exclude}),
                 "left_out": [{"name": n, "version": i["metadata"]["version"]} for n, i in sorted(left_out.items())],
                 "notes": target_notes(report.get("environment") or {}, version, tags),

@@ -23,6 +23,11 @@ def add_commands(sub) -> None:
     b.add_argument("--exclude", action="append", default=[], metavar="NAME",
                    help="leave this package out, with what only it requires (repeatable), e.g. torch for a node "
                         "whose torch is preinstalled (--preinstalled-torch)")
+    b.add_argument("--add", action="append", default=[], metavar="REQ",
+                   help="another requirement to resolve with the combination (repeatable), e.g. nox for the node")
+    b.add_argument("--no-project", action="store_true",
+                   help="leave out the project's own requirements (pydantic, rich, pytest, ...), which the offline "
+                        "install resolves from the same folder")
     b.add_argument("--torch-index", metavar="URL",
                    help="where torch's CUDA wheels are (default https://download.pytorch.org/whl/<variant>; "
                         "none for a CPU combination)")
@@ -49,7 +54,8 @@ def run_build(args: argparse.Namespace) -> int:
         combo = find_combination(args.combination, args.constraints)
         manifest = wheelhouse.build(combo, args.out, version=args.python_version,
                                     platforms=args.platform or wheelhouse.DEFAULT_PLATFORMS, exclude=args.exclude,
-                                    torch_index=args.torch_index, pip=wheelhouse.pip_runner(args.python))
+                                    add=args.add, project=not args.no_project, torch_index=args.torch_index,
+                                    pip=wheelhouse.pip_runner(args.python))
     except (CombinationError, wheelhouse.WheelhouseError) as e:
         return _error(str(e))
     if args.json:
