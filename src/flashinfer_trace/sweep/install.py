@@ -16,7 +16,7 @@
   from the build's, or one missing or added, fails the install before anything goes in.
 * preinstalled torch (`--preinstalled-torch [PYTHON]`): the interpreter's existing torch is layered in
   with a .pth file pointing at its site-packages. `--system-site-packages` is not enough where
-  torch lives in another virtual environment rather than the base interpreter (../shared/GPU-NODE.md).
+  torch lives in another virtual environment rather than the base interpreter.
   Its version and CUDA variant are checked against the combination; differences are recorded.
 
 The noxfile calls `install()` from its own interpreter with the session's python: this module
