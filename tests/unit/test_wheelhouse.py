@@ -73,7 +73,7 @@ class FakePip:
                                                            "environment": self.environment}))
         elif args[0] == "download":
             for req in wanted:
-                name, version = req.split("==")
+                name, version = req.split("===")
                 data = b"swapped!" + _content(name, version) if name == self.swap else _content(name, version)
                 (Path(value["--dest"]) / _file(name, version)).write_bytes(data)
 
@@ -94,7 +94,7 @@ def test_the_closure_is_resolved_for_the_target_and_every_wheel_recorded(tmp_pat
         assert _options(call, "--extra-index-url") == ["https://download.pytorch.org/whl/cu130"]
     asked = [*COMBO.requirements(), *PROJECT_REQUIREMENTS, "nox>=2024"]
     assert resolve[:2] == ["install", "--dry-run"] and resolve[-len(asked):] == asked == manifest["requirements"]
-    assert download[:2] == ["download", "--no-deps"] and "torch==2.11.0+cu130" in download
+    assert download[:2] == ["download", "--no-deps"] and "torch===2.11.0+cu130" in download
     assert manifest["combination"] == COMBO.id and manifest["constraints_sha256"] == COMBO.sha256
     assert manifest["python_version"] == "3.12" and manifest["platforms"] == ["manylinux_2_28_x86_64"]
     assert {w["name"] for w in manifest["wheels"]} == set(INDEX) and manifest["left_out"] == []
@@ -115,7 +115,7 @@ def test_exclude_leaves_out_a_package_and_what_only_it_requires(tmp_path):
     assert {w["name"] for w in manifest["left_out"]} == {"torch", "nvidia-cublas", "sympy", "mpmath"}
     assert "filelock" in kept  # torch needs it, and so does requests
     assert "pysocks" in kept  # through requests[socks]
-    assert not any(a.startswith(("torch==", "sympy==")) for a in pip.calls[1])
+    assert not any(a.startswith(("torch=", "sympy=")) for a in pip.calls[1])
     assert {"pytest", "packaging"} <= kept  # the project's requirements, for the offline install
     assert manifest["excluded"] == ["torch"] and manifest["notes"] == []
     with pytest.raises(WheelhouseError, match=r"--exclude numpy: not in the closure pip resolved"):
@@ -217,3 +217,50 @@ def test_the_commands(tmp_path, monkeypatch, capsys):
     assert "no combination 'cu999-nothing' in" in capsys.readouterr().err
     assert main(["wheelhouse", "verify", str(tmp_path)]) == 2
     assert "no wheelhouse.json" in capsys.readouterr().err
+
+
+def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A minimal pure-Python wheel, for a real pip on a local folder."""
+    import base64
+    import zipfile
+
+    dist = f"{name.replace('-', '_')}-{version}"
+    files = {f"{name.replace('-', '_')}/__init__.py": b"",
+             f"{dist}.dist-info/METADATA": (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                            + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode(),
+             f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                        b"Tag: py3-none-any\n"}
+    record = "".join(f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v).digest()).rstrip(b'=').decode()},"
+                     f"{len(v)}\n" for k, v in files.items())
+    files[f"{dist}.dist-info/RECORD"] = (record + f"{dist}.dist-info/RECORD,,\n").encode()
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as z:
+        for k, v in files.items():
+            z.writestr(k, v)
+
+
+def test_a_real_pip_takes_the_arguments_and_downloads_exactly_what_it_resolved(tmp_path):
+    """pip itself on a local folder (no index): the resolution report, --exclude, and a download of exactly the
+    resolved version, where `==` would take a local-version wheel beside it that the resolution turned down."""
+    pytest.importorskip("pip")
+    index = tmp_path / "index"
+    index.mkdir()
+    _wheel(index, "torch", "2.13.0", ("fakecuda", "shared"))
+    _wheel(index, "torch", "2.13.0+cpu", ("not-in-the-index",))  # newer by its local label, unresolvable
+    _wheel(index, "fakecuda", "1.0")
+    _wheel(index, "shared", "2.0")
+    _wheel(index, "pytest", "8.0", ("shared", "winonly; sys_platform == 'win32'"))
+    combo = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
+    real = wheelhouse.pip_runner()
+
+    def pip(args: list[str]) -> None:  # --isolated: no pip.conf or PIP_* of this machine
+        real([args[0], "--isolated", "--no-index", "--find-links", str(index), *args[1:]])
+
+    out = tmp_path / "wh"
+    manifest = wheelhouse.build(combo, out, version="3.12", project=False, add=["pytest"], pip=pip)
+    assert sorted(w["file"] for w in manifest["wheels"]) == [
+        "fakecuda-1.0-py3-none-any.whl", "pytest-8.0-py3-none-any.whl", "shared-2.0-py3-none-any.whl",
+        "torch-2.13.0-py3-none-any.whl"]
+    manifest = wheelhouse.build(combo, out, version="3.12", project=False, add=["pytest"], exclude=["torch"], pip=pip)
+    assert sorted(p.name for p in out.glob("*.whl")) == ["pytest-8.0-py3-none-any.whl", "shared-2.0-py3-none-any.whl"]
+    assert manifest["left_out"] == [{"name": "fakecuda", "version": "1.0"}, {"name": "torch", "version": "2.13.0"}]
+    assert wheelhouse.verify(out, combo.id) == manifest

@@ -256,7 +256,8 @@ def build(combo: Combination, dest: str | Path, *, version: str, platforms: Sequ
     kept, left_out = keep(report, exclude)
     wanted = {n: Version(i["metadata"]["version"]) for n, i in kept.items()}
     dest.mkdir(parents=True, exist_ok=True)
-    pip(["download", "--no-deps", "--dest", str(dest), *target, *(f"{n}=={v}" for n, v in sorted(wanted.items()))])
+    # ===: exactly the resolved version; `torch==2.13.0` would also take a 2.13.0+cpu wheel found beside it
+    pip(["download", "--no-deps", "--dest", str(dest), *target, *(f"{n}==={v}" for n, v in sorted(wanted.items()))])
     found = _wheels(dest)
     wheels, problems = [], []
     for name, v in sorted(wanted.items()):
