@@ -146,6 +146,9 @@ def test_an_archive_that_is_not_one_of_export_is_refused(tmp_path):
     missing = _archive(tmp_path / "m.tar", manifest, [(_member(f"{OPS}/rope/rope.so"), rope)])
     with pytest.raises(JitArchiveError, match=r"1 listed module\(s\) missing \(.*norm/norm.so\): nothing written"):
         jitarchive.import_archive(missing, dest, BUILD)
+    twice = _archive(tmp_path / "t.tar", manifest, [(_member(f"{OPS}/rope/rope.so"), rope)] * 2)
+    with pytest.raises(JitArchiveError, match=r"member '.*/rope/rope.so' appears twice: refused, nothing written"):
+        jitarchive.import_archive(twice, dest, BUILD)
     escaping = {**manifest, "modules": [{**manifest["modules"][0], "path": "../../norm.so"}]}
     with pytest.raises(JitArchiveError, match=r"module norm: path '../../norm.so' is not cu130"):
         jitarchive.import_archive(_archive(tmp_path / "e.tar", escaping, []), dest, BUILD)

@@ -314,8 +314,8 @@ def _stage(tar: tarfile.TarFile, archive: Path, expect: Build, combination: str 
             continue
         entry = listed.get(path)
         if entry is None or path in staged:
-            raise JitArchiveError(f"{archive}: member {member.name!r} is not a module its manifest lists "
-                                  f"{'(twice)' if path in staged else ''}: refused, nothing written")
+            why = "appears twice" if path in staged else "is not a module its manifest lists"
+            raise JitArchiveError(f"{archive}: member {member.name!r} {why}: refused, nothing written")
         if member.size != entry["size"]:
             raise JitArchiveError(f"{archive}: {path}: {member.size} bytes, the manifest says {entry['size']}: "
                                   "damaged, nothing written")
