@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Sequence
 
 from .. import __version__
-from . import definitions, extract, fitrace, jit, run, testgen
+from . import definitions, extract, fitrace, jit, run, testgen, wheelhouse
 from .common import err, safe_text
 
 __all__ = ["build_parser", "main"]
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashinfer-trace", description=__doc__)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    for group in (definitions, run, jit, fitrace, extract):
+    for group in (definitions, run, jit, wheelhouse, fitrace, extract):
         group.add_commands(sub)
 
     from ..matrix.__main__ import add_commands

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import jitarchive
 from .common import add_common_options, err, out, print_json, progress, safe_text
 
 
@@ -30,6 +31,7 @@ def add_commands(sub) -> None:
                    help="run every job, also those whose stamp says nothing changed since they last ran")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(func=cmd_jit_build)
+    jitarchive.add_commands(jsub)  # export / import
 
 
 def run_builds(jobs, config, *, progress_bar: bool, on_record=None) -> list | None:

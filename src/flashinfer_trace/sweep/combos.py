@@ -189,6 +189,20 @@ def load_combinations(directory: str | Path = "constraints") -> list[Combination
     return combos
 
 
+def find_combination(name: str, directory: str | Path = "constraints") -> Combination:
+    """A combination by id (`<directory>/<id>.toml`) or by the path of its file, as commands take it."""
+    path = Path(name)
+    if name.endswith(".toml") or path.is_file():
+        if not path.is_file():
+            raise CombinationError(f"{name}: no such combination file")
+        return load_combination(path)
+    path = Path(directory) / f"{name}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in Path(directory).glob("*.toml") if p.name != "known-issues.toml")
+        raise CombinationError(f"no combination {name!r} in {directory}/ (known: {', '.join(known) or 'none'})")
+    return load_combination(path)
+
+
 def default_combination(combos: list[Combination], alias: str) -> Combination | None:
     return next((c for c in combos if alias in c.default_for), None)
 

@@ -11,10 +11,12 @@
   every session of a combination sees the same paths: FlashInfer's JIT build files embed the
   include paths and compare source mtimes, and a reinstall would recompile every kernel. The
   project goes in through a .pth file onto its `src/` (an editable build would need setuptools
-  from an index); its own dependencies are resolved from DIR.
+  from an index); its own dependencies are resolved from DIR. A wheelhouse with a manifest
+  (`flashinfer-trace wheelhouse build`, wheelhouse.py) is checked first: a wheel whose sha256 differs
+  from the build's, or one missing or added, fails the install before anything goes in.
 * preinstalled torch (`--preinstalled-torch [PYTHON]`): the interpreter's existing torch is layered in
   with a .pth file pointing at its site-packages. `--system-site-packages` is not enough where
-  torch lives in another virtual environment rather than the base interpreter (../shared/GPU-NODE.md).
+  torch lives in another virtual environment rather than the base interpreter.
   Its version and CUDA variant are checked against the combination; differences are recorded.
 
 The noxfile calls `install()` from its own interpreter with the session's python: this module
@@ -288,6 +290,18 @@ def _install(combo: Combination, python: str, options: InstallOptions, *, projec
     run = _Runner(Path(log), env)
     result = InstallResult(False, options.mode, str(log))
     try:
+        if options.wheelhouse:  # before anything is installed: a wheel damaged on the way is refused
+            from .wheelhouse import WheelhouseError, verify
+
+            for folder, combination in ((options.wheelhouse, combo.id), (options.extra_wheels, None)):
+                try:
+                    manifest = verify(folder, combination) if folder else None
+                except WheelhouseError as e:
+                    with run.log.open("a") as f:
+                        f.write(f"refused: {e}\n")
+                    raise
+                if manifest is not None:
+                    run.steps.append(f"{folder}: {len(manifest['wheels'])} wheel(s) match its wheelhouse.json")
         site = site_packages(python)
         (site / INSTALLED).unlink(missing_ok=True)
         for stale in LAYERS:  # a reused environment keeps only this install's layering

@@ -1,8 +1,8 @@
 """FlashInfer JIT modules built on another machine, loaded instead of compiled again.
 
-A GPU machine that is handed back takes its JIT cache with it, and a fresh one compiles every
-module again (10-25 min a release on 16 cores, fused MoE alone far more). The modules are plain
-shared libraries keyed by FlashInfer version and CUDA arch. FlashInfer loads a module it finds in
+A fresh GPU machine, or one whose JIT cache is gone, compiles every module again (10-25 min a
+release on 16 cores, fused MoE alone far more). The modules are plain shared libraries keyed by
+FlashInfer version and CUDA arch. FlashInfer loads a module it finds in
 its AOT folder (`<package>/data/aot/<name>/<name>.so`, where its flashinfer-jit-cache wheel puts
 them) instead of building it: `JitSpec.build_and_load` in 0.5.3, 0.6.6 and 0.6.14 (read in their sources;
 0.7.x keeps an index of AOT artifacts and is not relied on here).
@@ -14,14 +14,18 @@ never meets another release's headers; what was placed is a line of the install 
 
     find(root, combination, version, arch) -> {name: library}
     place(modules, package)                -> names placed into <package>/data/aot
+
+`flashinfer-trace jit export / import` (jitarchive.py) carry such a root's modules between machines
+as one checked archive, in this same layout.
 """
 
 from __future__ import annotations
 
 import filecmp
+import os
 import shutil
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from packaging.version import Version
 
@@ -35,8 +39,18 @@ def arch_folder(arch: str) -> str:
     return arch_env(arch)["FLASHINFER_CUDA_ARCH_LIST"].replace(".", "")
 
 
+def jit_cache_root() -> Path:
+    """This machine's JIT cache root, one folder per combination (the noxfile's FLASHINFER_WORKSPACE_BASE)."""
+    return Path(os.environ.get("FLASHINFER_TRACE_JIT_CACHE") or Path.home() / ".cache" / "flashinfer-trace" / "jit")
+
+
+def ops_folder(combination: str, version: str, arch: str) -> PurePosixPath:
+    """A combination's modules of one FlashInfer version and arch, relative to a JIT cache root."""
+    return PurePosixPath(combination, ".cache", "flashinfer", version, arch_folder(arch), "cached_ops")
+
+
 def find(root: Path, combination: str, version: str, arch: str) -> dict[str, Path]:
-    ops = Path(root) / combination / ".cache" / "flashinfer" / version / arch_folder(arch) / "cached_ops"
+    ops = Path(root) / ops_folder(combination, version, arch)
     return {d.name: d / f"{d.name}.so" for d in sorted(ops.glob("*")) if (d / f"{d.name}.so").is_file()}
 
 
