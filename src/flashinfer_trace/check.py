@@ -237,7 +237,7 @@ def plan(discovered: Discovered, config: CheckConfig) -> list[Case | CaseRecord]
             out += definition_cases(d, config, budget)
         except UnsupportedOpType as e:
             out.append(CaseRecord(definition=d.name, op_type=d.op_type, check=Check.ALL, status=Status.SKIP,
-                                  kind=Kind.NO_GENERATOR, detail=str(e), environment=config.environment))
+                                  kind=Kind.NO_GENERATOR, detail=f"no-generator: {e}", environment=config.environment))
     return out
 
 

@@ -15,7 +15,6 @@ from flashinfer_trace.check import (
     Case,
     CheckConfig,
     Discovered,
-    Result,
     check,
     discover,
     plan,
@@ -24,6 +23,7 @@ from flashinfer_trace.check import (
 )
 from flashinfer_trace.cli import main
 from flashinfer_trace.definition import Definition
+from flashinfer_trace.results.record import CaseRecord
 from flashinfer_trace.failures import replay_command
 
 # The weight multiply is missing: right shape and dtype, wrong values.
@@ -51,7 +51,7 @@ def bad_rmsnorm() -> dict:
     return {**copy.deepcopy(VALID), "reference": NO_WEIGHT}
 
 
-def by_check(results: list[Result]) -> dict[tuple[str, str | None], Result]:
+def by_check(results: list[CaseRecord]) -> dict[tuple[str, str | None], CaseRecord]:
     return {(r.check, r.source): r for r in results}
 
 
@@ -64,7 +64,7 @@ def test_discover_folder_with_a_broken_file_keeps_the_good_one(tmp_path):
     assert [d.name for d in found.definitions] == ["rmsnorm_h8"]
     (error,) = found.errors
     assert error.status == "error" and error.check == "load"
-    assert "broken.json" in error.definition or "broken.json" in (error.reason or "")
+    assert "broken.json" in error.definition or "broken.json" in (error.detail or "")
 
 
 def test_discover_file_name_and_missing_target(tmp_path):
@@ -75,7 +75,7 @@ def test_discover_file_name_and_missing_target(tmp_path):
     assert [d.name for d in by_path.definitions] == [d.name for d in by_name.definitions] == ["rmsnorm_h8"]
     missing = discover(["nope"], config)
     assert not missing.definitions and missing.errors[0].status == "error"
-    assert "no definition named 'nope'" in missing.errors[0].reason
+    assert "no definition named 'nope'" in missing.errors[0].detail
 
 
 def test_discover_deduplicates_by_name(tmp_path):
@@ -88,8 +88,8 @@ def test_discover_deduplicates_by_name(tmp_path):
 def test_plan_without_a_generator_is_one_skip():
     d = Definition.model_validate({**VALID, "name": "conv_h8", "op_type": "conv2d"})
     (only,) = plan(Discovered([d], []), CheckConfig(**CONFIG))
-    assert isinstance(only, Result) and only.status == "skip" and only.definition == "conv_h8"
-    assert only.reason.startswith("no-generator:")
+    assert isinstance(only, CaseRecord) and only.status == "skip" and only.definition == "conv_h8"
+    assert only.detail.startswith("no-generator:")
 
 
 def test_plan_lists_every_check():
@@ -116,16 +116,16 @@ def test_run_good_definition(tmp_path):
     for key in [("shape", None), ("dtype", None), ("match", "torch"), ("deterministic", None)]:
         assert got[key].status == "pass", got[key]
     skipped = got[("match", "flashinfer")]
-    assert skipped.status == "skip" and skipped.reason.startswith("not-installed: flashinfer")
+    assert skipped.status == "skip" and skipped.detail.startswith("not-installed: flashinfer")
     match = got[("match", "torch")]
-    assert match.tolerance["origin"] == "dtype:bfloat16" and match.ground_truth["source"] == "torch"
-    assert match.reports[0]["name"] == "output" and match.reports[0]["verdict"] == "pass"
+    assert match.tolerance["origin"] == "dtype:bfloat16" and match.ground_truth.source == "torch"
+    assert match.compared[0]["output"] == "output" and match.compared[0]["tolerance_used"] <= 1 and not match.reports
     assert not (tmp_path / "failures").exists()
 
     summary = summarise(results)
     assert summary.total == 5 and summary.ok
     assert summary.by_status == {"pass": 4, "skip": 1}
-    assert summary.skip_reasons == {skipped.reason: 1}
+    assert summary.skip_reasons == {skipped.detail: 1}
     assert summary.failures == []
 
 
@@ -138,7 +138,7 @@ def test_run_wrong_reference_fails_and_saves_a_replayable_record(tmp_path):
     assert got[("deterministic", None)].status == "pass"
     fail = got[("match", "torch")]
     assert fail.status == "fail" and fail.verdict in ("bug", "precision")
-    assert "output:" in fail.reason and fail.reports[0]["mismatched"] > 0
+    assert "output:" in fail.detail and fail.reports[0]["mismatched"] > 0
     assert fail.failure_file is not None
     saved = Path(fail.failure_file)
     assert saved.parent == tmp_path / "failures" and list(saved.parent.glob("*.json")) == [saved]
@@ -170,7 +170,7 @@ def test_reference_that_raises_is_an_error_result():
     config = CheckConfig(**{**CONFIG, "sources": ("torch",)})
     results = list(run(plan(Discovered([Definition.model_validate(data)], []), config), config))
     assert {r.status for r in results} == {"error"}
-    assert all("ValueError: boom" in r.reason for r in results)
+    assert all("ValueError: boom" in r.detail for r in results)
     assert summarise(results).by_status == {"error": 4} and not summarise(results).ok
 
 
@@ -183,7 +183,7 @@ def test_ground_truth_that_cannot_read_the_definition_is_a_skip():
     results = list(run(plan(Discovered([Definition.model_validate(data)], []), config), config))
     match = by_check(results)[("match", "torch")]
     assert match.status == "skip", match
-    assert match.reason.startswith("unsupported: ") and "epsilon" in match.reason
+    assert match.detail.startswith("unsupported: ") and "epsilon" in match.detail
     assert summarise(results).ok
 
 
@@ -211,7 +211,7 @@ def test_cli_check_good_definition_exits_zero(capsys, tmp_path, write_def, valid
     code, out, _ = check_cli(capsys, path, tmp_path / "failures")
     report = json.loads(out)
     assert code == 0 and report["device"] == "cpu"
-    assert report["summary"]["by_status"] == {"pass": 4} and report["summary"]["total"] == 4
+    assert report["summary"]["by_status"] == {"pass": 5} and report["summary"]["total"] == 5  # seeds 0 and 1
     assert {r["check"] for r in report["results"]} == {"shape", "dtype", "match", "deterministic"}
     assert not (tmp_path / "failures").exists()
 
@@ -221,8 +221,8 @@ def test_cli_check_bad_definition_exits_one(capsys, tmp_path, write_def):
     code, out, _ = check_cli(capsys, path, tmp_path / "failures")
     report = json.loads(out)
     assert code == 1
-    assert report["summary"]["by_status"] == {"pass": 3, "fail": 1}
-    (fail,) = [r for r in report["results"] if r["status"] == "fail"]
+    assert report["summary"]["by_status"] == {"pass": 3, "fail": 2}  # seeds 0 and 1
+    fail = next(r for r in report["results"] if r["status"] == "fail")
     assert fail["check"] == "match" and fail["source"] == "torch"
     saved = json.loads(open(fail["failure_file"]).read())
     assert "rmsnorm_h8" in saved["replay"] and "--size small" in saved["replay"] and "--seed 0" in saved["replay"]
@@ -243,7 +243,7 @@ def test_cli_check_tolerance_flags_reach_the_comparison(capsys, tmp_path, write_
     code, out, _ = run_cli(capsys, "check", path, "--ground-truth", "torch", "--size", "small", "--no-edge-cases",
                            "--device", "cpu", "--json", "--save-failures", "", "--atol", "10")
     report = json.loads(out)
-    (match,) = [r for r in report["results"] if r["check"] == "match"]
+    match = next(r for r in report["results"] if r["check"] == "match")
     assert code == 0 and match["status"] == "pass"
     assert match["tolerance"]["atol"] == 10.0 and match["tolerance"]["origin"].endswith("cli")
 
@@ -408,7 +408,7 @@ def test_results_stream_as_they_complete_and_an_interrupt_keeps_them(tmp_path, m
     monkeypatch.setattr(check_mod, "run_case", counted)
     resumed = list(run(cases, CheckConfig(**{**CONFIG, "sources": ("torch",)}, results_file=str(stream), resume=True)))
     assert len(resumed) == len(cases) and len(calls) == len(cases) - 3  # the first three were not run again
-    assert [r.key for r in resumed] == [check_mod.case_key(c) for c in cases]
+    assert [r.key for r in resumed] == [c.key for c in cases]
     assert len(recorded(stream)) == len(cases)
 
 
@@ -434,11 +434,11 @@ def test_a_definition_too_large_for_the_machine_is_a_skip_with_its_size():
     assert weights > 32 * 2 * 2048 * 7168  # gemm1 alone: 32 experts x [4096, 7168] fp8
     assert too_large(d, budget=weights * 100) is None
     why = too_large(d, budget=weights)
-    assert why.startswith("too-large: its fixed-size inputs alone are") and "more than the" in why
+    assert why.startswith("its fixed-size inputs alone are") and "more than the" in why
     small = load_definition("rmsnorm_h4096")
     assert fixed_bytes(small) == 4096 * 2  # only the weight: hidden_states has a var axis
     planned = plan(Discovered([d, small], []), CheckConfig(device="cpu", sources=("torch",)))
-    assert not any(getattr(p, "status", None) == "skip" for p in planned)  # both fit this machine
+    assert not any(getattr(p, "skip", None) for p in planned)  # both fit this machine
 
 
 def test_a_definition_whose_inputs_fail_never_runs_on_the_previous_ones():
@@ -454,7 +454,7 @@ def test_a_definition_whose_inputs_fail_never_runs_on_the_previous_ones():
     defs = [Definition.model_validate(VALID), Definition.model_validate(broken)]
     results = [r for r in run(plan(Discovered(defs, []), config), config) if r.definition == "rmsnorm_h64"]
     assert results and {r.status for r in results} == {"error"}
-    assert all(r.reason.startswith("inputs: ") and "scale" in r.reason for r in results), [r.reason for r in results]
+    assert all(r.detail.startswith("inputs: ") and "scale" in r.detail for r in results), [r.detail for r in results]
 
 
 def test_a_reference_only_failure_saves_a_replay_of_every_ground_truth(tmp_path):
