@@ -1,5 +1,5 @@
-"""check.py's pipeline (discover, plan, run, summarise), failure records, and the `check`, `coverage`
-and `tests generate` commands."""
+"""check.py's pipeline (discover, plan, run, summarise), failure records, and the `check` and `coverage`
+commands."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from flashinfer_trace.check import (
 )
 from flashinfer_trace.cli import main
 from flashinfer_trace.definition import Definition
-from flashinfer_trace.results.record import CaseRecord
 from flashinfer_trace.failures import replay_command
+from flashinfer_trace.results.record import CaseRecord
 
 # The weight multiply is missing: right shape and dtype, wrong values.
 NO_WEIGHT = (
@@ -33,6 +33,9 @@ NO_WEIGHT = (
     "    y = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + EPS)\n"
     "    return y.to(hidden_states.dtype)\n"
 )
+
+REFERENCE_TEST = "from flashinfer_trace.pytest_plugin import reference_test\n\ntest_{op} = reference_test({op!r})\n"
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = dict(sources=("torch", "flashinfer"), sizes=("small",), seeds=(0,), cases=(), device="cpu")
 
@@ -253,15 +256,18 @@ def test_coverage_function(tmp_path):
 
     tests = tmp_path / "refs"
     tests.mkdir()
-    (tests / "test_rmsnorm.py").write_text('DEFINITIONS = [\n    "rmsnorm_h8",\n    "gone_h1",\n]\n')
+    (tests / "test_rmsnorm.py").write_text(REFERENCE_TEST.format(op="rmsnorm"))
+    (tests / "test_gone.py").write_text(REFERENCE_TEST.format(op="gone"))
+    (tests / "test_conv2d.py").write_text(REFERENCE_TEST.format(op="conv2d"))  # no generator: not tested
     (tests / "test_broken.py").write_text("DEFINITIONS = [\n")  # unparsable: ignored
     defs = [Definition.model_validate(VALID), Definition.model_validate({**VALID, "name": "rmsnorm_h8_b"}),
-            Definition.model_validate({**VALID, "name": "conv_h8", "op_type": "conv2d"})]
+            Definition.model_validate({**VALID, "name": "conv_h8", "op_type": "conv2d"}),
+            Definition.model_validate({**VALID, "name": "gemm_x", "op_type": "gemm"})]
     cov = coverage(defs, tests)
-    assert cov.with_tests == ["rmsnorm_h8"] and cov.without_tests == ["conv_h8", "rmsnorm_h8_b"]
-    assert cov.stale_tests == ["gone_h1"]
+    assert cov.with_tests == ["rmsnorm_h8", "rmsnorm_h8_b"] and cov.without_tests == ["conv_h8", "gemm_x"]
+    assert cov.stale_tests == ["gone"]
     op = cov.op_types["rmsnorm"]
-    assert (op.definitions, op.tested, op.has_generator) == (2, 1, True)
+    assert (op.definitions, op.tested, op.has_generator) == (2, 2, True)
     assert op.dtypes == {"bfloat16"} and dict(op.const_axes) == {"hidden_size": {8}}
     assert cov.op_types["conv2d"].has_generator is False
     assert cov.op_types["conv2d"].ground_truths == {"flashinfer": [], "sglang": [], "torch": []}
@@ -272,14 +278,18 @@ def test_cli_coverage_lists_definitions_without_tests(capsys, tmp_path):
     folder = definitions_folder(tmp_path, VALID, other)
     tests = tmp_path / "refs"
     tests.mkdir()
-    (tests / "test_rmsnorm.py").write_text('DEFINITIONS = [\n    "rmsnorm_h8",\n    "gone_h1",\n]\n')
+    (tests / "test_gone.py").write_text(REFERENCE_TEST.format(op="gone"))
     code, out, _ = run_cli(capsys, "coverage", "--definitions", folder, "--tests", tests, "--json")
     cov = json.loads(out)
     assert code == 0
-    assert cov["with_tests"] == ["rmsnorm_h8"] and cov["without_tests"] == ["rmsnorm_h8_b"]
-    assert cov["stale_tests"] == ["gone_h1"]
+    assert cov["with_tests"] == [] and cov["without_tests"] == ["rmsnorm_h8", "rmsnorm_h8_b"]
+    assert cov["stale_tests"] == ["gone"]
+    (tests / "test_rmsnorm.py").write_text(REFERENCE_TEST.format(op="rmsnorm"))
+    code, out, _ = run_cli(capsys, "coverage", "--definitions", folder, "--tests", tests, "--json")
+    cov = json.loads(out)
+    assert cov["with_tests"] == ["rmsnorm_h8", "rmsnorm_h8_b"] and cov["without_tests"] == []
     op = cov["op_types"]["rmsnorm"]
-    assert (op["definitions"], op["tested"], op["has_generator"]) == (2, 1, True)
+    assert (op["definitions"], op["tested"], op["has_generator"]) == (2, 2, True)
     assert op["dtypes"] == ["bfloat16"] and op["const_axes"] == {"hidden_size": [8]}
     assert op["ground_truths"]["torch"] and op["ground_truths"]["flashinfer"]
 
@@ -290,87 +300,20 @@ def test_cli_coverage_with_no_tests_folder(capsys, tmp_path):
     assert code == 0 and json.loads(out)["without_tests"] == ["rmsnorm_h8"]
 
 
-def generate_cli(capsys, folder, output, *extra):
-    return run_cli(capsys, "tests", "generate", "--op-type", "rmsnorm", "--definitions", folder, "--output",
-                   output, *extra)
+def test_every_op_type_with_a_generator_has_its_reference_test_file():
+    """The suite's files hold no list of definitions: a definition added to an op type is tested at once,
+    and a new op type with a generator needs its one-line file (coverage says so)."""
+    from flashinfer_trace.coverage import tested_op_types
+    from flashinfer_trace.dataset import Dataset
+    from flashinfer_trace.inputs import supported_op_types
 
-
-def test_cli_tests_generate_writes_skips_and_forces(capsys, tmp_path):
-    folder = definitions_folder(tmp_path, VALID)
-    refs = tmp_path / "refs"
-    conftest, test_file = refs / "conftest.py", refs / "test_rmsnorm.py"
-
-    code, out, _ = generate_cli(capsys, folder, refs)
-    assert code == 0
-    assert conftest.is_file() and test_file.is_file()
-    assert f"written   {conftest}" in out and f"written   {test_file}" in out
-    assert "1 of 1 definition(s) have generated tests; without: none" in out
-    assert "rmsnorm: 1/1 tested" in out
-
-    tree = ast.parse(test_file.read_text())
-    (names,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "DEFINITIONS" for t in node.targets)]
-    assert ast.literal_eval(names) == ["rmsnorm_h8"]
-    ast.parse(conftest.read_text())
-
-    code, out, _ = generate_cli(capsys, folder, refs)
-    assert code == 0 and f"unchanged {conftest}" in out and f"unchanged {test_file}" in out
-    assert "written" not in out
-
-    original = test_file.read_text()
-    test_file.write_text(original + "\n# a local edit\n")
-    code, out, _ = generate_cli(capsys, folder, refs)
-    assert code == 0 and f"skipped   {test_file} (exists; --force to overwrite)" in out
-    assert test_file.read_text().endswith("# a local edit\n")
-
-    code, out, _ = generate_cli(capsys, folder, refs, "--force")
-    assert code == 0 and f"written   {test_file}" in out and f"unchanged {conftest}" in out
-    assert test_file.read_text() == original
-
-
-def test_cli_tests_generate_json(capsys, tmp_path):
-    folder = definitions_folder(tmp_path, VALID)
-    refs = tmp_path / "refs"
-    code, out, _ = generate_cli(capsys, folder, refs, "--json")
-    done = json.loads(out)
-    assert code == 0 and sorted(done["written"]) == sorted([str(refs / "conftest.py"), str(refs / "test_rmsnorm.py")])
-    assert done["skipped"] == done["unchanged"] == []
-    assert done["coverage"]["with_tests"] == ["rmsnorm_h8"] and done["coverage"]["without_tests"] == []
-
-
-def test_cli_tests_generate_needs_a_selection(capsys, tmp_path):
-    folder = definitions_folder(tmp_path, VALID)
-    code, _, err = run_cli(capsys, "tests", "generate", "--definitions", folder, "--output", tmp_path / "refs")
-    assert code == 2 and "--all" in err
-    code, _, err = run_cli(capsys, "tests", "generate", "--op-type", "gemm", "--definitions", folder,
-                           "--output", tmp_path / "refs")
-    assert code == 2 and "no definition matched" in err
-    assert not (tmp_path / "refs").exists()
-
-
-@pytest.mark.parametrize("op_type, fixture, call", [
-    ("rmsnorm", "tolerance", "assert_matches("),
-    ("sampling", "sampling_settings", "assert_samples_match("),
-])
-def test_generated_module_uses_the_right_comparison(capsys, tmp_path, op_type, fixture, call):
-    from flashinfer_trace.testgen import render
-
-    d = Definition.model_validate({**VALID, "op_type": op_type}) if op_type == "rmsnorm" else \
-        Definition.model_validate({
-            "name": "top_k_v8", "op_type": "sampling",
-            "axes": {"batch_size": {"type": "var"}, "vocab_size": {"type": "const", "value": 8}},
-            "inputs": {"probs": {"shape": ["batch_size", "vocab_size"], "dtype": "float32"},
-                       "top_k": {"shape": ["batch_size"], "dtype": "int32"}},
-            "outputs": {"samples": {"shape": ["batch_size"], "dtype": "int64"}},
-            "reference": "def run(probs, top_k):\n    return None\n"})
-    generated = render(op_type, [d], tmp_path)
-    tree = ast.parse(generated.text)
-    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert set(functions) == {"test_output_shape", "test_output_dtype", "test_matches_ground_truth",
-                              "test_deterministic", "test_edge_case"}
-    assert fixture in [a.arg for a in functions["test_matches_ground_truth"].args.args]
-    assert call in generated.text and generated.definitions == (d.name,)
-    assert generated.path == tmp_path / f"test_{op_type}.py"
+    shipped = {d.op_type for d in Dataset(ROOT / "definitions")} & set(supported_op_types())
+    files = tested_op_types(ROOT / "tests" / "references")
+    assert shipped <= set(files), sorted(shipped - set(files))
+    for op, path in files.items():  # a docstring, one import, one assignment: no logic of its own
+        body = ast.parse(Path(path).read_text()).body
+        assert Path(path).name == f"test_{op}.py" and len(body) == 3
+        assert [type(n) for n in body] == [ast.Expr, ast.ImportFrom, ast.Assign]
 
 
 # -- streaming and resuming ---------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from flashinfer_trace.cli import main
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, get_ground_truth
 from flashinfer_trace.matrix.build import jit_label
-from flashinfer_trace.matrix.build import test_state as state_of
+from flashinfer_trace.matrix.build import test_state as cell_state_of
+from flashinfer_trace.results.record import from_v1
 from flashinfer_trace.sweep import jit
 from flashinfer_trace.sweep.session import k_expression
 
@@ -130,9 +131,8 @@ def test_a_failed_build_makes_the_ground_truth_unavailable(tmp_path, monkeypatch
     adapter_api = "torch"  # the torch adapter needs no package: the prebuild is never consulted for it
     report.write_text(json.dumps(jit.BuildRecord(d.name, "torch", "build-failed", api=adapter_api,
                                                  message="nvcc: out of memory").as_dict()) + "\n")
-    monkeypatch.setenv(jit.REPORT_ENV, str(report))
-    jit._report.cache_clear()
-    get_ground_truth("torch", d, device="cpu")  # a source without a package has nothing to build
+    lookup = jit.JitReport.load(report).outcome
+    get_ground_truth("torch", d, device="cpu", prebuild=lookup)  # a source without a package has nothing to build
 
     from flashinfer_trace.groundtruth import base
 
@@ -140,18 +140,16 @@ def test_a_failed_build_makes_the_ground_truth_unavailable(tmp_path, monkeypatch
                         package=base.Package("json", ("nonexistent-dist",), "json"))
     report.write_text(json.dumps(jit.BuildRecord(d.name, "flashinfer", "build-timeout", api=fake.api,
                                                  message="not built within its budget of 600 s").as_dict()) + "\n")
-    jit._report.cache_clear()
     with pytest.raises(GroundTruthUnavailable) as e:
-        base._check_prebuild(fake, d)
+        base._check_prebuild(fake, d, jit.JitReport.load(report).outcome)
     assert e.value.kind == "build-timeout" and "600 s" in str(e.value)
-    jit._report.cache_clear()
 
 
 def test_build_states_reach_the_matrix():
     skipped = {"nodeid": "t::x", "status": "skipped", "message": "build-failed: flashinfer.norm.rmsnorm: nvcc",
                "properties": {"skip_kind": "build-failed"}}
-    assert state_of(skipped) == "build-failed"
-    assert state_of({**skipped, "properties": {"skip_kind": "build-timeout"}}) == "build-timeout"
+    assert cell_state_of(from_v1(skipped)) == "build-failed"
+    assert cell_state_of(from_v1({**skipped, "properties": {"skip_kind": "build-timeout"}})) == "build-timeout"
     summary = {"counts": {"built": 3, "cached": 70}, "wall_seconds": 95.0, "compiled_during_tests": ["x"]}
     label = jit_label(summary)
     assert label == "built 3, cached 70 in 95.0 s; 1 compiled during tests"
@@ -177,16 +175,15 @@ def test_cli_on_a_machine_without_gpu_plans_nothing(tmp_path, capsys):
 
 
 def test_check_builds_before_it_checks(tmp_path, monkeypatch):
-    """check's prebuild stage writes its report beside --results and points the ground truths at it."""
+    """check's prebuild stage writes its report beside --results and hands its path to the checks."""
     import argparse
 
     from flashinfer_trace.cli.run import _prebuild
 
-    monkeypatch.setenv(jit.REPORT_ENV, "")  # restored after the test: _prebuild sets it for the process
     args = argparse.Namespace(results=str(tmp_path / "check.jsonl"), resume=False, no_progress=True,
                               jit_budget=jit.DEFAULT_BUDGET)
-    assert _prebuild([load_definition("rmsnorm_h4096")], ("flashinfer",), "cpu", args) == 0
-    assert os.environ[jit.REPORT_ENV] == str(tmp_path / "jit.jsonl")
+    assert _prebuild([load_definition("rmsnorm_h4096")], ("flashinfer",), "cpu", args) == \
+        (0, str(tmp_path / "jit.jsonl"))
 
 
 def test_a_worker_that_cannot_start_is_a_record_not_a_hang(monkeypatch):
@@ -249,8 +246,8 @@ def test_the_longest_groups_build_first_at_normal_priority_the_rest_below():
 
 
 def test_a_report_is_read_by_path_without_the_environment(tmp_path, monkeypatch):
-    """JitReport.load(path).outcome() answers what prebuild_outcome answers through REPORT_ENV; a torn line, a
-    record of an unknown status and an unreadable path are skipped; the last record of a pair wins."""
+    """JitReport.load(path).outcome(): a torn line, a record of an unknown status and an unreadable path are
+    skipped; the last record of a pair wins."""
     report = tmp_path / "jit.jsonl"
     first = jit.BuildRecord("rmsnorm_h4096", "flashinfer", "build-timeout", api="flashinfer.norm.rmsnorm")
     last = jit.BuildRecord("rmsnorm_h4096", "flashinfer", "built", api="flashinfer.norm.rmsnorm", modules=["norm"])
@@ -264,11 +261,7 @@ def test_a_report_is_read_by_path_without_the_environment(tmp_path, monkeypatch)
     assert loaded.outcome("gemm_n4096_k4096", "flashinfer") == other
     assert loaded.outcome("rmsnorm_h4096", "sglang") is None
     assert len(jit.JitReport.load(tmp_path / "missing.jsonl")) == 0 and len(jit.JitReport.load(None)) == 0
-    monkeypatch.setenv(jit.REPORT_ENV, str(report))
-    jit._report.cache_clear()
-    assert jit.prebuild_outcome("rmsnorm_h4096", "flashinfer") == last
     assert [r.key for r in jit.read_report(report)] == [other.key, last.key]  # in the order last written
-    jit._report.cache_clear()
 
 
 JIT_PACKAGE = Path(jit.__file__).parent

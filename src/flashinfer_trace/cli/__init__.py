@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Sequence
 
 from .. import __version__
-from . import definitions, extract, fitrace, jit, run, testgen, wheelhouse
+from . import definitions, extract, fitrace, jit, run, wheelhouse
 from .common import err, safe_text
 
 __all__ = ["build_parser", "main"]
@@ -30,7 +30,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(m.add_subparsers(dest="matrix_command", required=True))
     m.set_defaults(func=lambda a: a.run(a))
 
-    testgen.add_commands(sub)
     return p
 
 

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 from .plan import DEFAULT_BUDGET, GUESS, KERNEL_SOURCES, NVCC_GB, JitConfig, Job, keywords, order, plan, select_k
 from .report import STATUSES, BuildRecord, JitReport, read_report, summarise
-from .report import _report as _report  # tests clear its cache
 
 if TYPE_CHECKING:
     from .cache import (

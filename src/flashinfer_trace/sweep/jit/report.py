@@ -2,7 +2,7 @@
 how it is read back (`JitReport.load(path).outcome(definition, source)`: the path is passed, not found in
 the environment).
 
-A leaf module, standard library only: the ground truths and the pytest plugin read the report while a test runs,
+A leaf module (the standard library and the status vocabulary only): the ground truths and the pytest plugin read the report while a test runs,
 and must not import the sweep (its planner imports the ground truths) to do so.
 """
 
@@ -16,9 +16,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ...status import BuildStatus
+
 __all__ = ["STATUSES", "BuildRecord", "JitReport", "cached", "read_report", "summarise"]
 
-STATUSES = ("built", "cached", "build-failed", "build-timeout", "error")
+STATUSES = tuple(s.value for s in BuildStatus)  # the one vocabulary (status.py)
 
 
 @dataclass
