@@ -2,14 +2,13 @@
 
 A GPU session runs `jobs` pytest processes, each with a confined reference worker: 16 CUDA contexts
 on one GPU. Without MPS the GPU time-slices between contexts, and every small kernel or
-synchronisation of one process waits for the others' slices. On the H100 (flashinfer 0.6.6, 8 jobs)
-the same warm reference session took 85 s of tests without MPS and 63 s with it.
+synchronisation of one process waits for the others' slices (what MPS saved: docs/evidence/sessions.md).
 
 The nox session starts a daemon of its own (`nvidia-cuda-mps-control -d`) with private pipe and
 log directories, exports them to the session process it starts (and so to every test process and
 reference worker), and quits it once that process has exited: no other process on the machine
-connects to it. (Quitting waits for the daemon's clients to finish: asked from inside the session
-process, itself a client, the quit hung until its 20 s timeout.) The state travels to the session
+connects to it. (Quitting waits for the daemon's clients to finish, so the session
+process, itself a client, must not be the one that asks.) The state travels to the session
 in FLASHINFER_TRACE_MPS, which records it in session.json. An MPS daemon the user already
 runs (CUDA_MPS_PIPE_DIRECTORY set) is used as it is. Where none can be started (no control binary,
 no permission, a GPU in a compute mode that refuses it) the session runs without, and says why:

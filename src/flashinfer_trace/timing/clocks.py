@@ -1,18 +1,15 @@
 """The device clocks the timers read: CUDA events around calls, replays of a captured CUDA graph, the L2 flush
 before a cold-cache call, and the GPU's own SM/memory clocks (NVML, else nvidia-smi) recorded beside a timing.
 
-Without CUPTI, why two timers (measured on an H100; /work/shared/research/B_matrix_timing.md, section D):
-a host clock, even with a synchronize, adds 10-40 us of launch and sync overhead, and per-call CUDA
-events still include the host's dispatch gaps for kernels under ~20 us (FlashInfer's run() spends
-tens of us in Python). Replaying K captured calls in one CUDA graph and dividing by K isolates the
-kernels (warm L2: the replays run back to back on the same buffers, nothing is flushed). For large
-kernels events bracketing one call after an L2 flush measure the cold-cache case a serving step
-sees.
+Without CUPTI, why two timers: a host clock, even with a synchronize, adds launch and sync overhead, and per-call
+CUDA events still include the host's dispatch gaps for small kernels (FlashInfer's run() spends tens of us in
+Python). Replaying K captured calls in one CUDA graph and dividing by K isolates the kernels (warm L2: the
+replays run back to back on the same buffers, nothing is flushed). For large kernels events bracketing one call
+after an L2 flush measure the cold-cache case a serving step sees.
 
 The L2 flush reads a 2x-L2 buffer (a reduction over it) rather than writing it: zeroing it, as
-triton's do_bench does, leaves L2 full of dirty lines that the timed kernel then writes back. On
-the H100, with a write flush rmsnorm 32768x8192 and a ~250 us paged decode read 1.017-1.020 x
-ncu's duration, with the read flush 0.985-1.006; rmsnorm 16x4096 took 6.3-26 us instead of 5.5.
+triton's do_bench does, leaves L2 full of dirty lines that the timed kernel then writes back. The
+measurements behind both choices: docs/evidence/timing.md.
 
 This module imports on a CPU-only machine: torch is imported inside the functions that need it.
 """

@@ -19,19 +19,8 @@ calls is captured and replayed (a device-only estimate); below GRAPH_THRESHOLD_U
 used, above it events; closures with a `setup` between calls always get events (a graph would replay on the data
 the previous replay mutated), and so do closures that cannot be captured (`fallback_reason`).
 
-Checked against Nsight Compute's gpu__time_duration (scripts/ncu-validate.py, H100 SXM, flashinfer
-0.6.6, two runs, before the CUPTI timer): rmsnorm 32768x8192 bf16 events/ncu 1.006, FlashInfer paged decode (large case,
-~250 us) 0.985-1.000, F.linear 1024x4096x4096 fp16 (graph, 47 us) 0.985; the 8192^3 bf16 GEMM
-read 1.12-1.14 because the sustained loop hits the power cap (NVML reason 0x4, SM clock 1980 ->
-~1550 MHz) while ncu's isolated launches run at full clock; a ~15 us paged decode reads 0.68 (cold
-ncu) / 0.80 (ncu --cache-control none) with the graph timer, whose back-to-back replays hide the
-per-launch ramp that ncu's serialized launches pay. `Timing.clocks_start/end` record the clocks.
-The CUPTI timer against ncu (`scripts/ncu-validate.py all`, H100, 2026-11-23; docs/matrix-sessions.md):
-rmsnorm 32768x8192 1.011, paged decode large 0.989, 8192^3 GEMM 1.000 (its calls start on an idle
-GPU, so the power cap of the sustained loops does not bite), repeat-to-repeat CV <= 0.13% above
-10 us. ncu's gpu__time_duration carries ~1.3 us per kernel more than CUPTI's start-to-end (a
-1-element kernel: 2.70 vs 1.38 us), so small kernels read lower than ncu: rmsnorm 16x4096 0.616,
-the two-kernel medium decode 0.830 (0.962 and 0.988 with that offset added per kernel).
+`Timing.clocks_start/end` record the GPU's clocks, so a time read under a power cap can be told from one at full
+clock. How the timers compare with Nsight Compute (`scripts/ncu-validate.py`): docs/evidence/timing.md.
 
 This module imports on a CPU-only machine; `time_device` raises RuntimeError there.
 """

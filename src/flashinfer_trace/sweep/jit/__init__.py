@@ -1,6 +1,6 @@
 """JIT prebuild: compile every kernel module the ground truths need before any test runs.
 
-FlashInfer compiles each kernel family with nvcc on first use (13-134 s a module). Left to the
+FlashInfer compiles each kernel family with nvcc on first use (minutes for the largest). Left to the
 tests, those builds run one after another inside test time limits, and an interrupt loses them.
 Here they run first, in parallel, each with its own time budget, and every outcome is a record:
 
