@@ -2,8 +2,8 @@
 how it is read back (`JitReport.load(path).outcome(definition, source)`: the path is passed, not found in
 the environment).
 
-A leaf module (the standard library and the status vocabulary only): the ground truths and the pytest plugin read the report while a test runs,
-and must not import the sweep (its planner imports the ground truths) to do so.
+A leaf module (the standard library and the status vocabulary only): the engine reads the report while
+cases run, and must not import the sweep (its planner imports the ground truths) to do so.
 """
 
 from __future__ import annotations
