@@ -260,13 +260,14 @@ def run_plan(d: Definition, source: str, *, device: str = "cpu", sizes=("small",
     for r in run(plan(Discovered([d], []), config), config):
         if r.check in ("match", "edge"):
             compared.append(r)
-            reports += [x for x in r.reports if isinstance(x, dict)]
+            reports += [x for x in (r.reports or r.compared) if isinstance(x, dict)]
         if r.status in ("fail", "error"):
             where = " ".join(str(p) for p in (r.check, r.size, f"seed {r.seed}", r.case) if p)
-            return PlanRun(f"{where}: {' '.join((r.reason or '').split())[:300]}", Margin.of(reports))
+            return PlanRun(f"{where}: {' '.join((r.detail or '').split())[:300]}", Margin.of(reports))
     if compared and all(r.status == "skip" for r in compared):
-        kind, _, detail = (compared[0].reason or "").partition(": ")
-        raise GroundTruthUnavailable(kind if kind in REASON_KINDS else "unsupported", detail or kind)
+        first = compared[0]
+        kind = first.kind.value if first.kind is not None and first.kind.value in REASON_KINDS else "unsupported"
+        raise GroundTruthUnavailable(kind, (first.detail or kind).removeprefix(f"{kind}: "))
     return PlanRun(None, Margin.of(reports))
 
 

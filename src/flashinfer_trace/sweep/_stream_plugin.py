@@ -1,5 +1,5 @@
 """Pytest plugin for the children of `isolation.run_isolated`: streams one JSON line per event to the
-file named by $FLASHINFER_TRACE_STREAM, fsynced line by line, so that whatever the child reported
+file named by its option --trace-stream, fsynced line by line, so that whatever the child reported
 before a segfault or a kill survives it and the supervisor knows which test was running.
 
 Events: {"event": "collected", "nodeids": [...], "cases": {nodeid: the case's identity}} (a test that
@@ -8,7 +8,7 @@ records a case says which before it runs, so the record of a crash during it nam
 {"event": "report", "nodeid", "status", "duration", "message", "properties"} per test with setup, call
 and teardown folded into one status.
 
-$FLASHINFER_TRACE_DESELECT names a file of nodeids (one a line) to deselect by exact match: the
+--trace-deselect names a file of nodeids (one a line) to deselect by exact match: the
 supervisor's resume list. Pytest's own --deselect matches prefixes, so deselecting `test_x` would
 also drop `test_x2` and `test_x[1]`.
 """
@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-STREAM_ENV = "FLASHINFER_TRACE_STREAM"
-DESELECT_ENV = "FLASHINFER_TRACE_DESELECT"
+STREAM_OPTION = "--trace-stream"
+DESELECT_OPTION = "--trace-deselect"
 MESSAGE_CHARS = 1500
 
 _stream = None
@@ -45,9 +45,15 @@ def _json_safe(value: Any) -> Any:
         return {str(k): repr(v) for k, v in value.items()} if isinstance(value, dict) else repr(value)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("flashinfer-trace isolation", "the isolation supervisor's child (sweep/isolation.py)")
+    g.addoption(STREAM_OPTION, default=None, metavar="FILE", help="stream one JSON line per event here")
+    g.addoption(DESELECT_OPTION, default=None, metavar="FILE", help="deselect the nodeids listed here (exact match)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _stream
-    path = os.environ.get(STREAM_ENV)
+    path = config.getoption(STREAM_OPTION)
     if path and _stream is None:
         _stream = open(path, "a", encoding="utf-8")  # open for the whole session
 
@@ -60,7 +66,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    path = os.environ.get(DESELECT_ENV)
+    path = config.getoption(DESELECT_OPTION)
     if not path or not os.path.exists(path):
         return
     with open(path, encoding="utf-8") as f:

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ._stream_plugin import DESELECT_ENV, STREAM_ENV
+from ._stream_plugin import DESELECT_OPTION, STREAM_OPTION
 from .results import TestRecord
 
 __all__ = ["collect_files", "run_isolated"]
@@ -222,9 +222,9 @@ def _run_child(target: str, pytest_args: list[str], *, python: str, env: dict[st
     stream, log = stem.with_name(stem.name + ".jsonl"), stem.with_name(stem.name + ".log")
     stream.unlink(missing_ok=True)
     child_env = dict(os.environ if env is None else env)
-    child_env.update({STREAM_ENV: str(stream), DESELECT_ENV: str(deselect), "PYTHONUNBUFFERED": "1"})
+    child_env["PYTHONUNBUFFERED"] = "1"
     cmd = [python, "-m", "pytest", target, "-p", "flashinfer_trace.sweep._stream_plugin", "-p", "no:cacheprovider",
-           "-q", *pytest_args]
+           f"{STREAM_OPTION}={stream}", f"{DESELECT_OPTION}={deselect}", "-q", *pytest_args]
     attempt = _Attempt(on_record)
     killed: str | None = None
     with open(log, "wb") as out:

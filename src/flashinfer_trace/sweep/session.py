@@ -120,7 +120,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         print(f"{session}: prebuild: " + ", ".join(f"{k} {v}" for k, v in info.jit["counts"].items())
               + f" in {info.jit['wall_seconds']} s", file=sys.stderr)
         return 1 if bad else 0
-    convert = record_of(kind)
+    convert = record_of(kind, f"{combo.id}@{info.arch}")
     try:
         with JsonlStream(results / STREAM, append=resume) as stream:
             records = earlier + [convert(r) for r in run_isolated(
@@ -160,12 +160,18 @@ def _interrupted(info: SessionInfo, results: Path, manifest: dict, t0: float, wh
     return 130
 
 
-def record_of(kind: str):
+def record_of(kind: str, environment: str):
     """What a session records per test: a references session the CaseRecord each test made (the matrix
-    reads these), a bench session pytest's own record."""
-    if kind == "references":
-        return lambda test: from_test(test.as_dict())
-    return lambda test: test
+    reads these), with the environment it ran in; a bench session pytest's own record."""
+    if kind != "references":
+        return lambda test: test
+
+    def convert(test: TestRecord) -> CaseRecord:
+        record = from_test(test.as_dict())
+        record.environment = environment
+        return record
+
+    return convert
 
 
 def phase_totals(records: list[TestRecord] | list[CaseRecord]) -> dict[str, float]:
