@@ -282,8 +282,8 @@ _baselines: dict[tuple, tuple[bool, str | None, Margin | None]] = {}
 
 def baseline(definition: str, source: str, *, device: str = "cpu", **kw) -> tuple[bool, str | None, Margin | None]:
     """(runs, why not, margin) for the true reference through the same plan, once per process: a mutant is
-    judged only where its unmutated reference passes. On the H100 every reference once crashed (the
-    worker could not start) and each such crash had been counted as a caught bug."""
+    judged only where its unmutated reference passes: a harness that cannot run the true reference (a
+    worker that cannot start) must not count each crash as a caught bug."""
     key = (definition, source, device, repr(sorted(kw.items())))
     if key not in _baselines:
         try:

@@ -72,7 +72,7 @@ GROUND_TRUTH_KINDS = (Kind.UNSUPPORTED, Kind.NOT_INSTALLED, Kind.IMPORT_FAILED, 
 
 # Reason kinds, in the order `availability` checks them. The matrix maps them to cell states:
 # not-installed -> skip:not-installed, api-missing -> skip:api-missing, arch-unsupported ->
-# skip:arch, build-failed / build-timeout (the JIT prebuild's outcome, sweep/jit.py) -> their own states,
+# skip:arch, build-failed / build-timeout (the JIT prebuild's outcome, sweep/jit/) -> their own states,
 # the rest -> skip:other.
 REASON_KINDS = tuple(k.value for k in GROUND_TRUTH_KINDS)
 

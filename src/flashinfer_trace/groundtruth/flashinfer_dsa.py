@@ -1,6 +1,5 @@
-"""FlashInfer ground truth for `dsa_paged` (DeepSeek-V3.2). Not yet run on a GPU: both kernels need
-sm100..sm103 (trtllm-gen) or sm100..sm107 (CuTe DSL), and the project's node is an sm90 H100, where
-they are `arch-unsupported` skips.
+"""FlashInfer ground truth for `dsa_paged` (DeepSeek-V3.2). Both kernels need sm100..sm103 (trtllm-gen)
+or sm100..sm107 (CuTe DSL); on any other arch they are `arch-unsupported` skips.
 
 * Sparse attention: `flashinfer.decode.trtllm_batch_decode_with_kv_cache_mla` with
   `sparse_mla_top_k = topk`, backend trtllm-gen. Each query token is its own request with one query

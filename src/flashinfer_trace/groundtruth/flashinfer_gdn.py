@@ -9,11 +9,11 @@ What the versions need (read from the 0.6.6 and 0.7.2.post1 sources):
   beta = sigmoid(b) in float32, as the definitions' references do; `initial_state` and the final
   state are k-last `[N, HV, V, K]` float32 (the definitions' layout) and `output_final_state=True`
   returns them. `use_qk_l2norm_in_kernel=False`: the definitions do not normalise q and k.
-* prefill, later (0.6.14 and 0.7.x seen): every arch runs CuTe-DSL kernels (`gdn_kernels.
+* prefill, later (0.6.14 and 0.7.x read): every arch runs CuTe-DSL kernels (`gdn_kernels.
   chunk_gated_delta_rule_sm90` is None without nvidia-cutlass-dsl, and the call raises
   NotImplementedError): needs `cutlass`. Which path a release takes is read from `flashinfer.gdn_prefill`
   itself (it imports `chunk_gated_delta_rule_sm90`), not from its number: 0.6.14 has the DSL path, and
-  a version bound guessed at 0.7 made its 24 prefill checks fail on the H100 instead of skipping.
+  a version bound would have its prefill checks fail instead of skipping (docs/evidence/ground-truth.md).
 * decode and MTP, every version: CuTe-DSL kernels. 0.6.x imports `cutlass` at the top of
   `flashinfer.gdn_decode`, 0.7.x inside `gdn_kernels` (the float32-state paths then call None).
   Without nvidia-cutlass-dsl the adapter is a `not-installed` skip that names it, decided before

@@ -66,8 +66,8 @@ def rope(call: Call) -> tuple:
 
 def rope_jit(call: Call) -> tuple:
     """The JIT kernel (elementwise/pos_enc.cuh) reads positions as int64 and the cache as the query's own
-    dtype, as sglang's RotaryEmbedding keeps it; a float32 cache is read as bf16 pairs: inf and nan on the
-    H100 (the first sweep, 48 failures). The cos/sin rounding to bf16 is SGLang's, and the matrix shows it."""
+    dtype, as sglang's RotaryEmbedding keeps it; a float32 cache would be read as bf16 pairs (inf and nan).
+    The cos/sin rounding to bf16 is SGLang's, and the matrix shows it."""
     return _rope_in_place(ROPE.get(call.version), call, cache_in_query_dtype=True)
 
 

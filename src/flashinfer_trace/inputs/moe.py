@@ -6,7 +6,7 @@ Every dimension comes from the definition's axes and shapes (nothing is hard-cod
 DeepSeek-V3's 256 experts or 7168 hidden), so other definitions of the same family work.
 
 * fp8 tensors are made from random bytes mapped to finite codes of magnitude 0.125..1.875
-  (`common.random_fp8`): the ~1.4 GB of DeepSeek-V3 expert weights take about a second.
+  (`rng.random_fp8`), cheap enough for the ~1.4 GB of DeepSeek-V3 expert weights.
 * Any input `<x>_scale` next to an fp8 input `<x>` is a block scale, drawn with the shape the
   definition gives, positive and log-uniform over 1.5 binades around a centre chosen so the
   dequantised values are O(1) for activations and O(1/sqrt(K)) for weights ([.., N, K] layout,
@@ -206,8 +206,8 @@ def _routing_logits(b: Builder, rows: int, num_experts: int, offset: int, num_lo
     A steered token boosts 2..3 experts of a small hot set of local experts and suppresses the
     other local experts, so it sends (almost always exactly) that many choices to this rank. The hot set is
     shared by all tokens of the case: experts receive several tokens (the grouped GEMM's M > 1
-    path), and the reference, which dequantises every local expert it meets (~0.1 s each on a
-    CPU), stays fast. Unsteered tokens route freely and may or may not land here.
+    path), and the reference, which dequantises every local expert it meets, stays fast. Unsteered
+    tokens route freely and may or may not land here.
     """
     g = b.rng(LOGITS)
     logits = normal((rows, num_experts), g)

@@ -230,7 +230,7 @@ def _find_torch(python: str) -> str | None:
 def install_key(combo: Combination, python: str, options: InstallOptions, project: Path) -> str:
     """Everything an install depends on: the combination, the mode, the wheelhouse's files, the
     preinstalled torch (its files' mtime), the project's dependencies. The same key in a reused
-    environment means the same install: it is not run again (5 s of every warm GPU session)."""
+    environment means the same install: it is not run again."""
     import hashlib
 
     torch_file = _find_torch(options.preinstalled_torch) if options.preinstalled_torch else None

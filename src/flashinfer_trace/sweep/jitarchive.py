@@ -1,6 +1,6 @@
 """One archive of a combination's built FlashInfer JIT modules: `flashinfer-trace jit export / import`.
 
-A cold prebuild takes 10-25 minutes a release (fp8 MoE far more), and a node that cannot build, or
+A cold prebuild takes minutes a release (fp8 MoE far more), and a node that cannot build, or
 one whose JIT cache is gone, can load what another node built (prebuilt.py). Export packs the
 modules of one combination, FlashInfer version and arch from a JIT cache root into a tar (gzip, xz
 or bz2 by the name's suffix) whose first member, `jit-archive.json`, says what they are for

@@ -1,8 +1,8 @@
 """FlashInfer JIT modules built on another machine, loaded instead of compiled again.
 
-A fresh GPU machine, or one whose JIT cache is gone, compiles every module again (10-25 min a
-release on 16 cores, fused MoE alone far more). The modules are plain shared libraries keyed by
-FlashInfer version and CUDA arch. FlashInfer loads a module it finds in
+A fresh GPU machine, or one whose JIT cache is gone, compiles every module again (minutes a
+release, fused MoE alone far more: docs/evidence/sessions.md). The modules are plain shared
+libraries keyed by FlashInfer version and CUDA arch. FlashInfer loads a module it finds in
 its AOT folder (`<package>/data/aot/<name>/<name>.so`, where its flashinfer-jit-cache wheel puts
 them) instead of building it: `JitSpec.build_and_load` in 0.5.3, 0.6.6 and 0.6.14 (read in their sources;
 0.7.x keeps an index of AOT artifacts and is not relied on here).

@@ -4,7 +4,7 @@
                     arch-mismatch / no-gpu / uninstallable; running until it ends, interrupted), reason,
                     install mode, constraints hash
     env.json        the environment manifest (manifest.py)
-    jit.jsonl       the JIT prebuild, one record per (definition, kernel source) as each ends (jit.py)
+    jit.jsonl       the JIT prebuild, one record per (definition, kernel source) as each ends (jit/)
     tests.jsonl     one record per test as it finishes (fsynced): what a killed session leaves
     tests.json      one record per test: a references session's are CaseRecords (results/record.py,
                     schema_version 2), a bench session's pytest's own (TestRecord, schema_version 1)

@@ -5,7 +5,7 @@
         [-- PYTEST-ARGS]
 
 A pipeline of plain steps: check the GPU against the combination (a mismatch is recorded and the
-session skips), collect the manifest, build the JIT modules the selected tests need (jit.py, in
+session skips), collect the manifest, build the JIT modules the selected tests need (jit/, in
 parallel, each with its own budget; a `jit` session stops there), run the tests with every file
 (or shard of one) in its own process (isolation.py: a crash or a hang fails one test, the rest
 still run), sample the clocks again,
@@ -197,8 +197,8 @@ def child_environment(jobs: int) -> dict[str, str]:
 
 def shard(files: list[str], jobs: int, definitions: Path) -> list[Target]:
     """Test files split into shards that run side by side: about 2 x jobs processes in all, each file's
-    share in proportion to its definitions (test_<op>.py: definitions/<op>/). On the H100 the GEMM
-    file's 27 definitions in one process (234 s) were the whole session's critical path."""
+    share in proportion to its definitions (test_<op>.py: definitions/<op>/), so a file with many
+    definitions (GEMM's) is not the whole session's critical path."""
     if jobs <= 1:
         return list(files)
     counts = {f: max(1, len(list((definitions / Path(f).stem.removeprefix("test_")).glob("*.json")))) for f in files}

@@ -185,7 +185,7 @@ def _flush_l2(buf: Any, mode: str) -> None:
     """Evict L2 by streaming a 2x-L2 buffer through it. "read" (a reduction over the buffer) leaves
     clean lines, which the timed kernel evicts for free; "write" (zeroing it, as triton's do_bench
     does) leaves L2 full of dirty lines whose write-back the timed kernel then pays for: up to one
-    L2 of extra HBM writes (50 MB, ~15 us on an H100) inside the timed region."""
+    L2 of extra HBM writes inside the timed region (docs/evidence/timing.md)."""
     if mode == "write":
         buf.zero_()
     else:

@@ -3,8 +3,8 @@
 An element passes when |actual - expected| <= atol + rtol * scale (compare.py). For most outputs the
 scale is |expected| (torch.isclose). For a sum of products it is not: where large operands cancel to
 a small result, a kernel that rounds or orders the sum differently differs by an ulp of the
-*operands*, far above any tolerance relative to the small result (seen on the H100: fp16 gemm,
-`large_values`, a handful of near-zero elements off by 0.25 with cosine 1.000000). The textbook
+*operands*, far above any tolerance relative to the small result (FlashInfer's fp16 gemm at
+`large_values`: docs/evidence/ground-truth.md). The textbook
 bound for a computed dot product is |fl(a.b) - a.b| <= gamma_K * sum|a_k b_k|, so the scale of
 such an element is the sum of the absolute products that made it, per op family:
 

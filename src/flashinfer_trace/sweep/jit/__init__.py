@@ -21,7 +21,8 @@ ninja keeps the finished objects, so the next build resumes where it stopped.
 Statuses: `built` (new modules appeared), `cached` (nothing to build), `build-failed` (the
 exception came from the JIT build: compiler output in `log_tail`), `build-timeout`, and `error`
 (the call failed after building: not a build problem; the tests report it). The report is read
-back by `availability` (FLASHINFER_TRACE_JIT_REPORT, or a JitReport handed over): a failed or
+back by `availability` (the engine's `--jit-report FILE`, CheckConfig.jit_report, or a JitReport handed
+over): a failed or
 timed-out build makes the tests of that definition skip as `build-failed` / `build-timeout`, its own matrix state.
 
 The modules: plan.py (jobs, config, order), scheduler.py (the pool, budgets, streaming), worker.py (the child

@@ -94,7 +94,7 @@ def fingerprint(job: Job) -> str:
 class Stamps:
     """What each job loaded when it last ran, kept beside the JIT cache: a job whose definition,
     versions and arch are the same and whose libraries are all there, unchanged, is `cached` without
-    starting a worker (a warm machine's prebuild: 73 warm-up calls took 14 s on the H100). A module
+    starting a worker (a warm machine's prebuild then runs no warm-up call). A module
     the tests still had to build would show as `compiled_during_tests` in the session."""
 
     def __init__(self, path: Path | None):

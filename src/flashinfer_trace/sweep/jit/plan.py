@@ -66,8 +66,8 @@ class JitConfig:
     def pool_size(self) -> tuple[int, int]:
         """(workers, nvcc jobs per worker). Each job may use every core: a module has few sources
         (gemm_sm90: 8, most 1-3), so the compilers running at once stay near the core count, and
-        the long module of many sources finishes in one round instead of two (at 4 a job, gemm_sm90
-        took 176 s on the H100). Memory bounds it (NVCC_GB a compiler)."""
+        the long module of many sources finishes in one round instead of two. Memory bounds it (NVCC_GB
+        a compiler)."""
         cores = os.cpu_count() or 4
         workers = self.workers or max(1, min(8, cores // 2))
         memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

@@ -95,8 +95,8 @@ def group_key(job: Job) -> tuple[str, str]:
 
 class _Schedule:
     """The first job of each group first (in the given order), the rest of a group only once that one
-    has ended: on the H100, all 8 workers sat on the lock of one module (gemm_sm90, 169 s) while the
-    other modules waited; with a group per API, three workers still built `sampling` together. A
+    has ended, so workers do not sit on the lock of one module while other modules wait (`group_key`:
+    a group per Python module of the APIs, not per API, since APIs of one module share its kernels). A
     group whose first job ran out of budget is not tried again job by job."""
 
     def __init__(self, jobs: list[Job]):
