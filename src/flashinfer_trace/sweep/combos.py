@@ -48,6 +48,13 @@ class CombinationError(ValueError):
     pass
 
 
+# what a session installs of the project's own dependencies, beside a combination's pins (install.py); a
+# wheelhouse carries them too (wheelhouse.py)
+PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version < '3.11'", "pytest", "pytest-timeout",
+                        "pytest-benchmark", "landlock>=1.0.0.dev5; sys_platform == 'linux'",
+                        "pyseccomp>=0.1.2; sys_platform == 'linux'")
+
+
 @dataclass(frozen=True)
 class Combination:
     id: str

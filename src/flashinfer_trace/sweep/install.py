@@ -36,7 +36,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from .combos import Combination
+from .combos import PROJECT_REQUIREMENTS, Combination
 
 TORCH_INDEX_ENV = "FLASHINFER_TRACE_TORCH_INDEX"
 WHEELHOUSE_ENV = "FLASHINFER_TRACE_WHEELHOUSE"
@@ -46,9 +46,6 @@ STAMP = ".flashinfer-trace-combination"
 LAYERS = ("zz_flashinfer_trace_base.pth", "flashinfer_trace_src.pth", "flashinfer_trace_combo.pth")
 INSTALLED = "flashinfer_trace_install.json"  # in the environment's site-packages: what the last install was
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
-PROJECT_REQUIREMENTS = ("packaging", "pydantic", "rich", "tomli; python_version < '3.11'", "pytest", "pytest-timeout",
-                        "pytest-benchmark", "landlock>=1.0.0.dev5; sys_platform == 'linux'",
-                        "pyseccomp>=0.1.2; sys_platform == 'linux'")
 SESSION_FLAGS = ("--wheelhouse", "--extra-wheels", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout",
                  "--resume", "--jit-budget", "--no-mps", "--jit-modules")
 

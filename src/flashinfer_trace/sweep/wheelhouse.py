@@ -4,7 +4,7 @@ An offline GPU node installs from a folder of wheels (`--wheelhouse DIR`, instal
 built on a connected machine for the node's Python and platform, which need not be the builder's:
 pip resolves the combination's pins for that target (`--python-version`, `--platform`,
 `--implementation cp`, wheels only), with the project's own requirements that the offline install
-resolves from the same folder (install.PROJECT_REQUIREMENTS) and whatever `--add` names (nox, to run the
+resolves from the same folder (combos.PROJECT_REQUIREMENTS) and whatever `--add` names (nox, to run the
 sessions there), and the closure it resolves is downloaded. `wheelhouse.json`
 records the build (the combination and its file's sha256, the target, each wheel's size and sha256),
 so the node refuses a wheel damaged or swapped on the way instead of installing it.
@@ -217,7 +217,7 @@ def _earlier(dest: Path) -> dict | None:
 
 def requirements(combo: Combination, add: Sequence[str] = (), project: bool = True) -> list[str]:
     """The combination's pins, the project's requirements (unless `project` is false) and `add`."""
-    from .install import PROJECT_REQUIREMENTS
+    from .combos import PROJECT_REQUIREMENTS
 
     for text in add:
         try:
