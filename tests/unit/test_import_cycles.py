@@ -144,3 +144,23 @@ def test_the_vocabulary_is_a_leaf(leaf):
     """The status vocabulary and the record are read by every layer: they import none of them."""
     allowed = {"flashinfer_trace.status"}
     assert import_graph()[leaf] <= allowed
+
+
+def test_the_noxfile_imports_need_no_pydantic_or_torch():
+    """nox runs in an environment of its own (on an offline node: nox and packaging only): what the noxfile
+    imports of the package stays on the standard library and packaging."""
+    import subprocess
+    import sys
+
+    code = ("import sys, builtins\n"
+            "real = builtins.__import__\n"
+            "def guard(name, *a, **k):\n"
+            "    if name.split('.')[0] in ('pydantic', 'torch', 'rich'):\n"
+            "        raise ImportError(f'the noxfile pulled in {name}')\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = guard\n"
+            "sys.argv = ['noxfile']\n"
+            "import runpy\n"
+            "ns = runpy.run_path('noxfile.py')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parents[1], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

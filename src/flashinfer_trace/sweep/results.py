@@ -28,10 +28,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..results.record import SCHEMA_VERSION as RECORD_SCHEMA
-from ..results.record import CaseRecord
+if TYPE_CHECKING:  # the noxfile imports this module with the standard library and packaging only
+    from ..results.record import CaseRecord
+
+RECORD_SCHEMA = 2  # results/record.py's SCHEMA_VERSION: a references session's tests.json
 
 SCHEMA_VERSION = 1
 TEST_STATUSES = ("passed", "failed", "error", "timeout", "skipped", "xfailed", "xpassed")
@@ -196,7 +198,7 @@ SKIPS = ("skipped", "xfailed", "skip", "xfail", "not-run")
 
 def _junit_fields(r: TestRecord | CaseRecord) -> tuple[str, str, str, float, str | None, dict[str, Any]]:
     """(classname, name, status, seconds, message, properties) of either kind of record."""
-    if isinstance(r, CaseRecord):
+    if not isinstance(r, TestRecord):  # a CaseRecord
         name = r.nodeid or "-".join(str(p) for p in (r.definition, r.check, r.source, r.size, r.seed, r.case)
                                     if p is not None)
         path, _, test = name.partition("::")
@@ -241,7 +243,7 @@ def write_session(directory: str | Path, session: SessionInfo, *,
     directory = Path(directory)
     if records is not None:
         session.counts = counts(records)
-        cases = bool(records) and isinstance(records[0], CaseRecord)
+        cases = bool(records) and not isinstance(records[0], TestRecord)
         write_json(directory / "tests.json", {"schema_version": RECORD_SCHEMA if cases else SCHEMA_VERSION,
                                               "session": session.session, "tests": [r.as_dict() for r in records]})
         write_atomic(directory / "junit.xml", junit_xml(records, session.session))
@@ -255,5 +257,7 @@ def read_records(path: str | Path) -> list[TestRecord] | list[CaseRecord]:
     """A tests.json's records: CaseRecords (schema_version 2), else pytest's TestRecords."""
     data = json.loads(Path(path).read_text())
     if data.get("schema_version") == RECORD_SCHEMA:
+        from ..results.record import CaseRecord
+
         return [CaseRecord.model_validate(t) for t in data["tests"]]
     return [TestRecord(**t) for t in data["tests"]]
