@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..inputs.rng import stream_seed
 from ..inputs.sampling import distribution_input, repeat_rows
+from ..reference import reference_function
 
 if TYPE_CHECKING:
     from ..definition import Definition
@@ -121,9 +123,6 @@ def two_sample_chi2(a: torch.Tensor, b: torch.Tensor, vocab: int) -> tuple[float
 
 def draw_reference(definition: Definition, inputs: Inputs, draws: int, seed: int) -> torch.Tensor:
     """[batch, draws] samples from the reference, seeded, a bounded number of rows per call."""
-    from ...inputs.common import stream_seed
-    from ...reference import reference_function
-
     run = reference_function(definition)
     batch, vocab = inputs.values[distribution_input(definition)].shape
     rows_per_call = max(1, CHUNK_ELEMENTS // max(vocab, 1))
