@@ -431,22 +431,26 @@ def test_single_tensor_and_scalars_are_accepted():
 
 
 def test_a_reference_test_records_how_much_tolerance_it_used(tmp_path):
-    """record_case records each comparison's margin with the test (the matrix's tests.json), a pass included."""
+    """The suite's record of a comparison carries each output's margin (the matrix's tests.json), a pass included."""
     import ast
     import subprocess
     import sys
     import xml.etree.ElementTree as ET
     from pathlib import Path
 
+    from flashinfer_trace.results.record import CaseRecord
+
     root = Path(__file__).resolve().parents[2]
     junit = tmp_path / "junit.xml"
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--device=cpu",
-                          str(root / "tests" / "references" / "test_rmsnorm.py"), f"--junitxml={junit}",
-                          "-k", "test_matches_ground_truth and small-0-rmsnorm_h4096-torch"],
+                          "tests/references/test_rmsnorm.py::test_rmsnorm[rmsnorm_h4096-match-torch-small-0]",
+                          f"--junitxml={junit}"],
                          cwd=root, capture_output=True, text=True)
     assert "1 passed" in out.stdout, out.stdout + out.stderr
     props = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
-    (compared,) = ast.literal_eval(props["compared"])  # junit writes the property's repr
+    record = CaseRecord.model_validate(ast.literal_eval(props["record"]))  # junit writes the property's repr
+    assert record.status == "pass" and record.check == "match" and record.seed == 0
+    (compared,) = record.compared
     assert compared["output"] == "output" and compared["total"] == 16384 and compared["mismatched"] == 0
     assert 0 < compared["tolerance_used"] <= 1 and compared["cosine"] > 0.9999
 

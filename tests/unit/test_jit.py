@@ -283,20 +283,12 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_the_jit_report_is_a_leaf_and_the_package_has_no_import_cycle():
-    """report.py imports the standard library only (the ground truths read it), and no module of sweep/jit
-    imports, through the others, itself."""
+def test_the_jit_report_is_a_leaf():
+    """report.py imports the standard library and the status vocabulary only (the engine reads it while cases
+    run); the package-wide cycle guard is tests/unit/test_import_cycles.py."""
     allowed = set(sys.stdlib_module_names) | {"pydantic"}
-    assert {m for m in _imports(JIT_PACKAGE / "report.py") if m.split(".")[0] not in allowed} == set()
-    graph = {p.stem: {m.rsplit(".", 1)[-1] for m in _imports(p) if m.startswith("flashinfer_trace.sweep.jit.")}
-             for p in JIT_PACKAGE.glob("*.py") if p.stem != "__init__"}
-    assert set(graph) == {"cache", "plan", "report", "scheduler", "worker"}
-
-    def reaches(start: str, target: str, seen: set[str]) -> bool:
-        return any(n == target or (n not in seen and reaches(n, target, seen | {n})) for n in graph.get(start, ()))
-
-    assert [m for m in graph if reaches(m, m, set())] == []
-    assert graph["report"] == set()
+    found = {m for m in _imports(JIT_PACKAGE / "report.py") if m.split(".")[0] not in allowed}
+    assert found <= {"flashinfer_trace.status"}, found
 
 
 def test_importing_the_report_loads_no_ground_truth_nor_the_build_pool():

@@ -45,7 +45,7 @@ class GroundTruthPath(BaseModel):
     """The kernel path a source took (its API, version, device) and the ones it passed over."""
 
     model_config = ConfigDict(extra="allow")
-    source: str
+    source: str | None = None  # (version-1 records did not always say)
     api: str | None = None
     version: str | None = None
     device: str | None = None
