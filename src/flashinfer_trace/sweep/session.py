@@ -25,7 +25,7 @@ from pathlib import Path
 from ..results.record import CaseRecord, from_test, parse
 from .combos import Combination, arch_of, load_combination
 from .isolation import Target
-from .results import JsonlStream, SessionInfo, TestRecord, from_fields, read_latest, write_session
+from .results import ERRORS, FAILURES, JsonlStream, SessionInfo, TestRecord, from_fields, read_latest, write_session
 
 EXIT_SKIPPED = 3
 REFERENCE_TESTS = "tests/references"
@@ -131,7 +131,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
                 skip={r.nodeid for r in earlier})]
     except KeyboardInterrupt:  # what finished is in the stream: keep it readable as the session's result
         return _interrupted(info, results, manifest, t0, "", kind)
-    bad = [r for r in records if str(r.status) in ("failed", "error", "timeout", "xpassed", "fail", "xpass")]
+    bad = [r for r in records if str(r.status) in FAILURES + ERRORS]
     info.status = "tests-failed" if bad else "ok"
     info.phases = phase_totals(records)
     if built_before is not None:
