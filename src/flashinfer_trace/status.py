@@ -146,3 +146,32 @@ def cell_state(status: Status, kind: Kind | None) -> CellState:
     if status is Status.SKIP:
         return _SKIP_STATES.get(kind, CellState.SKIP_OTHER) if kind is not None else CellState.SKIP_OTHER
     return _DIRECT[status]
+
+
+# how a state reads in the matrix (build.py writes these into matrix.json; the pages show them)
+MEANING = {
+    CellState.PASS: "the reference agrees with the kernel's ground truth",
+    CellState.FAIL: "outputs differ beyond tolerance (numerical)",
+    CellState.ERROR: "a runtime or compile error (or a crash)",
+    CellState.TIMEOUT: "a test ran past its time limit and was killed",
+    CellState.SKIP_ARCH: "the kernel does not run on this GPU arch",
+    CellState.SKIP_API_MISSING: "this version has no such API",
+    CellState.SKIP_NOT_INSTALLED: "the ground-truth package is not installed",
+    CellState.SKIP_OTHER: "skipped for another reason (see the cell)",
+    CellState.BUILD_FAILED: "the kernel's JIT module failed to compile (the prebuild's log tail is in the cell)",
+    CellState.BUILD_TIMEOUT: "the kernel's JIT module was not built within its prebuild budget",
+    CellState.INSTALL_FAILED: "the combination could not be installed",
+    CellState.XFAIL: "a known issue (constraints/known-issues.toml), failing as recorded",
+    CellState.XPASS: "a known issue now passing: the entry should go",
+    CellState.NOT_RUN: "no result for this cell",
+}
+SYMBOL = {CellState.PASS: "✅", CellState.FAIL: "❌", CellState.ERROR: "💥", CellState.TIMEOUT: "⏱",
+          CellState.SKIP_ARCH: "🚫", CellState.SKIP_API_MISSING: "➖", CellState.SKIP_NOT_INSTALLED: "⬜",
+          CellState.SKIP_OTHER: "⏭", CellState.BUILD_FAILED: "🔨", CellState.BUILD_TIMEOUT: "⌛",
+          CellState.INSTALL_FAILED: "📦", CellState.XFAIL: "🟡", CellState.XPASS: "⭐", CellState.NOT_RUN: "·"}
+# the states a cell shows before any other, worst first (a cell is its worst case)
+WORST_FIRST = (CellState.ERROR, CellState.TIMEOUT, CellState.FAIL, CellState.XPASS)
+# how an environment's column sorts, most severe first
+SEVERITY = (CellState.ERROR, CellState.FAIL, CellState.TIMEOUT, CellState.BUILD_FAILED, CellState.BUILD_TIMEOUT,
+            CellState.INSTALL_FAILED, CellState.XFAIL, CellState.XPASS, CellState.SKIP_API_MISSING,
+            CellState.SKIP_ARCH, CellState.SKIP_OTHER, CellState.SKIP_NOT_INSTALLED, CellState.PASS, CellState.NOT_RUN)

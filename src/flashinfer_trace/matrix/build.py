@@ -24,35 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from ..results.record import CaseRecord, parse
-from ..status import CellState, Status, cell_state
+from ..status import MEANING, SYMBOL, WORST_FIRST, Status, cell_state
 from ..sweep.manifest import sandbox_label
 from ..sweep.results import read_jsonl, read_latest
 from . import drift_view
 
 SCHEMA_VERSION = 1
-_MEANING = {
-    CellState.PASS: "the reference agrees with the kernel's ground truth",
-    CellState.FAIL: "outputs differ beyond tolerance (numerical)",
-    CellState.ERROR: "a runtime or compile error (or a crash)",
-    CellState.TIMEOUT: "a test ran past its time limit and was killed",
-    CellState.SKIP_ARCH: "the kernel does not run on this GPU arch",
-    CellState.SKIP_API_MISSING: "this version has no such API",
-    CellState.SKIP_NOT_INSTALLED: "the ground-truth package is not installed",
-    CellState.SKIP_OTHER: "skipped for another reason (see the cell)",
-    CellState.BUILD_FAILED: "the kernel's JIT module failed to compile (the prebuild's log tail is in the cell)",
-    CellState.BUILD_TIMEOUT: "the kernel's JIT module was not built within its prebuild budget",
-    CellState.INSTALL_FAILED: "the combination could not be installed",
-    CellState.XFAIL: "a known issue (constraints/known-issues.toml), failing as recorded",
-    CellState.XPASS: "a known issue now passing: the entry should go",
-    CellState.NOT_RUN: "no result for this cell",
-}
-STATES = {state.value: text for state, text in _MEANING.items()}
-_SYMBOL = {CellState.PASS: "✅", CellState.FAIL: "❌", CellState.ERROR: "💥", CellState.TIMEOUT: "⏱",
-           CellState.SKIP_ARCH: "🚫", CellState.SKIP_API_MISSING: "➖", CellState.SKIP_NOT_INSTALLED: "⬜",
-           CellState.SKIP_OTHER: "⏭", CellState.BUILD_FAILED: "🔨", CellState.BUILD_TIMEOUT: "⌛",
-           CellState.INSTALL_FAILED: "📦", CellState.XFAIL: "🟡", CellState.XPASS: "⭐", CellState.NOT_RUN: "·"}
-SYMBOLS = {state.value: symbol for state, symbol in _SYMBOL.items()}
-BAD = tuple(s.value for s in (CellState.ERROR, CellState.TIMEOUT, CellState.FAIL, CellState.XPASS))  # worst first
+STATES = {state.value: text for state, text in MEANING.items()}
+SYMBOLS = {state.value: symbol for state, symbol in SYMBOL.items()}
+BAD = tuple(s.value for s in WORST_FIRST)
 KERNEL_SOURCES = ("flashinfer", "sglang")
 TIMING_FIELDS = ("median_us", "q1_us", "q3_us", "iqr_us", "timer", "l2_flushed", "gb_per_s", "tflop_per_s",
                  "pct_of_peak_bandwidth", "pct_of_peak_flops", "includes_setup")

@@ -53,6 +53,8 @@ from collections import Counter
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from ..status import SEVERITY as CELL_SEVERITY
+from ..status import SYMBOL
 from . import drift_view
 from .build import jit_label
 
@@ -60,24 +62,9 @@ __all__ = ["SEVERITY", "SYMBOLS", "TITLE", "render_html"]
 
 TITLE = "flashinfer-trace compatibility matrix"
 
-SYMBOLS: dict[str, str] = {
-    "pass": "✅",
-    "fail": "❌",
-    "error": "💥",
-    "timeout": "⏱",
-    "skip:arch": "🚫",
-    "skip:api-missing": "➖",
-    "skip:not-installed": "⬜",
-    "skip:other": "⏭",
-    "install-failed": "📦",
-    "xfail": "🟡",
-    "xpass": "⭐",
-    "not-run": "·",
-}
-
+SYMBOLS: dict[str, str] = {state.value: symbol for state, symbol in SYMBOL.items()}
 # Most severe first: the order an environment column sorts in (ascending).
-SEVERITY: tuple[str, ...] = ("error", "fail", "timeout", "install-failed", "xfail", "xpass", "skip:api-missing",
-                             "skip:arch", "skip:other", "skip:not-installed", "pass", "not-run")
+SEVERITY: tuple[str, ...] = tuple(state.value for state in CELL_SEVERITY)
 
 NOT_RUN = "not-run"
 UNKNOWN_SYMBOL = "?"
