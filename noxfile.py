@@ -182,7 +182,8 @@ def lint(session: nox.Session) -> None:
 @nox.session(venv_backend="virtualenv", tags=["matrix"], default=False)
 def matrix(session: nox.Session) -> None:
     """results/ -> matrix/ (matrix.json, matrix.md, index.html); extra args go to `matrix build`."""
-    session.install("packaging>=23", "tomli>=2; python_version < '3.11'")  # the build needs no torch
+    # the build needs no torch: packaging, and pydantic for the records' model (results/record.py)
+    session.install("packaging>=23", "pydantic>=2.5", "tomli>=2; python_version < '3.11'")
     session.env["PYTHONPATH"] = str(ROOT / "src")
     session.run("python", "-m", "flashinfer_trace.matrix", "build", str(RESULTS), "-o", str(ROOT / "matrix"),
                 *session.posargs)

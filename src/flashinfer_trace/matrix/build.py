@@ -10,7 +10,8 @@ A pipeline of plain functions, each taking the previous result:
     cells(environments)        -> one cell per (definition, environment)
     assemble(...)              -> the matrix.json dict (schema_version 1)
 
-Imports nothing heavy (no torch): `nox -s matrix` runs it with the standard library and packaging.
+Imports nothing heavy (no torch): `nox -s matrix` runs it with the standard library, packaging and pydantic
+(the records' model).
 """
 
 from __future__ import annotations
