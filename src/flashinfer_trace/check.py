@@ -16,7 +16,6 @@ are not run again.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from collections import Counter
@@ -31,7 +30,7 @@ import torch
 from .definition import Definition
 from .groundtruth import SOURCES, GroundTruthUnavailable, PrebuildLookup, default_device, get_ground_truth
 from .inputs import InputGenerationError, Inputs, UnsupportedOpType, edge_cases, generate_inputs
-from .inputs.common import fixed_bytes
+from .inputs.common import MEMORY_FACTOR, CaseTooLarge, fixed_bytes, memory_budget
 from .options import DEFAULT_SEEDS, DEFAULT_SIZES, TOLERANCE_OPTIONS
 from .reference import expected_dtypes, expected_shapes, output_dtypes, output_shapes, run_reference, shape_fits
 from .results.record import CaseRecord, Check, GroundTruthPath
@@ -173,18 +172,6 @@ def discover(targets: Iterable[str], config: CheckConfig) -> Discovered:
 
 
 # -- plan -------------------------------------------------------------------------------------------
-# A check holds the inputs, the reference's float32 copies and the torch ground truth's float64 ones
-# (an fp8 weight grows 8x there) at once: about this many times the inputs' bytes at the peak.
-MEMORY_FACTOR = 12
-
-
-def memory_budget(device: str) -> int:
-    """Bytes the checks may use: the GPU's memory on CUDA, the machine's RAM on the CPU."""
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def too_large(d: Definition, budget: int) -> str | None:
     """Why a definition cannot be checked in this much memory, or None."""
     fixed = fixed_bytes(d)
@@ -209,7 +196,8 @@ def _fi_trace_inputs_problem(d: Definition, device: str = "cpu") -> str | None:
 
 
 def definition_cases(d: Definition, config: CheckConfig, budget: int | None = None) -> list[Case]:
-    """A definition's cases, in the order they run (a case's checks together: they share its inputs).
+    """A definition's cases, in the order they run (a case's checks together: they share its inputs;
+    the edge cases of a size after its random ones).
     Raises UnsupportedOpType when no generator knows the definition."""
     edge = edge_cases(d)
     if config.cases is not None:
@@ -223,8 +211,9 @@ def definition_cases(d: Definition, config: CheckConfig, budget: int | None = No
     for size in sorted(config.sizes, key=lambda s: SIZE_ORDER.get(s, 3)):
         out += [Case(d, Check.SHAPE, size, skip=skip), Case(d, Check.DTYPE, size, skip=skip)]
         out += [Case(d, Check.MATCH, size, seed, source=s, skip=skip) for seed in config.seeds for s in config.sources]
+        # boundary-seeking inputs at every size: an indexing bug may need the larger shapes to show
+        out += [Case(d, Check.EDGE, size, 0, c, s, skip=skip) for c in edge for s in config.sources]
     out.append(Case(d, Check.DETERMINISTIC, skip=skip))
-    out += [Case(d, Check.EDGE, "small", 0, c, s, skip=skip) for c in edge for s in config.sources]
     return out
 
 
@@ -361,6 +350,8 @@ def outcome_of(e: BaseException) -> tuple[Status, Kind, str]:
     """Every exception a case can end in, as a status: the one place they are mapped."""
     if isinstance(e, GroundTruthUnavailable):  # an adapter that finds out late that it cannot run this
         return Status.SKIP, Kind(e.kind), str(e)
+    if isinstance(e, CaseTooLarge):
+        return Status.SKIP, Kind.TOO_LARGE, f"too-large: {e}"
     if isinstance(e, InputGenerationError):
         return Status.ERROR, Kind.INPUTS, f"inputs: {e}"
     if isinstance(e, (ReferenceFailure, SandboxError)):

@@ -101,12 +101,14 @@ def test_plan_lists_every_check():
     cases = plan(Discovered([d], []), config)
     assert all(isinstance(c, Case) for c in cases)
     ids = [c.id for c in cases]
-    assert ids[:6] == ["rmsnorm_h8-shape-small-0", "rmsnorm_h8-dtype-small-0", "rmsnorm_h8-match-torch-small-0",
-                       "rmsnorm_h8-match-torch-small-1", "rmsnorm_h8-shape-medium-0", "rmsnorm_h8-dtype-medium-0"]
+    assert ids[:4] == ["rmsnorm_h8-shape-small-0", "rmsnorm_h8-dtype-small-0", "rmsnorm_h8-match-torch-small-0",
+                       "rmsnorm_h8-match-torch-small-1"]
     assert "rmsnorm_h8-deterministic-small-0" in ids
-    assert sorted(c.case for c in cases if c.check == "edge") == ["large_values", "single_token", "tiny_values"]
+    edges = [(c.size, c.case) for c in cases if c.check == "edge"]  # every edge case at every size
+    assert sorted(edges) == [(s, c) for s in ("medium", "small") for c in ("large_values", "single_token", "tiny_values")]
+    assert ids.index("rmsnorm_h8-edge-torch-small-0-single_token") < ids.index("rmsnorm_h8-shape-medium-0")
     only = plan(Discovered([d], []), CheckConfig(**{**CONFIG, "cases": ("single_token",)}))
-    assert [c.case for c in only if c.check == "edge"] == ["single_token", "single_token"]  # torch, flashinfer
+    assert [c.case for c in only if c.check == "edge"] == ["single_token"] * 2 * len(CONFIG["sizes"])  # x 2 sources
 
 
 # -- run / summarise --------------------------------------------------------------------------------

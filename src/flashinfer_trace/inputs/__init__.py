@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .common import SIZES, Builder, InputGenerationError, Inputs, UnsupportedOpType
+from .common import SIZES, Builder, CaseTooLarge, InputGenerationError, Inputs, UnsupportedOpType
 from .registry import family_for, supported_op_types
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SIZES",
+    "CaseTooLarge",
     "InputGenerationError",
     "Inputs",
     "UnsupportedOpType",

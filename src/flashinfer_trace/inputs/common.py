@@ -61,6 +61,26 @@ class UnsupportedOpType(InputGenerationError):
     """No generator knows the definition's op_type (callers such as `run --all` skip these)."""
 
 
+class CaseTooLarge(InputGenerationError):
+    """The case needs more memory than the device has (an index past 2**31 needs a tensor that large):
+    a `too-large` skip with the bytes it needs, not an error."""
+
+
+# A check holds the inputs, the reference's float32 copies and the torch ground truth's float64 ones
+# (an fp8 weight grows 8x there) at once: about this many times the inputs' bytes at the peak.
+MEMORY_FACTOR = 12
+
+
+def memory_budget(device: str | torch.device) -> int:
+    """Bytes the checks may use: the GPU's memory on CUDA, the machine's RAM on the CPU."""
+    import os
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def fixed_bytes(definition: Definition) -> int:
     """Bytes of the inputs whose every dimension is a const axis (weights, caches of a fixed size):
     what any size tier allocates at least. A public MoE with 384 local experts has 17 GB of them."""
@@ -159,6 +179,16 @@ class Builder:
     # -- errors and randomness
     def error(self, message: str) -> InputGenerationError:
         return InputGenerationError(message, definition=self.definition.name)
+
+    def require_bytes(self, nbytes: int, what: str, *, factor: int = MEMORY_FACTOR) -> None:
+        """Raise CaseTooLarge unless `factor` times `nbytes` fit this device (a case whose point is a
+        large tensor: `what` says which). `factor` 1 where only the tensor itself has to fit (the
+        ground truth and reference read it without widening it)."""
+        budget = memory_budget(self.device)
+        if nbytes * factor > budget:
+            raise CaseTooLarge(f"{what} needs {nbytes / 2**30:.1f} GiB (x{factor} for the check's copies), more "
+                               f"than the {budget / 2**30:.0f} GiB of {self.device.type} memory here",
+                               definition=self.definition.name)
 
     def rng(self, tag: str) -> Stream:
         """One named random stream of this case."""
