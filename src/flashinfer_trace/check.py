@@ -259,12 +259,14 @@ class Memo:
         self.key: tuple | None = None
         self.inputs: Inputs | None = None
         self.outputs: tuple | None = None
+        self.mutated: list[str] = []  # inputs the reference wrote into that the definition does not let it
         self._scales: list | None = None
 
     def pristine(self, case: Case, phases: Phases) -> Inputs:
         key = (case.definition.name, case.size, case.seed, case.case)
         if key != self.key:  # forgotten before generating: a failure must not leave another case's inputs
             self.key = self.inputs = self.outputs = self._scales = None
+            self.mutated = []
             with phases("inputs"):
                 self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
                                               case=case.case)
@@ -277,11 +279,12 @@ class Memo:
             return inputs.to(self.device, copy=True)
 
     def reference(self, case: Case, phases: Phases) -> tuple:
-        self.pristine(case, phases)
+        pristine = self.pristine(case, phases)
         if self.outputs is None:
             inputs = self.copy(case, phases)
             with phases("reference"):
                 self.outputs = run_reference(case.definition, inputs, seed=case.seed)
+            self.mutated = written_inputs(case.definition, pristine, inputs)
         return self.outputs
 
     def scales(self, case: Case) -> list:
@@ -289,6 +292,21 @@ class Memo:
         if self._scales is None:
             self._scales = error_scales(case.definition, self.inputs)
         return self._scales
+
+
+def written_inputs(definition: Definition, pristine: Inputs, used: Inputs) -> list[str]:
+    """The inputs whose bytes differ after the reference ran on its copy, bar the ones the definition declares
+    as in-place outputs: a reference may not change what it is given (a write would reach a caller that reuses
+    its inputs). Compared as bytes, so a NaN input is equal to itself."""
+    allowed = set(definition.in_place_outputs)
+    return [name for name, before in pristine.values.items()
+            if name not in allowed and isinstance(before, torch.Tensor) and not _same_bytes(before, used.values[name])]
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
 
 
 def _path(gt) -> GroundTruthPath:
@@ -379,6 +397,11 @@ def run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
         except Exception as e:  # a kernel or reference that raises is a record, not a crash of the run
             status, kind, detail = outcome_of(e)
             record = case.record(status, kind=kind, detail=detail)
+        if memo.mutated and record.status in (Status.PASS, Status.FAIL):  # whatever else it did, it may not do that
+            record = case.record(Status.FAIL, kind=Kind.MUTATES_INPUTS, verdict=record.verdict,
+                                 ground_truth=record.ground_truth, tolerance=record.tolerance, compared=record.compared,
+                                 detail=f"the reference wrote into {', '.join(memo.mutated)}, which the definition "
+                                        f"does not declare as outputs")
     record.seconds = time.perf_counter() - start
     record.phases = {**{k: round(v, 4) for k, v in phases.seconds.items()},
                      "worker_starts": pool.worker_starts() - starts}

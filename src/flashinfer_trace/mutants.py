@@ -46,6 +46,10 @@ def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: st
 MUTANTS: tuple[Mutant, ...] = (
     # norms
     # (the ground truths read EPS from the reference, so the planted bug is the expression not using it)
+    _m("rmsnorm_h4096", "writes-weight", "right output, but the weight is halved in place afterwards (the caller's "
+       "tensor: a ground truth reusing it would compute on the changed weight)",
+       ("    return y.to(hidden_states.dtype)",
+        "    out = y.to(hidden_states.dtype)\n    weight.mul_(0.5)\n    return out")),
     _m("rmsnorm_h4096", "eps", "eps 1e-6 in the expression, 1e-5 declared",
        ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
     _m("rmsnorm_h4096", "no-weight", "the weight is not applied", ("y = x * inv_rms * weight.to(torch.float32)",

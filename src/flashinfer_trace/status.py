@@ -54,6 +54,7 @@ class Kind(str, enum.Enum):
     SAMPLES = "samples"  # a sampler's statistics differ
     SHAPE = "shape"
     DTYPE = "dtype"
+    MUTATES_INPUTS = "mutates-inputs"  # the reference wrote into inputs it does not declare as outputs
     NONDETERMINISTIC = "nondeterministic"
     REFERENCE = "reference"  # the confined reference raised, timed out or crashed
     EXCEPTION = "exception"  # anything else raised
@@ -116,6 +117,7 @@ class CellState(str, enum.Enum):
 
     PASS = "pass"
     FAIL = "fail"
+    MUTATES_INPUTS = "mutates-inputs"
     ERROR = "error"
     TIMEOUT = "timeout"
     SKIP_ARCH = "skip:arch"
@@ -142,9 +144,11 @@ _DIRECT = {Status.PASS: CellState.PASS, Status.FAIL: CellState.FAIL, Status.ERRO
 
 
 def cell_state(status: Status, kind: Kind | None) -> CellState:
-    """The matrix state of one case: its status, a skip refined by its kind."""
+    """The matrix state of one case: its status, a skip or a failure refined by its kind."""
     if status is Status.SKIP:
         return _SKIP_STATES.get(kind, CellState.SKIP_OTHER) if kind is not None else CellState.SKIP_OTHER
+    if status is Status.FAIL and kind is Kind.MUTATES_INPUTS:
+        return CellState.MUTATES_INPUTS
     return _DIRECT[status]
 
 
@@ -152,6 +156,7 @@ def cell_state(status: Status, kind: Kind | None) -> CellState:
 MEANING = {
     CellState.PASS: "the reference agrees with the kernel's ground truth",
     CellState.FAIL: "outputs differ beyond tolerance (numerical)",
+    CellState.MUTATES_INPUTS: "the reference writes into inputs it does not declare as outputs",
     CellState.ERROR: "a runtime or compile error (or a crash)",
     CellState.TIMEOUT: "a test ran past its time limit and was killed",
     CellState.SKIP_ARCH: "the kernel does not run on this GPU arch",
@@ -165,13 +170,15 @@ MEANING = {
     CellState.XPASS: "a known issue now passing: the entry should go",
     CellState.NOT_RUN: "no result for this cell",
 }
-SYMBOL = {CellState.PASS: "✅", CellState.FAIL: "❌", CellState.ERROR: "💥", CellState.TIMEOUT: "⏱",
-          CellState.SKIP_ARCH: "🚫", CellState.SKIP_API_MISSING: "➖", CellState.SKIP_NOT_INSTALLED: "⬜",
-          CellState.SKIP_OTHER: "⏭", CellState.BUILD_FAILED: "🔨", CellState.BUILD_TIMEOUT: "⌛",
-          CellState.INSTALL_FAILED: "📦", CellState.XFAIL: "🟡", CellState.XPASS: "⭐", CellState.NOT_RUN: "·"}
+SYMBOL = {CellState.PASS: "✅", CellState.FAIL: "❌", CellState.MUTATES_INPUTS: "✍", CellState.ERROR: "💥",
+          CellState.TIMEOUT: "⏱", CellState.SKIP_ARCH: "🚫", CellState.SKIP_API_MISSING: "➖",
+          CellState.SKIP_NOT_INSTALLED: "⬜", CellState.SKIP_OTHER: "⏭", CellState.BUILD_FAILED: "🔨",
+          CellState.BUILD_TIMEOUT: "⌛", CellState.INSTALL_FAILED: "📦", CellState.XFAIL: "🟡", CellState.XPASS: "⭐",
+          CellState.NOT_RUN: "·"}
 # the states a cell shows before any other, worst first (a cell is its worst case)
-WORST_FIRST = (CellState.ERROR, CellState.TIMEOUT, CellState.FAIL, CellState.XPASS)
+WORST_FIRST = (CellState.ERROR, CellState.TIMEOUT, CellState.MUTATES_INPUTS, CellState.FAIL, CellState.XPASS)
 # how an environment's column sorts, most severe first
-SEVERITY = (CellState.ERROR, CellState.FAIL, CellState.TIMEOUT, CellState.BUILD_FAILED, CellState.BUILD_TIMEOUT,
-            CellState.INSTALL_FAILED, CellState.XFAIL, CellState.XPASS, CellState.SKIP_API_MISSING,
-            CellState.SKIP_ARCH, CellState.SKIP_OTHER, CellState.SKIP_NOT_INSTALLED, CellState.PASS, CellState.NOT_RUN)
+SEVERITY = (CellState.ERROR, CellState.FAIL, CellState.MUTATES_INPUTS, CellState.TIMEOUT, CellState.BUILD_FAILED,
+            CellState.BUILD_TIMEOUT, CellState.INSTALL_FAILED, CellState.XFAIL, CellState.XPASS,
+            CellState.SKIP_API_MISSING, CellState.SKIP_ARCH, CellState.SKIP_OTHER, CellState.SKIP_NOT_INSTALLED,
+            CellState.PASS, CellState.NOT_RUN)

@@ -412,3 +412,44 @@ def test_a_reference_only_failure_saves_a_replay_of_every_ground_truth(tmp_path)
     saved = json.loads(save_failure(record, tmp_path).read_text())
     assert saved["replay"] == ("flashinfer-trace check rmsnorm_h8 --size small --seed 0 --ground-truth all "
                                "--device cuda:0")
+
+
+# -- a reference that writes into its inputs ---------------------------------------------------------
+WRITES_WEIGHT = VALID["reference"].replace("    return (y * weight.to(torch.float32)).to(hidden_states.dtype)",
+                                           "    out = (y * weight.to(torch.float32)).to(hidden_states.dtype)\n"
+                                           "    weight.mul_(0.5)\n    return out")
+
+
+def test_a_reference_that_writes_into_its_inputs_fails_every_case_it_ran():
+    """Its outputs are right, and each consumer gets its own copy of the inputs, so only the bytes of the
+    copy it was handed show it: every case that ran it says mutates-inputs, and the cell shows that state."""
+    from flashinfer_trace.matrix.build import test_state as cell_state_of
+
+    assert WRITES_WEIGHT != VALID["reference"]
+    d = Definition.model_validate({**VALID, "reference": WRITES_WEIGHT})
+    config = CheckConfig(**{**CONFIG, "sources": ("torch",)})
+    results = list(run(plan(Discovered([d], []), config), config))
+    assert {r.check for r in results} == {"shape", "dtype", "match", "deterministic"}
+    for r in results:
+        assert r.status == "fail" and r.kind == "mutates-inputs" and "weight" in r.detail, r
+        assert cell_state_of(r) == "mutates-inputs"
+    clean = list(run(plan(Discovered([Definition.model_validate(VALID)], []), config), config))
+    assert {r.status for r in clean} == {"pass"}
+
+
+def test_written_inputs_compares_bytes_and_allows_declared_in_place_outputs():
+    import torch
+
+    from flashinfer_trace.check import written_inputs
+    from flashinfer_trace.inputs import generate_inputs
+
+    d = Definition.model_validate(VALID)
+    pristine = generate_inputs(d, "small", 0)
+    pristine.values["hidden_states"][0, 0] = float("nan")  # NaN != NaN, but the bytes are the same
+    used = pristine.to("cpu", copy=True)
+    assert written_inputs(d, pristine, used) == []
+    used.values["weight"].add_(1)
+    assert written_inputs(d, pristine, used) == ["weight"]
+    in_place = d.model_copy(update={"outputs": {**d.outputs, "weight": d.inputs["weight"]}})
+    assert "weight" in in_place.in_place_outputs and written_inputs(in_place, pristine, used) == []
+    assert torch.isnan(used.values["hidden_states"][0, 0])
