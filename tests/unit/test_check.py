@@ -216,8 +216,11 @@ def test_cli_check_good_definition_exits_zero(capsys, tmp_path, write_def, valid
     code, out, _ = check_cli(capsys, path, tmp_path / "failures")
     report = json.loads(out)
     assert code == 0 and report["device"] == "cpu"
-    assert report["summary"]["by_status"] == {"pass": 5} and report["summary"]["total"] == 5  # seeds 0 and 1
+    # seeds 0 and 1, and the run's fresh one (recorded as a number, marked fresh)
+    assert report["summary"]["by_status"] == {"pass": 6} and report["summary"]["total"] == 6
     assert {r["check"] for r in report["results"]} == {"shape", "dtype", "match", "deterministic"}
+    matches = [r for r in report["results"] if r["check"] == "match"]
+    assert [r["fresh"] for r in matches] == [False, False, True] and matches[2]["seed"] not in (0, 1)
     assert not (tmp_path / "failures").exists()
 
 
@@ -226,7 +229,7 @@ def test_cli_check_bad_definition_exits_one(capsys, tmp_path, write_def):
     code, out, _ = check_cli(capsys, path, tmp_path / "failures")
     report = json.loads(out)
     assert code == 1
-    assert report["summary"]["by_status"] == {"pass": 3, "fail": 2}  # seeds 0 and 1
+    assert report["summary"]["by_status"] == {"pass": 3, "fail": 3}  # seeds 0 and 1 and the fresh one
     fail = next(r for r in report["results"] if r["status"] == "fail")
     assert fail["check"] == "match" and fail["source"] == "torch"
     saved = json.loads(open(fail["failure_file"]).read())

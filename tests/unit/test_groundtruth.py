@@ -555,18 +555,23 @@ def test_eps_constant_controls_the_torch_ground_truth():
     assert not torch.allclose(a, b, atol=1e-3)
 
 
-def test_decode_group_sizes_the_cuda_core_kernel_lacks_go_to_the_tensor_core_path():
+def test_decode_is_checked_on_cuda_cores_and_tensor_cores_where_both_apply():
     from flashinfer_trace.groundtruth import flashinfer as fgt
+    from flashinfer_trace.groundtruth import paths
 
     cuda_core, tensor_core = [a for a in fgt.ADAPTERS if a.api.startswith("flashinfer.decode.")]
-    assert tensor_core.api.endswith("(use_tensor_cores=True)")
+    assert tensor_core.api.endswith("(use_tensor_cores=True)") and tensor_core.path == "tensor-cores"
     group8 = load_definition("gqa_paged_decode_h32_kv4_d128_ps1")
-    assert cuda_core.applies(group8) is None and "group size 8 runs on the CUDA-core" in tensor_core.applies(group8)
+    assert cuda_core.applies(group8) is None and tensor_core.applies(group8) is None
+    assert paths("flashinfer", group8) == [None, "plan-reuse", "graph", "tensor-cores", "tensor-cores+plan-reuse",
+                                           "tensor-cores+graph"]
     for heads, kv in ((20, 4), (24, 4), (5, 1), (6, 1), (48, 8)):  # the public dataset's group sizes 5 and 6
         data = group8.model_dump(mode="json")
         data["axes"]["num_qo_heads"]["value"], data["axes"]["num_kv_heads"]["value"] = heads, kv
         d = type(group8).model_validate(data)
         assert f"no group size {heads // kv}" in cuda_core.applies(d) and tensor_core.applies(d) is None
+        assert paths("flashinfer", d)[0] == "tensor-cores"  # only the tensor-core path runs it
+    assert paths("torch", group8) == [None]
 
 
 def _ragged_wrapper(with_vo: bool, seen: dict):

@@ -44,6 +44,20 @@ def _fa2(cls) -> dict[str, Any]:
     return keywords(cls.__init__, backend="fa2")
 
 
+def _backend(cls, call: Call) -> dict[str, Any]:
+    """fa2 pinned (the default "auto" picks by arch), or FA3 when the path asks for it: Hopper only."""
+    if call.mode != "fa3":
+        return _fa2(cls)
+    if not accepts(cls.__init__, "backend"):
+        raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} {cls.__name__} has no backend")
+    device = next(v.device for v in call.inputs.values.values() if isinstance(v, torch.Tensor))
+    cc = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if cc != (9, 0):
+        raise GroundTruthUnavailable("arch-unsupported", f"{cls.__name__}(backend='fa3') needs sm90, have "
+                                                         f"{'sm%d%d' % cc if cc else device.type}")
+    return {"backend": "fa3"}
+
+
 # -- norms / activation / rope ----------------------------------------------------------------------
 def rmsnorm(call: Call) -> tuple:
     fi, x = call.module, call.inputs.values
@@ -145,9 +159,13 @@ def plan_gqa_decode(call: Call, buffer: torch.Tensor | None = None, *, tensor_co
     return lambda: w.run(q, (kc, vc), return_lse=True, **extra)
 
 
-def gqa_decode(call: Call) -> tuple:
-    out, lse = plan_gqa_decode(call)()
+def finish_decode(call: Call, raw: tuple) -> tuple:
+    out, lse = raw
     return out, _empty_requests_lse(lse, call.inputs.values["kv_indptr"])
+
+
+def gqa_decode(call: Call) -> tuple:
+    return finish_decode(call, plan_gqa_decode(call)())
 
 
 def plan_gqa_decode_tc(call: Call, buffer: torch.Tensor | None = None):
@@ -155,8 +173,7 @@ def plan_gqa_decode_tc(call: Call, buffer: torch.Tensor | None = None):
 
 
 def gqa_decode_tc(call: Call) -> tuple:
-    out, lse = plan_gqa_decode_tc(call)()
-    return out, _empty_requests_lse(lse, call.inputs.values["kv_indptr"])
+    return finish_decode(call, plan_gqa_decode_tc(call)())
 
 
 def plan_gqa_prefill_paged(call: Call, buffer: torch.Tensor | None = None):
@@ -164,7 +181,7 @@ def plan_gqa_prefill_paged(call: Call, buffer: torch.Tensor | None = None):
     q, kc, vc = x["q"], x["k_cache"], x["v_cache"]
     page, indptr, indices, last = _kv_layout(call)
     cls = fi.prefill.BatchPrefillWithPagedKVCacheWrapper
-    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
+    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_backend(cls, call))
     # head_dim is passed positionally: its keyword was renamed head_dim_qk in 0.2.1
     w.plan(x["qo_indptr"].to(torch.int32), indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
            causal=sem.is_causal(call.definition), sm_scale=sem.sm_scale(x, q.shape[-1]),
@@ -187,7 +204,7 @@ def plan_gqa_prefill_ragged(call: Call, buffer: torch.Tensor | None = None):
             raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} ragged prefill plan() has no "
                                                         "head_dim_vo (a value head dim unlike the key's)")
         vo = {"head_dim_vo": v.shape[-1]}
-    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
+    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_backend(cls, call))
     w.plan(x["qo_indptr"].to(torch.int32), x["kv_indptr"].to(torch.int32), q.shape[1], k.shape[1], q.shape[2],
            causal=sem.is_causal(call.definition), sm_scale=sem.sm_scale(x, q.shape[-1]),
            q_data_type=q.dtype, kv_data_type=k.dtype, **vo)
@@ -215,7 +232,7 @@ def plan_mla(call: Call, buffer: torch.Tensor | None = None):
     pages = (indptr[1:] - indptr[:-1]).to(torch.int32)
     kv_len = torch.where(pages > 0, (pages - 1) * page + last, 0).to(torch.int32)
     cls = fi.mla.BatchMLAPagedAttentionWrapper
-    w = cls(workspace(q_nope.device) if buffer is None else buffer, **_fa2(cls))
+    w = cls(workspace(q_nope.device) if buffer is None else buffer, **_backend(cls, call))
     w.plan(_mla_qo_indptr(call, indptr), indptr, indices, kv_len, q_nope.shape[1], ckv.shape[-1], kpe.shape[-1],
            page, sem.is_causal(call.definition), sem.sm_scale(x, q_nope.shape[-1] + q_pe.shape[-1]), q_nope.dtype,
            ckv.dtype)
@@ -224,7 +241,11 @@ def plan_mla(call: Call, buffer: torch.Tensor | None = None):
 
 
 def mla(call: Call) -> tuple:
-    out, lse = plan_mla(call)()
+    return finish_mla(call, plan_mla(call)())
+
+
+def finish_mla(call: Call, raw: tuple) -> tuple:
+    out, lse = raw
     indptr = call.inputs.values["kv_indptr"].to(torch.int32)
     qo_indptr = _mla_qo_indptr(call, indptr)
     return out, _empty_requests_lse(lse, indptr, qo_indptr[1:] - qo_indptr[:-1])
@@ -426,10 +447,7 @@ def _decode_applies(tensor_cores: bool):
         if why:
             return why
         g = group_size(d)
-        cuda_core = g in CUDA_CORE_GROUP_SIZES
-        if tensor_cores and cuda_core:
-            return f"group size {g} runs on the CUDA-core decode kernel"
-        if not tensor_cores and not cuda_core:
+        if not tensor_cores and g not in CUDA_CORE_GROUP_SIZES:
             return f"the CUDA-core decode kernel has no group size {g} (the tensor-core path runs it)"
         return None
 
@@ -456,6 +474,8 @@ def _sampler_applies(d) -> str | None:
 
 
 _ATTN = dict(package=PACKAGE, dtypes=HALF, needs_cuda=True)
+_REUSE = ("plan-reuse", "graph")  # modes.py: plan once, run on new data; CUDA-graph replay
+_PREFILL = dict(_ATTN, modes=("fa3", *_REUSE), finish=lambda call, raw: tuple(raw))
 ADAPTERS = [
     Adapter("flashinfer", "rmsnorm", "flashinfer.norm.rmsnorm", rmsnorm, package=PACKAGE,
             requires=("norm.rmsnorm",), applies=sem.plain_rmsnorm, dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
@@ -472,25 +492,31 @@ ADAPTERS = [
     Adapter("flashinfer", "gemm", "flashinfer.gemm.SegmentGEMMWrapper", segment_gemm, package=PACKAGE,
             requires=("gemm.SegmentGEMMWrapper",), applies=lambda d: sem.missing_inputs(d, ("A", "B")),
             dtypes=HALF, needs_cuda=True, min_cc=(8, 0)),
+    # decode: the CUDA-core kernel (group sizes it is instantiated for) and the tensor-core path (every
+    # group size; what engines run for the others) are two paths, both checked where both apply
     Adapter("flashinfer", "gqa_paged", "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper", gqa_decode,
-            requires=("decode.BatchDecodeWithPagedKVCacheWrapper",), applies=_decode_applies(False), **_ATTN),
+            requires=("decode.BatchDecodeWithPagedKVCacheWrapper",), applies=_decode_applies(False), modes=_REUSE,
+            plan=plan_gqa_decode, finish=finish_decode, races=True, **_ATTN),
     Adapter("flashinfer", "gqa_paged", "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)",
             gqa_decode_tc, requires=("decode.BatchDecodeWithPagedKVCacheWrapper",), applies=_decode_applies(True),
-            **_ATTN),
+            path="tensor-cores", modes=_REUSE, plan=plan_gqa_decode_tc, finish=finish_decode, races=True, **_ATTN),
     Adapter("flashinfer", "gqa_paged", "flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper",
             gqa_prefill_paged, requires=("prefill.BatchPrefillWithPagedKVCacheWrapper",),
             applies=_stage("prefill", "q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices",
-                           "sm_scale"), **_ATTN),
+                           "sm_scale"), plan=plan_gqa_prefill_paged, races=True, **_PREFILL),
     Adapter("flashinfer", "gqa_ragged", "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper",
             gqa_prefill_ragged, requires=("prefill.BatchPrefillWithRaggedKVCacheWrapper",),
-            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"), **_ATTN),
+            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"),
+            plan=plan_gqa_prefill_ragged, races=True, **_PREFILL),
     Adapter("flashinfer", "mla_ragged", "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper(head_dim_vo)",
             gqa_prefill_ragged, requires=("prefill.BatchPrefillWithRaggedKVCacheWrapper",),
-            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"), **_ATTN),
+            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"),
+            plan=plan_gqa_prefill_ragged, races=True, **_PREFILL),
     Adapter("flashinfer", "mla_paged", "flashinfer.mla.BatchMLAPagedAttentionWrapper", mla,
             requires=("mla.BatchMLAPagedAttentionWrapper",),
             applies=lambda d: sem.missing_inputs(d, ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr",
-                                                     "kv_indices", "sm_scale")), **_ATTN),
+                                                     "kv_indices", "sm_scale")),
+            plan=plan_mla, races=True, **dict(_PREFILL, finish=finish_mla)),
     Adapter("flashinfer", "rope", "flashinfer.rope.apply_rope_with_cos_sin_cache", rope, package=PACKAGE,
             requires=("rope.apply_rope_with_cos_sin_cache",), versions=SpecifierSet(">=0.2.1"),
             applies=_rope_applies, dtypes=frozenset({"bfloat16", "float16", "float32"}), needs_cuda=True,
@@ -504,11 +530,11 @@ ADAPTERS = [
             applies=_sampler_applies, needs_cuda=True, kind="sampler"),
     Adapter("flashinfer", "moe", "flashinfer.fused_moe.trtllm_fp8_block_scale_moe", trtllm_moe,
             package=PACKAGE, requires=("fused_moe.trtllm_fp8_block_scale_moe",), applies=sem.fp8_moe_applies,
-            params=(sem.moe_routing,), needs_cuda=True, min_cc=(10, 0), max_cc=(10, 3)),
+            params=(sem.moe_routing,), needs_cuda=True, races=True, min_cc=(10, 0), max_cc=(10, 3)),
     Adapter("flashinfer", "moe", "flashinfer.fused_moe.cutlass_fused_moe(use_deepseek_fp8_block_scale)",
             cutlass_moe, package=PACKAGE, versions=SpecifierSet(">=0.4"),
             requires=("fused_moe.cutlass_fused_moe",), applies=sem.fp8_moe_applies,
-            params=(sem.moe_routing,), needs_cuda=True, min_cc=(9, 0), max_cc=(9, 0)),
+            params=(sem.moe_routing,), needs_cuda=True, races=True, min_cc=(9, 0), max_cc=(9, 0)),
     Adapter("flashinfer", "mamba_ssu", "flashinfer.mamba.selective_state_update", mamba_ssu, package=PACKAGE,
             requires=("mamba.selective_state_update",), applies=sem.mamba_applies,
             params=(sem.mamba_dt_softplus,), dtypes=frozenset({"bfloat16", "float16", "float32"}),
