@@ -299,7 +299,12 @@ class Memo:
     def pristine(self, case: Case, phases: Phases) -> Inputs:
         key = (case.definition.name, case.size, case.seed, case.case)
         if key != self.key:  # forgotten before generating: a failure must not leave another case's inputs
+            new_definition = self.key is not None and self.key[0] != key[0]
             self.key = self.inputs = self.outputs = self._scales = None
+            if new_definition and torch.cuda.is_initialized():
+                # what the last definition cached goes back to the GPU: the suite's test processes share it
+                # (two MoE processes held 26 GiB each and the others ran out of memory)
+                torch.cuda.empty_cache()
             self.mutated = []
             with phases("inputs"):
                 self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,

@@ -82,4 +82,6 @@ def run(adapter: Adapter, call: Call) -> tuple:
     else:
         graph.replay()
         raw = _outputs(captured)
+        del captured, graph  # the graph's private memory pool goes back (test processes share the GPU)
+        torch.cuda.empty_cache()
     return adapter.finish(bound, raw) if adapter.finish is not None else raw
