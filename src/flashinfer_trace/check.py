@@ -67,6 +67,8 @@ class CheckConfig:
     fresh_seed: int | None = None
     repeats: int | None = None  # kernel runs per comparison on the same inputs; None: 1 on the CPU, 5 on a GPU
     paths: bool = True  # every path of a source (call modes: groundtruth.paths); False: its plain path only
+    # where a comparison's ground truth comes from (get_ground_truth's signature): planted kernels replace it
+    resolve: Callable[..., Any] | None = None
 
     @property
     def resolved_device(self) -> str:
@@ -355,7 +357,8 @@ def _path(gt) -> GroundTruthPath:
 def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> CaseRecord:
     d = case.definition
     tol = tolerance_for(d, cli=config.tolerance)
-    gt = get_ground_truth(case.source, d, device=memo.device, prebuild=config.prebuild(), path=case.path)
+    gt = (config.resolve or get_ground_truth)(case.source, d, device=memo.device, prebuild=config.prebuild(),
+                                              path=case.path)
     if d.is_sampler:
         settings = config.sampling()
         inputs = memo.copy(case, phases)

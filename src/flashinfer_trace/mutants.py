@@ -14,16 +14,21 @@ of mutants caught: `flashinfer-trace mutants` (CPU: torch ground truth; a GPU: F
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import math
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+import torch
 
 from .dataset import load_definition
 from .definition import Definition
 from .groundtruth import GroundTruthUnavailable
 from .groundtruth.base import REASON_KINDS
 
-__all__ = ["MUTANTS", "Kill", "Margin", "Mutant", "baseline", "first_failure", "kill", "kill_rate", "kills", "mutate",
-           "run_plan"]
+__all__ = ["KERNELS", "MUTANTS", "Kill", "Margin", "Mutant", "PlantedKernel", "baseline", "first_failure", "kill",
+           "kill_kernel", "kill_rate", "kills", "mutate", "rates_by_class", "run_plan"]
 
 
 @dataclass(frozen=True)
@@ -33,14 +38,16 @@ class Mutant:
     bug: str
     edits: tuple[tuple[str, str], ...]  # (text in the reference, its replacement); each must occur
     survives: str | None = None  # why the checks cannot see this bug yet (kept, so the gap stays visible)
+    cls: str = "wrong-math"  # the class of bug, for the kill rate per class (rates_by_class)
 
     @property
     def name(self) -> str:
         return f"{self.definition}:{self.id}"
 
 
-def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: str | None = None) -> Mutant:
-    return Mutant(definition, id, bug, tuple(edits), survives)
+def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: str | None = None,
+       cls: str = "wrong-math") -> Mutant:
+    return Mutant(definition, id, bug, tuple(edits), survives, cls)
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -49,7 +56,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("rmsnorm_h4096", "writes-weight", "right output, but the weight is halved in place afterwards (the caller's "
        "tensor: a ground truth reusing it would compute on the changed weight)",
        ("    return y.to(hidden_states.dtype)",
-        "    out = y.to(hidden_states.dtype)\n    weight.mul_(0.5)\n    return out")),
+        "    out = y.to(hidden_states.dtype)\n    weight.mul_(0.5)\n    return out"), cls="mutates-inputs"),
     _m("rmsnorm_h4096", "eps", "eps 1e-6 in the expression, 1e-5 declared",
        ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
     _m("rmsnorm_h4096", "no-weight", "the weight is not applied", ("y = x * inv_rms * weight.to(torch.float32)",
@@ -206,6 +213,132 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 
 
+# -- planted kernels -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlantedKernel:
+    """A kernel with one planted bug, the way real kernels go wrong: the torch ground truth's computation
+    wrapped so it is right on typical inputs and wrong at a boundary, or wrong in some of its calls. The
+    true reference is judged against it as against FlashInfer (repeats as on a GPU); the checks must fail."""
+    definition: str
+    id: str
+    bug: str
+    wrap: Callable[[Callable], Callable]  # the torch adapter's function -> the planted kernel's
+    cls: str
+    races: bool = False  # run as a kernel with atomics (RACE_FACTOR times the repeats)
+    survives: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"kernel:{self.definition}:{self.id}"
+
+
+def _flaky(rate: float):
+    """Wrong (first output x1.5 + 0.5) in about `rate` of its calls, from its own stream: a race."""
+    def wrap(fn):
+        draws = random.Random(0x5EED)
+
+        def kernel(call):
+            out = fn(call)
+            return (out[0] * 1.5 + 0.5, *out[1:]) if draws.random() < rate else out
+        return kernel
+    return wrap
+
+
+def _overflowing_sum_of_squares(fn):
+    """rmsnorm accumulating x^2 in fp16: a row whose sum of squares passes 65504 comes out 0."""
+    def kernel(call):
+        out = fn(call)
+        x = call.inputs.values["hidden_states"].double()
+        overflow = x.pow(2).sum(dim=-1) > 65504.0
+        return (out[0].masked_fill(overflow[:, None], 0.0), *out[1:])
+    return kernel
+
+
+SENTINEL = -5e4  # a finite "-inf" a kernel's running max starts from
+
+
+def _sentinel_sdpa(q, k, v, scale, causal_offset):
+    """Attention whose running max starts at SENTINEL and whose exponentials are float32: a row whose every
+    score is far below the sentinel underflows to output 0, and a row that sees no key gets a finite lse."""
+    hq, lq, _ = q.shape
+    hk, lk, dv = v.shape
+    if lk == 0:  # a request with no keys at all: 0 and -inf, as FlashInfer's adapter reports it
+        return (torch.zeros(lq, hq, dv, dtype=q.dtype, device=q.device),
+                torch.full((lq, hq), -math.inf, dtype=q.dtype, device=q.device))
+    group = hq // max(hk, 1)
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    scores = torch.einsum("hqd,hkd->hqk", q, k) * scale
+    if causal_offset is not None and lk:
+        i = torch.arange(lq, device=q.device)[:, None]
+        scores = scores.masked_fill(torch.arange(lk, device=q.device)[None, :] > i + causal_offset, -math.inf)
+    peak = scores.amax(dim=-1, keepdim=True).clamp(min=SENTINEL)
+    p = torch.exp((scores - peak).float()).double()
+    total = p.sum(dim=-1)
+    out = torch.einsum("hqk,hkd->hqd", p, v) / total.clamp(min=1e-300)[..., None]
+    out = torch.where((total > 0)[..., None], out, 0.0)
+    lse = peak.squeeze(-1) + torch.log(total.clamp(min=1e-300))
+    lse = torch.where(total > 0, lse, peak.squeeze(-1))
+    return out.transpose(0, 1), (lse / math.log(2.0)).transpose(0, 1)
+
+
+def _sentinel_softmax(fn):
+    def kernel(call):
+        from .groundtruth import torch_ref
+
+        original, torch_ref._sdpa_with_lse = torch_ref._sdpa_with_lse, _sentinel_sdpa
+        try:
+            return fn(call)
+        finally:
+            torch_ref._sdpa_with_lse = original
+    return kernel
+
+
+KERNELS: tuple[PlantedKernel, ...] = (
+    PlantedKernel("rmsnorm_h4096", "flaky-1-in-10", "wrong in one call of ten (a race)", _flaky(0.1), "flaky",
+                  races=True),
+    PlantedKernel("gqa_paged_decode_h32_kv8_d128_ps1", "flaky-1-in-10", "wrong in one call of ten (split-kv race)",
+                  _flaky(0.1), "flaky", races=True),
+    PlantedKernel("rmsnorm_h4096", "fp16-sum-of-squares", "x^2 summed in fp16: rows past 65504 come out 0",
+                  _overflowing_sum_of_squares, "boundary-magnitude"),
+    PlantedKernel("gqa_paged_decode_h32_kv8_d128_ps1", "sentinel-softmax", "the running max starts at -5e4: rows "
+                  "whose scores are all far below it come out 0", _sentinel_softmax, "boundary-magnitude"),
+    PlantedKernel("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "masked-row-lse", "a query that sees no key gets "
+                  "the sentinel as its lse, not -inf", _sentinel_softmax, "boundary-structure"),
+)
+
+
+def kill_kernel(planted: PlantedKernel, *, device: str = "cpu", **kw) -> Kill:
+    """Whether the checks catch a planted kernel: the true reference against it, repeats as on a GPU."""
+    from .check import DEFAULT_REPEATS
+    from .groundtruth import GroundTruth, adapters_for
+
+    runs, why, base = baseline(planted.definition, "torch", device=device, **kw)
+    if not runs:
+        return Kill(planted.name, "planted", None, why or "not judged", baseline_margin=base)
+    d = load_definition(planted.definition)
+    adapter = next(a for a in adapters_for(d.op_type, "torch") if a.applies(d) is None)
+    buggy = dataclasses.replace(adapter, fn=planted.wrap(adapter.fn), races=planted.races,
+                                api=f"planted kernel {planted.id}")
+
+    def resolve(source, definition, *, device=None, prebuild=None, path=None):
+        return GroundTruth(buggy, definition, device or "cpu", None, None)
+
+    r = run_plan(d, "torch", device=device, resolve=resolve, repeats=DEFAULT_REPEATS, **kw)
+    return Kill(planted.name, "planted", r.failure is not None, r.failure or "survived: every check passed", r.margin,
+                base)
+
+
+def rates_by_class(pairs: Iterable[tuple[Mutant | PlantedKernel, Kill]]) -> dict[str, tuple[int, int]]:
+    """(killed, judged) per class of bug."""
+    out: dict[str, list[int]] = {}
+    for m, k in pairs:
+        if k.killed is not None:
+            tally = out.setdefault(m.cls, [0, 0])
+            tally[0] += int(k.killed)
+            tally[1] += 1
+    return {c: (a, b) for c, (a, b) in sorted(out.items())}
+
+
 def mutate(definition: Definition, mutant: Mutant) -> Definition:
     """The definition with the mutant's edits applied; ValueError when an edit's text is not there."""
     code = definition.reference
@@ -252,14 +385,15 @@ class PlanRun:
 
 
 def run_plan(d: Definition, source: str, *, device: str = "cpu", sizes=("small", "medium"), seeds=(0, 1),
-             draws: int | None = None, tolerance: dict[str, float] | None = None) -> PlanRun:
+             draws: int | None = None, tolerance: dict[str, float] | None = None, resolve=None,
+             repeats: int | None = None) -> PlanRun:
     """`check`'s plan (shape, dtype, every size x seed, determinism, edge cases) for `d` against `source`,
     up to its first failure or error (`tolerance`: command-line overrides). Raises GroundTruthUnavailable
     when the ground truth could not run any comparison here."""
     from .check import CheckConfig, Discovered, plan, run
 
     config = CheckConfig(sources=(source,), sizes=tuple(sizes), seeds=tuple(seeds), device=device, draws=draws,
-                         tolerance=dict(tolerance or {}))
+                         tolerance=dict(tolerance or {}), resolve=resolve, repeats=repeats, paths=resolve is None)
     compared, reports = [], []
     for r in run(plan(Discovered([d], []), config), config):
         if r.check in ("match", "edge"):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from flashinfer_trace.mutants import MUTANTS, first_failure, kill, kill_rate, mutate
+from flashinfer_trace.mutants import KERNELS, MUTANTS, first_failure, kill, kill_kernel, kill_rate, mutate
 from flashinfer_trace.testing import (
     assert_matches,
     generate_inputs,
@@ -183,3 +183,22 @@ def test_the_fp8_cosine_floor_catches_what_the_element_tolerance_cannot():
     assert k.baseline_margin.cosine > 0.998 and k.baseline_margin.tolerance_used < 1
     # without the floor the element tolerance alone lets it through
     assert first_failure(mutate(load_definition(m.definition), m), "torch", tolerance={"min_cosine": 0.0}) is None
+
+
+@pytest.mark.parametrize("planted", KERNELS, ids=[k.name for k in KERNELS])
+def test_planted_kernel_is_caught(planted):
+    """Kernels right on typical inputs and wrong at a boundary, or wrong in one call of ten: the true reference
+    judged against them (repeats as on a GPU) must fail somewhere."""
+    k = kill_kernel(planted)
+    if planted.survives:
+        assert k.killed is False, f"{planted.name} is now caught ({k.how}): drop its `survives`"
+    else:
+        assert k.killed, f"{planted.name} ({planted.bug}) passed every check"
+
+
+def test_kill_rates_are_kept_per_class():
+    from flashinfer_trace.mutants import Kill, PlantedKernel, rates_by_class
+
+    a, b = MUTANTS[0], PlantedKernel("x", "y", "z", lambda fn: fn, "flaky")
+    pairs = [(a, Kill("a", "t", True, "")), (b, Kill("b", "t", False, "")), (b, Kill("c", "t", None, ""))]
+    assert rates_by_class(pairs) == {a.cls: (1, 1), "flaky": (0, 1)}

@@ -176,3 +176,37 @@ def test_fresh_seed_option(option, want):
     assert fresh_seed(_fresh(option)) == want
     drawn = {fresh_seed(None) for _ in range(4)}
     assert len(drawn) > 1 and all(0 <= s < 2**31 for s in drawn)
+
+
+def _fake_norm_module(with_keywords: bool, seen: dict):
+    from types import SimpleNamespace
+
+    def plain(x, w, eps=1e-6):
+        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+    def rmsnorm(x, w, eps=1e-6, out=None, enable_pdl=None):
+        seen.update(pdl=enable_pdl, out=out is not None)
+        y = plain(x, w, eps)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+
+    return SimpleNamespace(norm=SimpleNamespace(rmsnorm=rmsnorm if with_keywords else plain))
+
+
+@pytest.mark.parametrize("mode", ["out", "pdl"])
+def test_norm_modes_pass_their_keyword_or_say_api_missing(mode):
+    from flashinfer_trace.groundtruth import flashinfer as fgt
+    from flashinfer_trace.groundtruth import paths
+    from flashinfer_trace.inputs import generate_inputs
+    from flashinfer_trace.status import GroundTruthUnavailable
+
+    d = _definition()
+    assert paths("flashinfer", d) == [None, "out", "pdl"]
+    inputs = generate_inputs(d, "small", 0)
+    seen: dict = {}
+    (out,) = fgt.rmsnorm(Call(d, inputs, _fake_norm_module(True, seen), None, 1, mode))
+    assert seen == {"pdl": True if mode == "pdl" else None, "out": mode == "out"} and not out.isnan().any()
+    with pytest.raises(GroundTruthUnavailable, match="api-missing"):
+        fgt.rmsnorm(Call(d, inputs, _fake_norm_module(False, {}), None, 1, mode))

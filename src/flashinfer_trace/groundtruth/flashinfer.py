@@ -59,29 +59,64 @@ def _backend(cls, call: Call) -> dict[str, Any]:
 
 
 # -- norms / activation / rope ----------------------------------------------------------------------
+def _mode_keywords(fn, call: Call) -> dict[str, Any]:
+    """The keywords a path's mode adds: `pdl` launches with programmatic dependent launch (sm90+)."""
+    if call.mode != "pdl":
+        return {}
+    if not accepts(fn, "enable_pdl"):
+        raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} {fn.__name__} has no enable_pdl")
+    return {"enable_pdl": True}
+
+
+def _out(fn, call: Call, like: torch.Tensor) -> dict[str, Any]:
+    """`out` mode: the result written into a buffer the caller gives (dirty, as a reused one is)."""
+    if call.mode != "out":
+        return {}
+    if not accepts(fn, "out"):
+        raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} {fn.__name__} has no out")
+    return {"out": torch.full_like(like, float("nan"))}
+
+
 def rmsnorm(call: Call) -> tuple:
     fi, x = call.module, call.inputs.values
-    out = fi.norm.rmsnorm(x["hidden_states"], x["weight"], eps=sem.eps(call.definition))
-    return (out,)
+    fn = fi.norm.rmsnorm
+    extra = {**_mode_keywords(fn, call), **_out(fn, call, x["hidden_states"])}
+    out = fn(x["hidden_states"], x["weight"], eps=sem.eps(call.definition), **extra)
+    return (extra.get("out", out),)
 
 
 def fused_add_rmsnorm(call: Call) -> tuple:
     """In place: the normalised result lands in `input`, the sum in `residual`; both are outputs."""
     fi, x = call.module, call.inputs.values
     hidden, residual = x["hidden_states"].clone(), x["residual"].clone()
-    fi.norm.fused_add_rmsnorm(hidden, residual, x["weight"], eps=sem.eps(call.definition))
+    fn = fi.norm.fused_add_rmsnorm
+    fn(hidden, residual, x["weight"], eps=sem.eps(call.definition), **_mode_keywords(fn, call))
     return sem.norm_outputs(call.definition, hidden, residual)
 
 
 def silu_and_mul(call: Call) -> tuple:
-    return (call.module.activation.silu_and_mul(call.inputs.values["input"]),)
+    fn, x = call.module.activation.silu_and_mul, call.inputs.values["input"]
+    like = x.new_empty(*x.shape[:-1], x.shape[-1] // 2) if call.mode == "out" else x
+    extra = {**_mode_keywords(fn, call), **_out(fn, call, like)}
+    out = fn(x, **extra)
+    return (extra.get("out", out),)
 
 
 def rope(call: Call) -> tuple:
-    """Takes query/key flattened to [tokens, heads * head_dim] and returns rotated copies."""
+    """Takes query/key flattened to [tokens, heads * head_dim] and returns rotated copies (mode `inplace`:
+    the in-place form rotates copies of them where they are)."""
     fi, x = call.module, call.inputs.values
     q, k = (x[n] for n in sem.rope_rotated(call.definition))
     tokens, _, head_dim = q.shape
+    if call.mode == "inplace":
+        fn = getattr(fi.rope, "apply_rope_with_cos_sin_cache_inplace", None)
+        if fn is None:
+            raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} has no "
+                                                        "apply_rope_with_cos_sin_cache_inplace")
+        q_out, k_out = q.clone(), k.clone()
+        fn(x["positions"], q_out.view(tokens, -1), k_out.view(tokens, -1), head_dim, x["cos_sin_cache"],
+           is_neox=sem.rope_is_neox(call.definition))
+        return q_out, k_out
     fn = fi.rope.apply_rope_with_cos_sin_cache
     q_out, k_out = fn(x["positions"], q.reshape(tokens, -1), k.reshape(tokens, -1), head_dim,
                       x["cos_sin_cache"], is_neox=sem.rope_is_neox(call.definition))
@@ -478,10 +513,11 @@ _REUSE = ("plan-reuse", "graph")  # modes.py: plan once, run on new data; CUDA-g
 _PREFILL = dict(_ATTN, modes=("fa3", *_REUSE), finish=lambda call, raw: tuple(raw))
 ADAPTERS = [
     Adapter("flashinfer", "rmsnorm", "flashinfer.norm.rmsnorm", rmsnorm, package=PACKAGE,
-            requires=("norm.rmsnorm",), applies=sem.plain_rmsnorm, dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
+            requires=("norm.rmsnorm",), applies=sem.plain_rmsnorm, dtypes=HALF, needs_cuda=True, params=(sem.eps,),
+            modes=("out", "pdl")),
     Adapter("flashinfer", "rmsnorm", "flashinfer.norm.fused_add_rmsnorm", fused_add_rmsnorm, package=PACKAGE,
             requires=("norm.fused_add_rmsnorm",), applies=sem.fused_add_rmsnorm, dtypes=HALF, needs_cuda=True,
-            params=(sem.eps,)),
+            params=(sem.eps,), modes=("pdl",)),
     # mm_bf16: 0.6.1-0.6.17 only through cudnn/cutlass/tgv on sm100/103; cublaslt on sm80+ from 0.6.18
     Adapter("flashinfer", "gemm", "flashinfer.mm_bf16(backend=cublaslt)", mm_bf16("cublaslt"), package=PACKAGE,
             versions=SpecifierSet(">=0.6.18"), requires=("mm_bf16",), dtypes=frozenset({"bfloat16"}),
@@ -520,11 +556,11 @@ ADAPTERS = [
     Adapter("flashinfer", "rope", "flashinfer.rope.apply_rope_with_cos_sin_cache", rope, package=PACKAGE,
             requires=("rope.apply_rope_with_cos_sin_cache",), versions=SpecifierSet(">=0.2.1"),
             applies=_rope_applies, dtypes=frozenset({"bfloat16", "float16", "float32"}), needs_cuda=True,
-            params=(sem.rope_is_neox,)),
+            params=(sem.rope_is_neox,), modes=("inplace",)),
     Adapter("flashinfer", "activation", "flashinfer.activation.silu_and_mul", silu_and_mul, package=PACKAGE,
             requires=("activation.silu_and_mul",),
             applies=lambda d: None if "silu" in d.name and "input" in d.inputs else "only silu_and_mul",
-            dtypes=HALF, needs_cuda=True),
+            dtypes=HALF, needs_cuda=True, modes=("out", "pdl")),
     Adapter("flashinfer", "sampling", "flashinfer.sampling.*_sampling_from_probs", sampling, package=PACKAGE,
             versions=SpecifierSet(">=0.2.3"), requires=("sampling.top_k_top_p_sampling_from_probs",),
             applies=_sampler_applies, needs_cuda=True, kind="sampler"),
