@@ -338,7 +338,8 @@ def check_attention(d: Definition, x: Inputs) -> None:
             assert p.dtype == torch.int32 and p[0].item() == 0 and (p[1:] >= p[:-1]).all(), name
     kv, qo = request_lengths(d, x)
     if "qo_indptr" in v:
-        assert all(q <= k for q, k in zip(qo, kv, strict=True)), (qo, kv)  # causal: queries end the sequence
+        if x.case not in ("fully_masked_rows", "empty_kv"):  # the two that give queries no key on purpose
+            assert all(q <= k for q, k in zip(qo, kv, strict=True)), (qo, kv)  # causal: queries end the sequence
         assert sum(qo) == x.values[next(n for n in ("q", "q_nope") if n in v)].shape[0]
     if d.op_type != "gqa_ragged":
         idx = v["kv_indices"]
@@ -408,7 +409,10 @@ def test_every_size_satisfies_the_definition(d, size):
 
 @pytest.mark.parametrize("d,case", case_params(SYNTHETIC + SHIPPED_CHEAP))
 def test_every_edge_case_satisfies_the_definition(d, case):
-    x = generate_inputs(d, "small", seed=1, case=case)
+    try:
+        x = generate_inputs(d, "small", seed=1, case=case)
+    except common.CaseTooLarge as e:  # large_offsets: a cache past 2**31 elements, where memory allows
+        pytest.skip(str(e))
     check_spec(d, x)
     assert x.case == case
     if d.op_type in attention_mod.OP_TYPES:

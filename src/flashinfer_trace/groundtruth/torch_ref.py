@@ -108,20 +108,21 @@ def _attention(call: Call, queries, keys, values, num_rows: int, heads: int, dv:
     return out, lse
 
 
+# Each request's keys and values are gathered first and widened to float64 after: a cache of 2**31
+# elements (the large_offsets case) must not be copied whole, let alone at 4x its bytes.
 def gqa(call: Call) -> tuple:
     x = _values(call)
     q = x["q"].to(F64)
-    if "k_cache" in x:  # paged: [pages, page_size, Hk, D] -> flat token slots
-        kc = x["k_cache"].flatten(0, 1).to(F64)
-        vc = x["v_cache"].flatten(0, 1).to(F64)
+    if "k_cache" in x:  # paged: [pages, page_size, Hk, D] -> flat token slots (a view)
+        kc, vc = x["k_cache"].flatten(0, 1), x["v_cache"].flatten(0, 1)
     else:
-        kc, vc = x["k"].to(F64), x["v"].to(F64)
+        kc, vc = x["k"], x["v"]
 
     def keys(slots):
-        return kc[slots].transpose(0, 1)  # [Hk, Lk, D]
+        return kc[slots].to(F64).transpose(0, 1)  # [Hk, Lk, D]
 
     def values(slots):
-        return vc[slots].transpose(0, 1)
+        return vc[slots].to(F64).transpose(0, 1)
 
     return _attention(call, q, keys, values, q.shape[0], q.shape[1], vc.shape[-1])
 
@@ -130,14 +131,13 @@ def mla(call: Call) -> tuple:
     """Absorbed MLA: keys are [ckv | kpe] (one latent head shared by all query heads), values ckv."""
     x = _values(call)
     q = torch.cat([x["q_nope"], x["q_pe"]], dim=-1).to(F64)
-    ckv = x["ckv_cache"].flatten(0, 1).to(F64)
-    key = torch.cat([ckv, x["kpe_cache"].flatten(0, 1).to(F64)], dim=-1)
+    ckv, kpe = x["ckv_cache"].flatten(0, 1), x["kpe_cache"].flatten(0, 1)
 
     def keys(slots):
-        return key[slots][None]  # [1, Lk, 576]
+        return torch.cat([ckv[slots], kpe[slots]], dim=-1).to(F64)[None]  # [1, Lk, 576]
 
     def values(slots):
-        return ckv[slots][None]
+        return ckv[slots].to(F64)[None]
 
     return _attention(call, q, keys, values, q.shape[0], q.shape[1], ckv.shape[-1])
 
