@@ -45,7 +45,7 @@ def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: st
     return Mutant(definition, id, bug, tuple(edits), survives, gpu_only)
 
 
-_DRAW = "    choice = torch.multinomial(kept, 1)"
+_DRAW = "    choice = torch.multinomial(kept.to(torch.float64), 1)"
 
 
 def _leak(rate: float) -> str:
