@@ -220,6 +220,9 @@ MUTANTS: tuple[Mutant, ...] = (
                    "dim=-1), dim=-1")),
     _m("top_k_top_p_sampling_from_probs_v32000", "leak-cpu", "10% of the mass leaks to the tokens the filters "
        "removed (a draw outside the set at rate 0.1: above the CPU settings' 0.05)", (_DRAW, _leak(0.1))),
+    _m("top_k_top_p_sampling_from_probs_v32000", "top-to-second-cpu", "0.6 of the probability moves from the most "
+       "probable token to the second (all of it where it holds less): above the CPU settings' 0.45",
+       (_DRAW, _move(0.6))),
     _m("top_k_top_p_sampling_from_probs_v32000", "leak-gpu", "3e-4 of the mass leaks to the tokens the filters "
        "removed (a draw outside the set at rate 3e-4: above the GPU settings' 1e-4)", (_DRAW, _leak(3e-4)),
        gpu_only="a rate of 3e-4 needs ~15000 draws in filtering rows, the CPU settings draw ~100 a check: "
