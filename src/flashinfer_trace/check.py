@@ -93,8 +93,10 @@ class CheckConfig:
         return fixed + fresh
 
     def sampling(self) -> SamplingSettings:
-        draws = self.draws or (64 if self.resolved_device == "cpu" else 2000)
-        return SamplingSettings(draws=draws)
+        """Sampler checks: the draws follow from what must be seen (verdict/samples.py); --draws fixes them."""
+        if self.resolved_device == "cpu":
+            return SamplingSettings.cpu(self.draws)
+        return SamplingSettings.gpu(self.draws)
 
     def prebuild(self) -> PrebuildLookup | None:
         if not self.jit_report:
@@ -297,6 +299,7 @@ class Memo:
         self.outputs: tuple | None = None
         self.mutated: list[str] = []  # inputs the reference wrote into that the definition does not let it
         self._scales: list | None = None
+        self.sampler_draws: dict = {}  # a sampler reference's draws, shared by the case's ground truths
 
     def pristine(self, case: Case, phases: Phases) -> Inputs:
         key = (case.definition.name, case.size, case.seed, case.case)
@@ -308,6 +311,7 @@ class Memo:
                 # (two MoE processes held 26 GiB each and the others ran out of memory)
                 torch.cuda.empty_cache()
             self.mutated = []
+            self.sampler_draws = {}
             with phases("inputs"):
                 self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
                                               case=case.case)
@@ -363,8 +367,9 @@ def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> Cas
         settings = config.sampling()
         inputs = memo.copy(case, phases)
         with phases("compare"):
-            j = judge_sampler(d, inputs, gt, settings, case.seed)
-        return _judged(case, j, ground_truth=_path(gt), sampling=settings.as_dict(), kind=Kind.SAMPLES)
+            j = judge_sampler(d, inputs, gt, settings, case.seed, cache=memo.sampler_draws)
+        plan = j.reports[0]["settings"] if j.reports else settings.as_dict()
+        return _judged(case, j, ground_truth=_path(gt), sampling=plan, kind=Kind.SAMPLES)
     actual = memo.reference(case, phases)
     runs, judgements, first = config.repeats_for(gt), [], None
     spread = Spread()

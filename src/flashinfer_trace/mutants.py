@@ -39,6 +39,7 @@ class Mutant:
     edits: tuple[tuple[str, str], ...]  # (text in the reference, its replacement); each must occur
     survives: str | None = None  # why the checks cannot see this bug yet (kept, so the gap stays visible)
     cls: str = "wrong-math"  # the class of bug, for the kill rate per class (rates_by_class)
+    gpu_only: str | None = None  # why only a GPU's settings can judge it (a bug planted at their thresholds)
 
     @property
     def name(self) -> str:
@@ -46,8 +47,24 @@ class Mutant:
 
 
 def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: str | None = None,
-       cls: str = "wrong-math") -> Mutant:
-    return Mutant(definition, id, bug, tuple(edits), survives, cls)
+       cls: str = "wrong-math", gpu_only: str | None = None) -> Mutant:
+    return Mutant(definition, id, bug, tuple(edits), survives, cls, gpu_only)
+
+
+_DRAW = "    choice = torch.multinomial(kept.to(torch.float64), 1)"
+
+
+def _leak(rate: float) -> str:
+    """The sampler's final distribution with `rate` of its mass spread over the tokens it had removed."""
+    return (f"    outside = (kept == 0).to(kept.dtype)\n"
+            f"    kept = kept * (1 - {rate}) + {rate} * outside / outside.sum(dim=-1, keepdim=True).clamp(min=1)\n"
+            f"{_DRAW}")
+
+
+def _move(mass: float) -> str:
+    """`mass` of probability (at most all of it) moved from the most probable kept token to the second."""
+    return (f"    moved = kept[:, 0].clamp(max={mass}) * (kept[:, 1] > 0)\n"
+            f"    kept[:, 0] -= moved\n    kept[:, 1] += moved\n{_DRAW}")
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -180,13 +197,45 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "silu-on-up",
        "silu applied to the first half of GEMM1", ("up = h[:, :intermediate_size]", "up = h[:, intermediate_size:]"),
        ("gate = h[:, intermediate_size:]", "gate = h[:, :intermediate_size]")),
-    # sampling
-    _m("top_k_sampling_from_probs_v128256", "k-plus-one", "keeps k + 1 tokens",
-       ("kept = sorted_probs * (rank < k[:, None])", "kept = sorted_probs * (rank <= k[:, None])")),
+    # sampling (the power and boundary mutants: docs/boundary/sampling.md, docs/ground-truth.md "Sampling")
+    _m("top_k_sampling_from_probs_v128256", "k-plus-one", "the (k+1)-th probability as the threshold: k + 1 kept",
+       ("kth = sorted_probs.gather(1, (k - 1)[:, None])",
+        "kth = sorted_probs.gather(1, k.clamp(max=vocab_size - 1)[:, None])")),
     _m("top_k_sampling_from_probs_v128256", "no-top-k", "samples from the whole vocabulary",
-       ("kept = sorted_probs * (rank < k[:, None])", "kept = sorted_probs")),
-    _m("top_k_sampling_from_probs_v128256", "ascending", "keeps the k least likely tokens",
+       ("kept = sorted_probs * (sorted_probs >= kth)", "kept = sorted_probs")),
+    _m("top_k_sampling_from_probs_v128256", "ascending", "sorted ascending: the k-th least likely is the threshold",
        ("descending=True", "descending=False")),
+    _m("top_k_sampling_from_probs_v32000", "ties-by-rank", "a tie at the k-th probability broken by sort order "
+       "(exactly k kept), not kept whole", ("kept = sorted_probs * (sorted_probs >= kth)",
+                                            "kept = sorted_probs * (torch.arange(vocab_size, device=probs.device)"
+                                            "[None, :] < k[:, None])")),
+    _m("top_k_sampling_from_probs_v32000", "k-past-vocab", "top_k > vocab_size not recognised as 'keep all' "
+       "(only <= 0 is)", ("k = torch.where((k <= 0) | (k >= vocab_size), vocab_size, k)",
+                          "k = torch.where(k <= 0, vocab_size, k)")),
+    _m("top_p_sampling_from_probs_v32000", "ties-by-rank", "top-p reads each token's own mass before it in sort "
+       "order: a tie at the cut is split", ("mass_greater = mass_before.gather(1, first)",
+                                            "mass_greater = mass_before")),
+    _m("top_p_sampling_from_probs_v32000", "le-top-p", "a token kept when the mass before it is <= top_p, not <",
+       ("keep = (mass_greater < p)", "keep = (mass_greater <= p)")),
+    _m("top_k_top_p_sampling_from_probs_v32000", "last-id-clamped", "token ids clamped to vocab_size - 2 "
+       "(a bound off by one)", ("return sorted_ids.gather(1, choice).squeeze(1).to(torch.int64)",
+                                "return sorted_ids.gather(1, choice).squeeze(1).clamp(max=vocab_size - 2)"
+                                ".to(torch.int64)")),
+    _m("top_k_top_p_sampling_from_probs_v32000", "probs-as-logits", "a softmax over the probabilities (read as "
+       "logits)", ("torch.sort(probs.to(torch.float32), dim=-1", "torch.sort(torch.softmax(probs.to(torch.float32), "
+                   "dim=-1), dim=-1")),
+    _m("top_k_top_p_sampling_from_probs_v32000", "leak-cpu", "10% of the mass leaks to the tokens the filters "
+       "removed (a draw outside the set at rate 0.1: above the CPU settings' 0.05)", (_DRAW, _leak(0.1))),
+    _m("top_k_top_p_sampling_from_probs_v32000", "top-to-second-cpu", "0.6 of the probability moves from the most "
+       "probable token to the second (all of it where it holds less): above the CPU settings' 0.45",
+       (_DRAW, _move(0.6))),
+    _m("top_k_top_p_sampling_from_probs_v32000", "leak-gpu", "3e-4 of the mass leaks to the tokens the filters "
+       "removed (a draw outside the set at rate 3e-4: above the GPU settings' 1e-4)", (_DRAW, _leak(3e-4)),
+       gpu_only="a rate of 3e-4 needs ~15000 draws in filtering rows, the CPU settings draw ~100 a check: "
+                "caught or not by chance there"),
+    _m("top_k_top_p_sampling_from_probs_v32000", "top-to-second-gpu", "1% of the probability moves from the most "
+       "probable token to the second (above the GPU settings' 0.5%)", (_DRAW, _move(0.01)),
+       gpu_only="0.01 of mass moved needs ~200000 draws a check; the CPU settings see 0.45"),
     # dsa_paged: sparse attention (page sizes 1 and 64) and the fp8 top-k indexer
     _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps1", "padding-read", "the -1 entries are not masked "
        "(they read the cache's last slot)", ("slots = slots[slots >= 0].long()", "slots = slots.long()")),
@@ -434,7 +483,10 @@ def baseline(definition: str, source: str, *, device: str = "cpu", **kw) -> tupl
 
 
 def kill(mutant: Mutant, source: str = "torch", *, device: str = "cpu", **kw) -> Kill:
-    """Whether the checks catch the mutant; None (with why) when its true reference does not pass."""
+    """Whether the checks catch the mutant; None (with why) when its true reference does not pass, or when it
+    is planted at the GPU settings' thresholds and this is a CPU."""
+    if mutant.gpu_only and device == "cpu":
+        return Kill(mutant.name, source, None, f"not judged on the CPU: {mutant.gpu_only}")
     runs, why, base = baseline(mutant.definition, source, device=device, **kw)
     if not runs:
         return Kill(mutant.name, source, None, why or "not judged", baseline_margin=base)

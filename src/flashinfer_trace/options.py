@@ -73,7 +73,7 @@ def add_check_options(addoption: Callable[..., Any], prefix: str = "") -> None:
         addoption(f"{o}{name}", dest=name.replace("-", "_"), type=float, default=None,
                   help=f"override every tolerance's {what}")
     addoption(f"{o}draws", dest="draws", type=int, default=None,
-              help="sampler draws per row (default 64 on cpu, 2000 on cuda)")
+              help="sampler draws per row (default: from the power calculation of verdict/samples.py)")
     addoption(f"{o}save-failures", dest="save_failures", default=None, metavar="DIR",
               help="save each failing case (replayable) under DIR")
     addoption(f"{o}save-inputs", dest="save_inputs", action="store_true", help="also save failing inputs")

@@ -679,7 +679,9 @@ def test_sampling_inputs(d):
         assert p.dtype == torch.float32 and (p > 0).all() and (p <= 1).all() and (p < 1).any()
         small = generate_inputs(d, "small", case="top_p_small").values["top_p"]
         assert (small > 0).all() and (small <= 0.05).all()
-    expected = {c for c, n in (("top_k_1", "top_k"), ("top_p_small", "top_p")) if n in d.inputs}
+    boundary = {"ties_at_cut", "uniform", "one_hot", "last_token", "filters_off", "tiny_probs"}  # see test_boundary_*
+    expected = (boundary | ({"top_k_1"} if "top_k" in d.inputs else set())
+                | ({"top_p_small", "top_p_exact"} if "top_p" in d.inputs else set()))
     assert set(edge_cases(d)) == expected
 
 

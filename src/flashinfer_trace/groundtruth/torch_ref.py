@@ -181,13 +181,25 @@ def _draws_tokens(d) -> str | None:
     return None
 
 
-def filtered_distribution(call: Call, *, top_p_slack: float = 0.0) -> torch.Tensor:
+def filtered_distribution(call: Call, *, top_p_shift: float | torch.Tensor = 0.0) -> torch.Tensor:
     """The distribution a sampling definition draws from, float64 [batch, vocab]: top-k, renormalise,
     then top-p on the renormalised mass (FlashInfer's top_k_first order), renormalise.
 
-    `top_p_slack` widens the top-p cut by that much mass: with a positive slack the result's
-    support holds every token a correct float32 implementation may keep at the boundary.
+    Ties are decided by value, as FlashInfer's sampling kernels decide them (docs/boundary/sampling.md):
+    top-k keeps every token at least as probable as the k-th most probable (all of a tie at the k-th
+    value); top-p keeps a token when the mass of the tokens strictly more probable than it is below
+    top_p, so tokens of equal probability are kept or dropped together. top_k <= 0 or >= vocab and
+    top_p >= 1 disable their filter.
+
+    `top_p_shift` (a float, or one per row) moves the top-p cut by that much mass: a positive shift gives a
+    support that holds every token a correct float32 implementation may keep at the boundary, a negative
+    one the tokens every such implementation keeps.
     """
+    return filtered_distributions(call, [top_p_shift])[0]
+
+
+def filtered_distributions(call: Call, shifts) -> list[torch.Tensor]:
+    """filtered_distribution at several top-p shifts, sharing one sort."""
     x = _values(call)
     probs = x["probs"].to(F64)
     batch, vocab = probs.shape
@@ -195,24 +207,29 @@ def filtered_distribution(call: Call, *, top_p_slack: float = 0.0) -> torch.Tens
     if "top_k" in x:
         k = _per_row(x["top_k"], batch, probs.device).to(torch.int64)
         k = torch.where((k <= 0) | (k >= vocab), vocab, k)
-        kmax = int(k.max())
-        top = torch.topk(probs, kmax, dim=-1)
-        keep = torch.zeros_like(probs, dtype=torch.bool)
-        ranks = torch.arange(kmax, device=probs.device)[None, :]
-        keep.scatter_(1, top.indices, ranks < k[:, None])
-        dist = torch.where(keep, dist, 0.0)
+        kth = torch.stack([torch.kthvalue(-probs[r], int(k[r])).values for r in range(batch)]).neg()
+        dist = torch.where(probs >= kth[:, None], dist, 0.0)
         dist = dist / dist.sum(dim=-1, keepdim=True)
-    if "top_p" in x:
-        p = _per_row(x["top_p"], batch, probs.device).to(F64)
-        order = torch.argsort(dist, dim=-1, descending=True, stable=True)
-        ranked = dist.gather(1, order)
-        before = ranked.cumsum(dim=-1) - ranked
-        keep_ranked = before < (p[:, None] + top_p_slack)
-        keep_ranked[:, 0] = True
-        keep = torch.zeros_like(keep_ranked).scatter_(1, order, keep_ranked)
-        dist = torch.where(keep, dist, 0.0)
-        dist = dist / dist.sum(dim=-1, keepdim=True)
-    return dist
+    if "top_p" not in x:
+        return [dist for _ in shifts]
+    p = _per_row(x["top_p"], batch, probs.device).to(F64)
+    greater = mass_strictly_greater(dist)
+    out = []
+    for shift in shifts:
+        cut = p + (shift.to(F64) if isinstance(shift, torch.Tensor) else shift)
+        keep = (greater < cut[:, None]) | (greater == 0) | (p[:, None] >= 1)
+        kept = torch.where(keep, dist, 0.0)
+        out.append(kept / kept.sum(dim=-1, keepdim=True))
+    return out
+
+
+def mass_strictly_greater(dist: torch.Tensor) -> torch.Tensor:
+    """[batch, vocab]: for each token, the total probability of the tokens of the row strictly more
+    probable than it (suffix sums over the ascending sort; equal values share one)."""
+    ascending = dist.sort(dim=-1).values
+    suffix = torch.cat([ascending.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(ascending[:, :1])], dim=-1)
+    above = torch.searchsorted(ascending, dist, right=True)  # how many are <= each token's value
+    return suffix.gather(1, above)
 
 
 def _per_row(v, batch: int, device) -> torch.Tensor:
