@@ -138,6 +138,12 @@ MUTANTS: tuple[Mutant, ...] = (
        ("return S, scale * torch.einsum(\"hvk,hk->hv\", S, q)", "return S, torch.einsum(\"hvk,hk->hv\", S, q)")),
     _m("gdn_mtp_qk4_v8_d128_k_last", "slot-by-row", "row i reads pool slot i, not initial_state_indices[i]",
        ("slot = int(initial_state_indices[i].item())", "slot = i")),
+    _m("gdn_mtp_qk4_v8_d128_k_last", "stale-intermediate", "the intermediate-state buffer gets each token's state "
+       "before its update (an off-by-one in the rollback cache; the output and the pool are right)",
+       ("            S, output[i, t] = step(S, qv[i, t], kv[i, t], v[i, t].to(torch.float32), g[i, t], beta[i, t], "
+        "scale)\n            intermediate_states_buffer[i, t] = S",
+        "            intermediate_states_buffer[i, t] = S\n            S, output[i, t] = step(S, qv[i, t], kv[i, t], "
+        "v[i, t].to(torch.float32), g[i, t], beta[i, t], scale)")),
     _m("gdn_mtp_qk4_v8_d128_k_last", "heads-tiled", "value head j reads query/key head j % H, not j // (HV / H)",
        ("qv = q.to(torch.float32).repeat_interleave(group, dim=2)", "qv = q.to(torch.float32).repeat(1, 1, group, 1)"),
        ("kv = k.to(torch.float32).repeat_interleave(group, dim=2)", "kv = k.to(torch.float32).repeat(1, 1, group, 1)")),

@@ -24,8 +24,9 @@ Values follow what the kernels see in Qwen3-Next:
 * the initial state normal (float32), scale 2, as a state after a long context holds;
 * `scale` = 1 / sqrt(head_size) (the definitions' default);
 * MTP: the pool holds more slots than rows, and `initial_state_indices` names distinct slots in a
-  random order (never 0..batch-1): a kernel reading slot b for row b fails. The optional
-  `intermediate_states_buffer` is a zero pool-sized buffer (the reference writes into it).
+  random order (never 0..batch-1): a kernel reading slot b for row b fails. The
+  `intermediate_states_buffer` ([batch, seq_len, ..], an in-place output) is zeros: every element is
+  written, so a kernel that skips a row or a token leaves a zero where a state is expected.
 
 Edge cases: `batch1` (one row / one sequence), `zero_state` (every initial state 0), `fast_decay`
 (`a` shifted up so g is near 0 and the past is mostly forgotten), and per stage `min_tokens`
@@ -166,9 +167,8 @@ def generate(b: Builder) -> None:
         b.put(state, torch.zeros(b.shape(state), dtype=b.torch_dtype(state), device=b.device))
     else:
         b.put_random(state, scale=STATE_SCALE)
-    if b.has("intermediate_states_buffer"):
+    if b.has("intermediate_states_buffer"):  # ours: [batch, ..] (by row); the public file's: [pool, ..]
         name = "intermediate_states_buffer"
-        b.set_dim(name, 0, b.dim(state, 0))
         b.put(name, torch.zeros(b.shape(name), dtype=b.torch_dtype(name), device=b.device))
     if b.has("scale"):
         b.put_scalar("scale", 1.0 / math.sqrt(b.dim("q", -1)))
