@@ -129,6 +129,19 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("gdn_decode_qk4_v8_d128_k_last", "no-softplus", "a + dt_bias used as the rate without softplus",
        ("F.softplus(a.to(torch.float32) + dt_bias.to(torch.float32))",
         "(a.to(torch.float32) + dt_bias.to(torch.float32))")),
+    # (boundary mutants: right on typical inputs, wrong only where a boundary case reaches: docs/boundary/)
+    _m("gdn_decode_qk4_v8_d128_k_last", "softplus-overflow", "softplus as log(1 + exp(x)), no linear branch: inf "
+       "past x = 88.7 (float32's exp), so g = 0 where it is near 1",
+       ("F.softplus(a.to(torch.float32) + dt_bias.to(torch.float32))",
+        "torch.log(1 + torch.exp(a.to(torch.float32) + dt_bias.to(torch.float32)))")),
+    _m("gdn_decode_qk4_v8_d128_k_last", "sigmoid-overflow", "beta = exp(b) / (1 + exp(b)): NaN once exp(b) "
+       "overflows (b > 88.7)",
+       ("torch.sigmoid(b.to(torch.float32))", "torch.exp(b.to(torch.float32)) / (1 + torch.exp(b.to(torch.float32)))")),
+    _m("gdn_prefill_qk4_v8_d128_k_last", "empty-sequence-zero-state", "a sequence with no token gets a zero new_state, "
+       "not its initial state (the public prefill reference's convention)",
+       ("        start, end = int(cu_seqlens[n].item()), int(cu_seqlens[n + 1].item())\n",
+        "        start, end = int(cu_seqlens[n].item()), int(cu_seqlens[n + 1].item())\n"
+        "        if end <= start:\n            continue\n")),
     _m("gdn_prefill_qk4_v8_d128_k_last", "no-beta", "the update strength beta is dropped (u = v - S k)",
        ("u = beta[:, None] * (v - predicted)", "u = v - predicted")),
     _m("gdn_prefill_qk4_v8_d128_k_last", "k-major-state", "the state read and written k-major [K, V], not k-last",

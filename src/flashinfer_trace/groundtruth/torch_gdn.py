@@ -25,8 +25,8 @@ of CHUNK tokens. `recurrence` is the plain token-by-token form, used by the erro
 the absolute values along) and by the unit tests, which hold the two forms together.
 
 Semantics the definitions fix and this module follows: decode and prefill return the updated state
-(prefill: one per sequence, in sequence order; the public prefill reference leaves an empty
-sequence's state at zero, which the generators never produce), MTP returns the pool *unchanged*
+(prefill: one per sequence, in sequence order; a sequence with no token returns its initial state,
+the state after zero tokens, where the public prefill reference leaves zeros), MTP returns the pool *unchanged*
 (its reference runs with state updates disabled: a verification pass) and, where the definition
 declares `intermediate_states_buffer` as an output (written in place), row i's state after each of
 its tokens t at [i, t]: inside a chunk S_i = gamma_i S_0 + U^T diag(Gamma_ij) K, from the same solve.
@@ -156,8 +156,11 @@ def prefill(x: dict, *, absolute: bool = False) -> tuple:
     out_abs, new_abs = torch.zeros_like(out), torch.zeros_like(new)
     for i in range(n):
         sl = slice(cu[i], cu[i + 1])
-        if cu[i + 1] <= cu[i]:
-            continue  # an empty sequence: the reference leaves its state at 0
+        if cu[i + 1] <= cu[i]:  # an empty sequence: its state after no token is its initial state
+            new[i] = states[i]
+            if absolute:
+                new_abs[i] = states[i].abs()
+            continue
         if absolute:
             o, s, oa, sa = recurrence(q[sl], k[sl], v[sl], log_g[sl], beta[sl], states[i], scale, absolute=True)
             out_abs[sl], new_abs[i] = oa, sa

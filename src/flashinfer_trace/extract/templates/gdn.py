@@ -14,7 +14,10 @@ h * HV / H ... (GVA). q and k arrive L2-normalised (the model normalises them be
   name. Indexed by the row, not by its pool slot: FlashInfer's `gated_delta_rule_mtp` documents its
   buffer as `[B, T, HV, V, K]` "indexed per-batch, not per-pool-slot" (the public file's reference
   writes at the pool slot into a pool-sized buffer, which that kernel never does);
-* prefill: varlen sequences (`cu_seqlens`), one initial state per sequence, the final states returned.
+* prefill: varlen sequences (`cu_seqlens`), one initial state per sequence, the final states returned;
+  a sequence of length 0 (cu_seqlens repeats a value) is allowed and returns its initial state, the
+  state after no token (FlashInfer's kernels store the initial state for it since PR #3536 / #4133;
+  the public file's reference returns zeros there, which is no state the recurrence reaches).
 """
 
 from __future__ import annotations
@@ -162,10 +165,11 @@ def gdn(stage: str, num_q_heads: int, num_v_heads: int, head_size: int) -> dict[
                 "num_seqs": var_axis("Sequences in the batch."), **heads,
                 "len_cu_seqlens": var_axis("Length of cu_seqlens: num_seqs + 1.")}
         constraints = ["len_cu_seqlens == num_seqs + 1", "total_seq_len == cu_seqlens[-1].item()",
-                       "cu_seqlens[0].item() == 0", "(cu_seqlens[1:] - cu_seqlens[:-1]).min().item() >= 1",
+                       "cu_seqlens[0].item() == 0", "(cu_seqlens[1:] - cu_seqlens[:-1]).min().item() >= 0",
                        *head_constraints]
         lead = "Gated Delta Net prefill over variable-length sequences (sequence n owns tokens " \
-               "cu_seqlens[n]:cu_seqlens[n+1]), k-last state layout. "
+               "cu_seqlens[n]:cu_seqlens[n+1]), k-last state layout; a sequence with no token passes its " \
+               "initial state through as its new_state (zeros without a state input). "
         state = {"state": {**tensor(["num_seqs", "num_v_heads", "head_size", "head_size"], "float32",
                                     state_desc.format("sequence", "num_seqs")), "optional": True}}
         extra = {"cu_seqlens": tensor(["len_cu_seqlens"], "int64", "Cumulative sequence lengths, starting at 0.")}
