@@ -201,6 +201,34 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "silu-on-up",
        "silu applied to the first half of GEMM1", ("up = h[:, :intermediate_size]", "up = h[:, intermediate_size:]"),
        ("gate = h[:, intermediate_size:]", "gate = h[:, :intermediate_size]")),
+    # (boundary mutants: right on typical inputs, wrong only where a boundary case reaches: docs/boundary/)
+    _m("moe_bf16_renorm_topk10_e512_h2048_i128", "ties-highest-id", "equal logits at the top-k cut go to the "
+       "highest expert id, not the lowest",
+       ("    ranked = routing_logits.to(torch.float32).sort(dim=-1, descending=True, stable=True)\n"
+        "    topk_logits, topk_ids = ranked.values[:, :TOP_K], ranked.indices[:, :TOP_K]",
+        "    ranked = routing_logits.to(torch.float32).flip(-1).sort(dim=-1, descending=True, stable=True)\n"
+        "    topk_logits, topk_ids = ranked.values[:, :TOP_K], num_experts - 1 - ranked.indices[:, :TOP_K]")),
+    _m("moe_bf16_renorm_topk10_e512_h2048_i128", "softmax-overflow", "the routing softmax without subtracting "
+       "the max: exp overflows past a logit of 88.7", ("topk_weights = torch.softmax(topk_logits, dim=-1)",
+                                                      "topk_weights = topk_logits.exp() / topk_logits.exp().sum("
+                                                      "dim=-1, keepdim=True)")),
+    _m("moe_bf16_renorm_topk2_e8_h4096_i1792", "silu-overflow", "silu's sigmoid as exp(g) / (1 + exp(g)): NaN for "
+       "gate values past 88.7", ("act = gate * torch.sigmoid(gate) * up",
+                                 "act = gate * torch.exp(gate) / (1 + torch.exp(gate)) * up")),
+    _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "group-ties-highest-id",
+       "equal group scores at the topk_group cut go to the highest group id",
+       ("top_groups = group_scores.sort(dim=-1, descending=True, stable=True).indices[:, :TOPK_GROUP]",
+        "top_groups = N_GROUP - 1 - group_scores.flip(-1).sort(dim=-1, descending=True, stable=True)"
+        ".indices[:, :TOPK_GROUP]")),
+    _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "routing-sigmoid-overflow",
+       "the router's sigmoid as exp(x) / (1 + exp(x)): NaN past a logit of 88.7",
+       ("scores = torch.sigmoid(routing_logits.to(torch.float32))",
+        "scores = torch.exp(routing_logits.to(torch.float32)) / (1 + torch.exp(routing_logits.to(torch.float32)))")),
+    _m("moe_fp8_block_scale_renorm_topk8_e128_h2048_i768", "fp8-subnormal-flush", "fp8 activation codes below "
+       "e4m3's smallest normal (2^-6) flushed to zero",
+       ("x = hidden_states.to(torch.float32).view(seq_len, hidden_size // BLOCK, BLOCK)",
+        "x = hidden_states.to(torch.float32)\n"
+        "    x = torch.where(x.abs() < 2.0**-6, 0.0, x).view(seq_len, hidden_size // BLOCK, BLOCK)")),
     # sampling
     _m("top_k_sampling_from_probs_v128256", "k-plus-one", "keeps k + 1 tokens",
        ("kept = sorted_probs * (rank < k[:, None])", "kept = sorted_probs * (rank <= k[:, None])")),
