@@ -147,12 +147,34 @@ MUTANTS: tuple[Mutant, ...] = (
         "slot = b if int(state_batch_indices[b]) != PAD_SLOT_ID else PAD_SLOT_ID")),
     _m("mamba_ssu_decode_h128_d64_s128_ng8", "pad-not-skipped", "a padded request (-1) updates the last row",
        ("if slot == PAD_SLOT_ID:", "if False:")),
+    # (the threshold form keeps a call named softplus: the ground truth reads from the reference whether it has one)
+    _m("mamba_ssu_decode_h64_d64_s128_ng4", "softplus-no-linear-branch", "softplus without its linear branch (the "
+       "threshold ignored): log(1 + exp(x)) is inf past x = 88.7, and the step with it",
+       ("step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32))",
+        "step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32), threshold=float(\"inf\"))")),
+    _m("mamba_ssu_decode_h64_d64_s128_ng4", "fp16-output-products", "the C . state products rounded to float16 "
+       "(a half-precision path): right to 2^-11, inf once a product passes 65504",
+       ("output[b] = (s * ch[:, None, :]).sum(dim=-1) + d * xb",
+        "output[b] = (s * ch[:, None, :]).half().sum(dim=-1).float() + d * xb")),
     # gated delta net (Qwen3-Next linear attention)
     _m("gdn_decode_qk4_v8_d128_k_last", "no-decay", "the decay gate g is not applied to the state",
        ("S = g[:, None, None] * S", "S = S")),
     _m("gdn_decode_qk4_v8_d128_k_last", "no-softplus", "a + dt_bias used as the rate without softplus",
        ("F.softplus(a.to(torch.float32) + dt_bias.to(torch.float32))",
         "(a.to(torch.float32) + dt_bias.to(torch.float32))")),
+    # (boundary mutants: right on typical inputs, wrong only where a boundary case reaches: docs/boundary/)
+    _m("gdn_decode_qk4_v8_d128_k_last", "softplus-overflow", "softplus as log(1 + exp(x)), no linear branch: inf "
+       "past x = 88.7 (float32's exp), so g = 0 where it is near 1",
+       ("F.softplus(a.to(torch.float32) + dt_bias.to(torch.float32))",
+        "torch.log(1 + torch.exp(a.to(torch.float32) + dt_bias.to(torch.float32)))")),
+    _m("gdn_decode_qk4_v8_d128_k_last", "sigmoid-overflow", "beta = exp(b) / (1 + exp(b)): NaN once exp(b) "
+       "overflows (b > 88.7)",
+       ("torch.sigmoid(b.to(torch.float32))", "torch.exp(b.to(torch.float32)) / (1 + torch.exp(b.to(torch.float32)))")),
+    _m("gdn_prefill_qk4_v8_d128_k_last", "empty-sequence-zero-state", "a sequence with no token gets a zero new_state, "
+       "not its initial state (the public prefill reference's convention)",
+       ("        start, end = int(cu_seqlens[n].item()), int(cu_seqlens[n + 1].item())\n",
+        "        start, end = int(cu_seqlens[n].item()), int(cu_seqlens[n + 1].item())\n"
+        "        if end <= start:\n            continue\n")),
     _m("gdn_prefill_qk4_v8_d128_k_last", "no-beta", "the update strength beta is dropped (u = v - S k)",
        ("u = beta[:, None] * (v - predicted)", "u = v - predicted")),
     _m("gdn_prefill_qk4_v8_d128_k_last", "k-major-state", "the state read and written k-major [K, V], not k-last",
@@ -162,6 +184,12 @@ MUTANTS: tuple[Mutant, ...] = (
        ("return S, scale * torch.einsum(\"hvk,hk->hv\", S, q)", "return S, torch.einsum(\"hvk,hk->hv\", S, q)")),
     _m("gdn_mtp_qk4_v8_d128_k_last", "slot-by-row", "row i reads pool slot i, not initial_state_indices[i]",
        ("slot = int(initial_state_indices[i].item())", "slot = i")),
+    _m("gdn_mtp_qk4_v8_d128_k_last", "stale-intermediate", "the intermediate-state buffer gets each token's state "
+       "before its update (an off-by-one in the rollback cache; the output and the pool are right)",
+       ("            S, output[i, t] = step(S, qv[i, t], kv[i, t], v[i, t].to(torch.float32), g[i, t], beta[i, t], "
+        "scale)\n            intermediate_states_buffer[i, t] = S",
+        "            intermediate_states_buffer[i, t] = S\n            S, output[i, t] = step(S, qv[i, t], kv[i, t], "
+        "v[i, t].to(torch.float32), g[i, t], beta[i, t], scale)")),
     _m("gdn_mtp_qk4_v8_d128_k_last", "heads-tiled", "value head j reads query/key head j % H, not j // (HV / H)",
        ("qv = q.to(torch.float32).repeat_interleave(group, dim=2)", "qv = q.to(torch.float32).repeat(1, 1, group, 1)"),
        ("kv = k.to(torch.float32).repeat_interleave(group, dim=2)", "kv = k.to(torch.float32).repeat(1, 1, group, 1)")),
@@ -197,6 +225,34 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "silu-on-up",
        "silu applied to the first half of GEMM1", ("up = h[:, :intermediate_size]", "up = h[:, intermediate_size:]"),
        ("gate = h[:, intermediate_size:]", "gate = h[:, :intermediate_size]")),
+    # (boundary mutants: right on typical inputs, wrong only where a boundary case reaches: docs/boundary/)
+    _m("moe_bf16_renorm_topk10_e512_h2048_i128", "ties-highest-id", "equal logits at the top-k cut go to the "
+       "highest expert id, not the lowest",
+       ("    ranked = routing_logits.to(torch.float32).sort(dim=-1, descending=True, stable=True)\n"
+        "    topk_logits, topk_ids = ranked.values[:, :TOP_K], ranked.indices[:, :TOP_K]",
+        "    ranked = routing_logits.to(torch.float32).flip(-1).sort(dim=-1, descending=True, stable=True)\n"
+        "    topk_logits, topk_ids = ranked.values[:, :TOP_K], num_experts - 1 - ranked.indices[:, :TOP_K]")),
+    _m("moe_bf16_renorm_topk10_e512_h2048_i128", "softmax-overflow", "the routing softmax without subtracting "
+       "the max: exp overflows past a logit of 88.7", ("topk_weights = torch.softmax(topk_logits, dim=-1)",
+                                                      "topk_weights = topk_logits.exp() / topk_logits.exp().sum("
+                                                      "dim=-1, keepdim=True)")),
+    _m("moe_bf16_renorm_topk2_e8_h4096_i1792", "silu-overflow", "silu's sigmoid as exp(g) / (1 + exp(g)): NaN for "
+       "gate values past 88.7", ("act = gate * torch.sigmoid(gate) * up",
+                                 "act = gate * torch.exp(gate) / (1 + torch.exp(gate)) * up")),
+    _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "group-ties-highest-id",
+       "equal group scores at the topk_group cut go to the highest group id",
+       ("top_groups = group_scores.sort(dim=-1, descending=True, stable=True).indices[:, :TOPK_GROUP]",
+        "top_groups = N_GROUP - 1 - group_scores.flip(-1).sort(dim=-1, descending=True, stable=True)"
+        ".indices[:, :TOPK_GROUP]")),
+    _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "routing-sigmoid-overflow",
+       "the router's sigmoid as exp(x) / (1 + exp(x)): NaN past a logit of 88.7",
+       ("scores = torch.sigmoid(routing_logits.to(torch.float32))",
+        "scores = torch.exp(routing_logits.to(torch.float32)) / (1 + torch.exp(routing_logits.to(torch.float32)))")),
+    _m("moe_fp8_block_scale_renorm_topk8_e128_h2048_i768", "fp8-subnormal-flush", "fp8 activation codes below "
+       "e4m3's smallest normal (2^-6) flushed to zero",
+       ("x = hidden_states.to(torch.float32).view(seq_len, hidden_size // BLOCK, BLOCK)",
+        "x = hidden_states.to(torch.float32)\n"
+        "    x = torch.where(x.abs() < 2.0**-6, 0.0, x).view(seq_len, hidden_size // BLOCK, BLOCK)")),
     # sampling (the power and boundary mutants: docs/boundary/sampling.md, docs/ground-truth.md "Sampling")
     _m("top_k_sampling_from_probs_v128256", "k-plus-one", "the (k+1)-th probability as the threshold: k + 1 kept",
        ("kth = sorted_probs.gather(1, (k - 1)[:, None])",

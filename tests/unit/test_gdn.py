@@ -27,12 +27,14 @@ public = pytest.mark.skipif(not PUBLIC.is_dir(), reason="the public flashinfer-t
 
 def _close(ref, gt, out_rtol=1e-2, state_rtol=1e-4):
     """Reference (float32, bf16 output) against the float64 ground truth: the output within bf16
-    rounding, the state within float32 accumulation."""
-    out, state = ref
-    g_out, g_state = gt
-    assert out.dtype == torch.bfloat16 and state.dtype == torch.float32
+    rounding, the states (MTP: the pool and the intermediate-state buffer) within float32 accumulation."""
+    out, *states = ref
+    g_out, *g_states = gt
+    assert out.dtype == torch.bfloat16 and len(states) == len(g_states)
     torch.testing.assert_close(out.double(), g_out, atol=1e-2, rtol=out_rtol)
-    torch.testing.assert_close(state.double(), g_state, atol=1e-4, rtol=state_rtol)
+    for state, g_state in zip(states, g_states, strict=True):
+        assert state.dtype == torch.float32
+        torch.testing.assert_close(state.double(), g_state, atol=1e-4, rtol=state_rtol)
 
 
 # -- the generator ----------------------------------------------------------------------------------
@@ -117,8 +119,34 @@ def test_torch_ground_truth_agrees_with_our_references(stage, case):
     x = generate_inputs(d, "small", seed=1, case=case)
     gt = get_ground_truth("torch", d, device="cpu")(x)
     _close(run_reference(d, x.clone()), gt)
-    if stage == "mtp":  # a verification pass: the pool comes back unchanged
+    if stage == "mtp":  # a verification pass: the pool comes back unchanged; the buffer holds every state
         assert torch.equal(gt[1], x.values["initial_state"].double())
+        assert len(gt) == 3 and gt[2].shape == x.values["intermediate_states_buffer"].shape
+        assert bool((gt[2].flatten(2).abs().amax(-1) > 0).all())  # every (row, token) written
+
+
+def test_mtp_declares_its_intermediate_states_written_in_place():
+    """The MTP reference writes the state after each token into intermediate_states_buffer: the definitions
+    declare it as an in-place output (an input and an output of the same name), indexed by row as
+    FlashInfer's gated_delta_rule_mtp indexes it, so the engine neither flags the write nor leaves it
+    unchecked: its value after the call is compared with the ground truth's."""
+    from flashinfer_trace.check import written_inputs
+
+    for name in ("gdn_mtp_qk4_v8_d128_k_last", "gdn_mtp_qk8_v16_d128_k_last", "gdn_mtp_qk16_v32_d128_k_last"):
+        d = load_definition(name)
+        assert d.in_place_outputs == ["intermediate_states_buffer"]
+        assert d.inputs["intermediate_states_buffer"].shape == ["batch_size", "seq_len", "num_v_heads",
+                                                                 "head_size", "head_size"]
+    x = generate_inputs(d, "small", seed=0)
+    used = x.clone()
+    out = run_reference(d, used)
+    assert len(out) == 3 and written_inputs(d, x, used) == []
+    assert torch.equal(x.values["intermediate_states_buffer"], torch.zeros_like(out[2]))  # a copy was written
+    slots = x.values["initial_state_indices"].long()
+    last = out[2][:, -1]  # row i's state after its last token, at row i (not its slot)
+    gt = G.run(d, x.values)
+    torch.testing.assert_close(last.double(), gt[2][:, -1], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(last.double(), gt[2][slots.argsort(), -1], atol=1e-2)  # the slot order differs
 
 
 @public
@@ -290,11 +318,15 @@ def test_qwen3_next_plans_the_public_gdn_names_per_tp():
 
 @public
 def test_our_definitions_have_the_public_interface():
+    """Bar MTP's intermediate-state buffer: ours is an in-place output indexed by row, [batch, ..], as
+    FlashInfer's kernel writes it; the public file's is an input only, pool-sized, written at the slot."""
+    buffer = "intermediate_states_buffer"
     for path in sorted(PUBLIC.glob("*.json")):
         pub, ours = load_definition(path), load_definition(path.stem)
-        assert list(ours.inputs) == list(pub.inputs) and list(ours.outputs) == list(pub.outputs)
-        assert {n: (s.shape, s.dtype) for n, s in ours.inputs.items()} == \
-               {n: (s.shape, s.dtype) for n, s in pub.inputs.items()}
+        assert list(ours.inputs) == list(pub.inputs)
+        assert [n for n in ours.outputs if n != buffer] == list(pub.outputs)
+        assert {n: (s.shape, s.dtype) for n, s in ours.inputs.items() if n != buffer} == \
+               {n: (s.shape, s.dtype) for n, s in pub.inputs.items() if n != buffer}
         assert ours.const_axes == pub.const_axes
 
 

@@ -20,8 +20,11 @@ What the versions need (read from the 0.6.6 and 0.7.2.post1 sources):
   any call (`resolve`). Decode uses the *pretranspose* entry point, whose state is k-last
   `[B, HV, V, K]` like the definitions' (`gated_delta_rule_decode` takes k-major `[B, HV, K, V]`),
   float32 state (the legacy T=1 kernel); MTP passes `disable_state_update=True` (0.7.x changed the
-  default to None) and no intermediate buffer: the definitions' MTP returns the pool unchanged,
-  and the pool the kernel hands back is compared with that.
+  default to None): the definitions' MTP returns the pool unchanged, and the pool the kernel hands
+  back is compared with that. Where the definition declares `intermediate_states_buffer` as an
+  in-place output, a float32 contiguous clone of it is passed and read back after the call: the
+  kernel writes row i's state after token t at [i, t] (its docstring: `[B, T, HV, V, K]`, indexed
+  per batch, not per pool slot), the layout the definitions declare.
 
 Kernels that write in place get clones. Arguments after q, k, v go by keyword.
 """
@@ -35,7 +38,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from .base import Call, GroundTruthUnavailable, keywords
+from .base import Call, GroundTruthUnavailable, accepts, keywords
 
 CUTLASS_DSL = "nvidia-cutlass-dsl (cutlass)"
 
@@ -155,14 +158,23 @@ def decode(call: Call) -> tuple:
     return out, new_state
 
 
+BUFFER = "intermediate_states_buffer"
+
+
 def mtp(call: Call) -> tuple:
     x = call.inputs.values
     fn = _kernel(call, "gdn_decode", "gated_delta_rule_mtp")
     pool = x["initial_state"].to(torch.float32).contiguous().clone()
+    wants_buffer = BUFFER in call.definition.outputs
+    if wants_buffer and not accepts(fn, BUFFER):
+        raise GroundTruthUnavailable("api-missing", f"this gated_delta_rule_mtp takes no {BUFFER}, which the "
+                                                    "definition declares as an in-place output")
+    buffer = x[BUFFER].to(torch.float32).contiguous().clone() if wants_buffer else None  # written in place
+    more = {BUFFER: buffer} if wants_buffer else {}
     out, pool_after = fn(x["q"], x["k"], x["v"], pool, x["initial_state_indices"].to(torch.int32), x["A_log"],
                          x["a"], x["dt_bias"], x["b"],
-                         **_keywords(fn, scale=_scale(x), disable_state_update=True, use_qk_l2norm=False))
-    return out, pool_after
+                         **_keywords(fn, scale=_scale(x), disable_state_update=True, use_qk_l2norm=False, **more))
+    return (out, pool_after, buffer) if wants_buffer else (out, pool_after)
 
 
 # -- which definitions ------------------------------------------------------------------------------

@@ -25,10 +25,11 @@ of CHUNK tokens. `recurrence` is the plain token-by-token form, used by the erro
 the absolute values along) and by the unit tests, which hold the two forms together.
 
 Semantics the definitions fix and this module follows: decode and prefill return the updated state
-(prefill: one per sequence, in sequence order; the public prefill reference leaves an empty
-sequence's state at zero, which the generators never produce), MTP returns the pool *unchanged*
-(its reference runs with state updates disabled: a verification pass; the intermediate-state buffer
-it may fill is not an output).
+(prefill: one per sequence, in sequence order; a sequence with no token returns its initial state,
+the state after zero tokens, where the public prefill reference leaves zeros), MTP returns the pool *unchanged*
+(its reference runs with state updates disabled: a verification pass) and, where the definition
+declares `intermediate_states_buffer` as an output (written in place), row i's state after each of
+its tokens t at [i, t]: inside a chunk S_i = gamma_i S_0 + U^T diag(Gamma_ij) K, from the same solve.
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ def expand_heads(t: torch.Tensor, hv: int, dim: int) -> torch.Tensor:
 
 
 def chunk_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor, beta: torch.Tensor,
-               s0: torch.Tensor, scale: float, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+               s0: torch.Tensor, scale: float, chunk: int = CHUNK, *, states: bool = False) -> tuple[torch.Tensor, ...]:
     """One sequence, every value head at once. q, k [L, HV, K]; v [L, HV, V]; log_g, beta [L, HV];
-    s0 [HV, V, K]. Returns (o [L, HV, V], S_L [HV, V, K]), float64."""
+    s0 [HV, V, K]. Returns (o [L, HV, V], S_L [HV, V, K]), float64; with `states`, also the state after
+    every token [L, HV, V, K] (MTP's intermediate states)."""
     length = q.shape[0]
     out = torch.empty(v.shape, dtype=F64, device=v.device)
+    every = torch.empty(length, *s0.shape, dtype=F64, device=v.device) if states else None
     s = s0.to(F64)
     for c0 in range(0, length, chunk):
         sl = slice(c0, min(length, c0 + chunk))
@@ -85,19 +88,24 @@ def chunk_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.T
         u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
         o = gamma[:, :, None] * (qc @ s.transpose(-1, -2)) + (gam * (qc @ kc.transpose(-1, -2))) @ u
         out[sl] = (scale * o).transpose(0, 1)
+        if every is not None:  # S_i = gamma_i S_0 + sum_j Gamma_ij u_j k_j^T, for each i of the chunk
+            every[sl] = (gamma[:, :, None, None] * s[:, None] + torch.einsum("hij,hjv,hjk->hivk", gam, u, kc)
+                         ).transpose(0, 1)
         tail = (lg[:, -1:] - lg).exp()  # Gamma_Cj
         s = gamma[:, -1, None, None] * s + u.transpose(-1, -2) @ (tail[:, :, None] * kc)
-    return out, s
+    return (out, s, every) if states else (out, s)
 
 
 def recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.Tensor, beta: torch.Tensor,
-               s0: torch.Tensor, scale: float, *, absolute: bool = False) -> tuple[torch.Tensor, ...]:
+               s0: torch.Tensor, scale: float, *, absolute: bool = False,
+               states: bool = False) -> tuple[torch.Tensor, ...]:
     """Token by token, batched over leading dims: q, k [..., T, HV, K]; v [..., T, HV, V]; log_g, beta
     [..., T, HV]; s0 [..., HV, V, K]. Returns (o [..., T, HV, V], S_T), float64; with `absolute`, also
-    the same recurrence over absolute values (|S_0|, |u|, |k|, |q|): (o_abs, S_abs), the error scales."""
+    the same recurrence over absolute values (|S_0|, |u|, |k|, |q|): (o_abs, S_abs), the error scales;
+    with `states`, last, the state after every token [..., T, HV, V, K] (with `absolute`: the |S_t|-like)."""
     s = s0.to(F64)
     sa = s.abs() if absolute else None
-    outs, outs_abs = [], []
+    outs, outs_abs, every = [], [], []
     for t in range(q.shape[-3]):
         qt, kt, vt = (x[..., t, :, :].to(F64) for x in (q, k, v))
         g = log_g[..., t, :].to(F64).exp()[..., None, None]
@@ -112,10 +120,13 @@ def recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_g: torch.T
             ua = bt * (vt.abs() + pred[..., 0])
             sa = g * sa + ua[..., None] * kt.abs()[..., None, :]
             outs_abs.append(scale * (sa @ qt.abs()[..., None])[..., 0])
+        if states:
+            every.append(sa if absolute else s)
     o = torch.stack(outs, dim=-3)
+    tail = (torch.stack(every, dim=-4),) if states else ()
     if absolute:
-        return o, s, torch.stack(outs_abs, dim=-3), sa
-    return o, s
+        return (o, s, torch.stack(outs_abs, dim=-3), sa, *tail)
+    return (o, s, *tail)
 
 
 # -- the three stages, on a definition's inputs -------------------------------------------------------
@@ -145,8 +156,11 @@ def prefill(x: dict, *, absolute: bool = False) -> tuple:
     out_abs, new_abs = torch.zeros_like(out), torch.zeros_like(new)
     for i in range(n):
         sl = slice(cu[i], cu[i + 1])
-        if cu[i + 1] <= cu[i]:
-            continue  # an empty sequence: the reference leaves its state at 0
+        if cu[i + 1] <= cu[i]:  # an empty sequence: its state after no token is its initial state
+            new[i] = states[i]
+            if absolute:
+                new_abs[i] = states[i].abs()
+            continue
         if absolute:
             o, s, oa, sa = recurrence(q[sl], k[sl], v[sl], log_g[sl], beta[sl], states[i], scale, absolute=True)
             out_abs[sl], new_abs[i] = oa, sa
@@ -156,19 +170,20 @@ def prefill(x: dict, *, absolute: bool = False) -> tuple:
     return (out_abs, new_abs) if absolute else (out, new)
 
 
-def _rows(x: dict, states: torch.Tensor, *, absolute: bool) -> tuple:
+def _rows(x: dict, states: torch.Tensor, *, absolute: bool, every: bool = False) -> tuple:
     """Decode / MTP rows: q, k [B, T, H, K]; v [B, T, HV, V]; states [B, HV, V, K]. Each row is a
-    sequence of T tokens (chunked form; `absolute`: the recurrence with absolute values)."""
+    sequence of T tokens (chunked form; `absolute`: the recurrence with absolute values). Returns
+    (o, S_T), and with `every` the state after each token [B, T, HV, V, K] last."""
     q, k, _ = _expanded(x, 2)
     v = x["v"]
     scale = scale_of(x, q.shape[-1])
     log_g, beta = gates(x)
     if absolute:
-        _, _, oa, sa = recurrence(q, k, v, log_g, beta, states, scale, absolute=True)
-        return oa, sa
-    outs, finals = zip(*(chunk_scan(q[r], k[r], v[r], log_g[r], beta[r], states[r], scale)
-                         for r in range(q.shape[0])), strict=True)
-    return torch.stack(outs), torch.stack(finals)
+        _, _, oa, sa, *rest = recurrence(q, k, v, log_g, beta, states, scale, absolute=True, states=every)
+        return (oa, sa, *rest)
+    per_row = [chunk_scan(q[r], k[r], v[r], log_g[r], beta[r], states[r], scale, states=every)
+               for r in range(q.shape[0])]
+    return tuple(torch.stack(parts) for parts in zip(*per_row, strict=True))
 
 
 def decode(x: dict, *, absolute: bool = False) -> tuple:
@@ -177,12 +192,24 @@ def decode(x: dict, *, absolute: bool = False) -> tuple:
     return _rows(x, _zeros_if_none(_state_input(x), shape, v.device), absolute=absolute)
 
 
-def mtp(x: dict, *, absolute: bool = False) -> tuple:
+BUFFER = "intermediate_states_buffer"
+
+
+def mtp(x: dict, *, absolute: bool = False, buffer: bool = False) -> tuple:
+    """(output, pool unchanged) and, with `buffer`, the intermediate-state buffer after the call: row i's
+    state after its token t at [i, t] (by row, not pool slot), every other element as it came."""
     pool = x["initial_state"].to(F64)
     slots = x["initial_state_indices"].to(torch.int64)
-    out, _ = _rows(x, pool[slots], absolute=absolute)
+    out, _, *every = _rows(x, pool[slots], absolute=absolute, every=buffer)
     # a verification pass: the pool comes back as it was (state updates disabled)
-    return out, (pool.abs() if absolute else pool.clone())
+    result = (out, pool.abs() if absolute else pool.clone())
+    if not buffer:
+        return result
+    written = x[BUFFER].to(F64)
+    written = written.abs() if absolute else written.clone()
+    steps = every[0].shape[1]
+    written[: every[0].shape[0], :steps] = every[0]
+    return (*result, written)
 
 
 def stage(definition) -> str:
@@ -192,4 +219,7 @@ def stage(definition) -> str:
 
 
 def run(definition, x: dict, *, absolute: bool = False) -> tuple:
-    return {"prefill": prefill, "mtp": mtp, "decode": decode}[stage(definition)](x, absolute=absolute)
+    st = stage(definition)
+    if st == "mtp":
+        return mtp(x, absolute=absolute, buffer=BUFFER in definition.outputs)
+    return {"prefill": prefill, "decode": decode}[st](x, absolute=absolute)

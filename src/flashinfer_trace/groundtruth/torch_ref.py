@@ -259,20 +259,29 @@ def deepseek_routing(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_gro
     tokens, experts = biased.shape
     grouped = biased.reshape(tokens, n_group, experts // n_group)
     best_two = grouped.sort(dim=-1, descending=True).values[..., :2].sum(dim=-1)  # [T, n_group]
-    chosen_groups = best_two.argsort(dim=-1, descending=True, stable=True)[:, :topk_group]
+    chosen_groups = ranked_ids(best_two, topk_group)  # equal group scores: the lowest group id
     allowed = torch.zeros(tokens, n_group, dtype=torch.bool, device=logits.device)
     allowed[torch.arange(tokens, device=logits.device)[:, None], chosen_groups] = True
     candidates = torch.where(allowed[:, :, None], grouped, -math.inf).reshape(tokens, experts)
-    ids = candidates.argsort(dim=-1, descending=True, stable=True)[:, :top_k]
+    ids = ranked_ids(candidates, top_k)
     w = scores.gather(1, ids)
     return ids, w / w.sum(dim=-1, keepdim=True) * scaling
 
 
+def ranked_ids(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The top_k ids per row by score; equal scores go to the lowest id (the definitions' convention,
+    FlashInfer's routing kernels': a stable descending sort)."""
+    return scores.argsort(dim=-1, descending=True, stable=True)[:, :top_k]
+
+
 def renormalize_routing(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over all experts, the top_k most probable, their probabilities renormalised to sum 1
-    (Qwen-MoE with norm_topk_prob, Mixtral): (expert ids [T, k], weights [T, k])."""
-    probs = torch.softmax(logits.to(F64), dim=-1)
-    ids = probs.argsort(dim=-1, descending=True, stable=True)[:, :top_k]
+    (Qwen-MoE with norm_topk_prob, Mixtral): (expert ids [T, k], weights [T, k]). Ranked by the logits,
+    not the probabilities: float64 probabilities underflow to equal zeros where logits are 745 apart,
+    and the ranking must not tie where the logits do not."""
+    x = logits.to(F64)
+    probs = torch.softmax(x, dim=-1)
+    ids = ranked_ids(x, top_k)
     w = probs.gather(1, ids)
     return ids, w / w.sum(dim=-1, keepdim=True)
 
@@ -291,10 +300,10 @@ def route(definition, values: dict) -> tuple[torch.Tensor, torch.Tensor]:
     r = sem.moe_routing(definition)
     if r.kind == "precomputed":
         return unpack_routed(values["topk_ids"])
-    if r.kind == "llama4":  # sigmoid scores, top-k, unnormalised
-        scores = torch.sigmoid(values["routing_logits"].to(F64))
-        ids = scores.argsort(dim=-1, descending=True, stable=True)[:, :r.top_k]
-        return ids, scores.gather(1, ids)
+    if r.kind == "llama4":  # sigmoid scores, top-k (ranked by the logits: sigmoid saturates), unnormalised
+        logits = values["routing_logits"].to(F64)
+        ids = ranked_ids(logits, r.top_k)
+        return ids, torch.sigmoid(logits).gather(1, ids)
     if r.kind == "deepseek":
         return deepseek_routing(values["routing_logits"], values["routing_bias"], r.top_k, r.n_group, r.topk_group,
                                 float(values.get("routed_scaling_factor", 1.0)))

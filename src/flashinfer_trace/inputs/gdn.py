@@ -24,12 +24,22 @@ Values follow what the kernels see in Qwen3-Next:
 * the initial state normal (float32), scale 2, as a state after a long context holds;
 * `scale` = 1 / sqrt(head_size) (the definitions' default);
 * MTP: the pool holds more slots than rows, and `initial_state_indices` names distinct slots in a
-  random order (never 0..batch-1): a kernel reading slot b for row b fails. The optional
-  `intermediate_states_buffer` is a zero pool-sized buffer (the reference writes into it).
+  random order (never 0..batch-1): a kernel reading slot b for row b fails. The
+  `intermediate_states_buffer` ([batch, seq_len, ..], an in-place output) is zeros: every element is
+  written, so a kernel that skips a row or a token leaves a zero where a state is expected.
 
 Edge cases: `batch1` (one row / one sequence), `zero_state` (every initial state 0), `fast_decay`
 (`a` shifted up so g is near 0 and the past is mostly forgotten), and per stage `min_tokens`
-(MTP: seq_len 2) and `unit_lengths` (prefill: every sequence one token long).
+(MTP: seq_len 2) and `unit_lengths` (prefill: every sequence one token long). Boundary cases
+(docs/boundary/moe-gdn-mamba.md says why each exists):
+
+* `softplus_linear`: a + dt_bias in [20, 120], softplus's linear regime, past float32's exp overflow
+  (88.7): softplus must return its input there, never log(1 + exp(x)) (inf, so g = 0); A is made tiny
+  (A_log in [-12, -8]) so that A * softplus stays O(0.01) and g near 1: the decay matters, slowly;
+* `beta_extremes`: b = +-100 for most (token, head) (beta exactly 1: the key's slot is overwritten
+  with v; beta ~ 4e-44: no update), the rest normal: sigmoid must not be exp(b) / (1 + exp(b)) (NaN);
+* `empty_sequences` (prefill): every third sequence, the first and the last, has no token: its
+  `new_state` is its initial state passed through (the definitions allow a length of 0).
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .common import Builder, log_uniform, normal, permutation, random_words
+from .common import Builder, log_uniform, normal, permutation, random_words, uniform
 
 OP_TYPES = ("gdn",)
 
@@ -49,9 +59,13 @@ STATES = ("state", "initial_state")
 STRUCTURE = ("cu_seqlens", "initial_state_indices", "intermediate_states_buffer", "scale")
 KNOWN = ACTIVATIONS + GATES + STATES + STRUCTURE
 
-COMMON_CASES = ("batch1", "zero_state", "fast_decay")
+COMMON_CASES = ("batch1", "zero_state", "fast_decay", "softplus_linear", "beta_extremes")
 STATE_SCALE = 2.0
 FAST_DECAY_SHIFT = 8.0  # added to `a`: softplus(a + dt_bias) ~ a + dt_bias > 1 mostly, g = exp(-A (..)) mostly < 0.05
+LINEAR_A = (20.0, 120.0)  # softplus_linear: a uniform here (bf16), past softplus's threshold 20 and exp's 88.7
+TINY_A_LOG = (-12.0, -8.0)  # softplus_linear: A_log uniform here, A * softplus(..) in ~[1e-4, 0.04]
+BETA_EXTREME = 100.0  # beta_extremes: b = +-this (bf16-exact): sigmoid is 1 or 3.7e-44; exp(100) overflows float32
+BETA_EXTREME_SHARE = 0.75
 A_LOG2 = (0.0, 4.0)  # A in [1, 16]: Qwen3-Next draws A uniform in (0, 16] at initialisation
 DT_LOG2 = (math.log2(1e-3), math.log2(1e-1))  # dt in [1e-3, 1e-1] (mamba-style dt initialisation)
 
@@ -83,7 +97,7 @@ def stage(definition) -> str:
 
 
 def edge_cases(definition) -> list[str]:
-    extra = {"prefill": ("unit_lengths",), "mtp": ("min_tokens",), "decode": ()}[stage(definition)]
+    extra = {"prefill": ("unit_lengths", "empty_sequences"), "mtp": ("min_tokens",), "decode": ()}[stage(definition)]
     return [*COMMON_CASES, *extra]
 
 
@@ -108,7 +122,10 @@ def _seq_lengths(b: Builder) -> list[int]:
     lens = [max(1, min(tier.max_len, round(tier.max_len ** x))) for x in u]
     lens[0], lens[1] = 1, tier.max_len
     order = permutation(n, g).tolist()
-    return [lens[i] for i in order]
+    lens = [lens[i] for i in order]
+    if b.case == "empty_sequences":  # the first, the last and every third: leading, inner and trailing
+        lens = [0 if i % 3 == 0 or i == n - 1 else n_tok for i, n_tok in enumerate(lens)]
+    return lens
 
 
 def unit_rows(shape: tuple[int, ...], b: Builder, tag: str, dtype: torch.dtype) -> torch.Tensor:
@@ -155,20 +172,31 @@ def generate(b: Builder) -> None:
 
     # gates: per-head parameters are tiny and need log/expm1: made on the CPU, then moved
     heads = b.shape("A_log")
-    a_ = log_uniform(heads, b.rng("A"), *A_LOG2, device="cpu").to(torch.float64)
-    b.put("A_log", a_.log().to(b.torch_dtype("A_log")))
+    if b.case == "softplus_linear":
+        a_log = uniform(heads, b.rng("A")).to(torch.float64) * (TINY_A_LOG[1] - TINY_A_LOG[0]) + TINY_A_LOG[0]
+    else:
+        a_log = log_uniform(heads, b.rng("A"), *A_LOG2, device="cpu").to(torch.float64).log()
+    b.put("A_log", a_log.to(b.torch_dtype("A_log")))
     dt = log_uniform(b.shape("dt_bias"), b.rng("dt"), *DT_LOG2, device="cpu").to(torch.float64)
     b.put("dt_bias", torch.log(torch.expm1(dt)).to(b.torch_dtype("dt_bias")))
-    b.put_random("a", mean=FAST_DECAY_SHIFT if b.case == "fast_decay" else 0.0)
-    b.put_random("b")
+    if b.case == "softplus_linear":
+        a = uniform(b.shape("a"), b.rng("a"), device=b.device) * (LINEAR_A[1] - LINEAR_A[0]) + LINEAR_A[0]
+        b.put("a", a.to(b.torch_dtype("a")))
+    else:
+        b.put_random("a", mean=FAST_DECAY_SHIFT if b.case == "fast_decay" else 0.0)
+    gate = b.put_random("b")
+    if b.case == "beta_extremes":
+        g = b.rng("beta_extremes")
+        extreme = uniform(gate.shape, g, device=b.device) < BETA_EXTREME_SHARE
+        sign = torch.where(uniform(gate.shape, g, device=b.device) < 0.5, -1.0, 1.0)
+        b.put("b", torch.where(extreme, sign * BETA_EXTREME, gate.float()).to(gate.dtype))
 
     if b.case == "zero_state":
         b.put(state, torch.zeros(b.shape(state), dtype=b.torch_dtype(state), device=b.device))
     else:
         b.put_random(state, scale=STATE_SCALE)
-    if b.has("intermediate_states_buffer"):
+    if b.has("intermediate_states_buffer"):  # ours: [batch, ..] (by row); the public file's: [pool, ..]
         name = "intermediate_states_buffer"
-        b.set_dim(name, 0, b.dim(state, 0))
         b.put(name, torch.zeros(b.shape(name), dtype=b.torch_dtype(name), device=b.device))
     if b.has("scale"):
         b.put_scalar("scale", 1.0 / math.sqrt(b.dim("q", -1)))

@@ -30,6 +30,17 @@ Edge cases:
   large_dt: dt ~ 12 + 6 N(0, 1), one (request, head) pinned at 40 and one at -4, so softplus runs in
     both regimes (above 20 torch's softplus returns its input) and exp(dt * A) underflows to 0: the
     old state is forgotten.
+Boundary cases (docs/boundary/moe-gdn-mamba.md says why each exists):
+  huge_dt: half the (request, head) pairs have dt uniform in [90, 1000], past float32's exp overflow
+    (88.7): softplus must take its linear branch (log(1 + exp(dt)) is inf there); the rest are as usual;
+  tiny_dt: dt + dt_bias uniform in [-30, -20]: the step softplus ~ exp(dt) is ~1e-13..1e-9, the decay
+    rounds to 1: the state passes through (almost) unchanged, the other end of the step;
+  strong_decay: A = -(1e4 .. 1e6) per head: exp(step * A) underflows to 0 in one step for almost every
+    head, the old state is forgotten whatever dt;
+  large_state: the cached state ~ 2**14 N(0, 1): C . state sums to ~2e5 per element, past float16's
+    65504 (an fp16 accumulation overflows), while bf16 holds it;
+  all_padded: every request carries PAD_SLOT_ID: the output is all zeros and the cache comes back as it
+    was (a batch of nothing but CUDA-graph padding).
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ import torch
 from .common import Builder, log_uniform, normal, permutation, randint, uniform, unknown_inputs
 
 OP_TYPES = ("mamba_ssu",)
-CASES = ("batch1", "padded", "large_cache", "large_dt")
+CASES = ("batch1", "padded", "large_cache", "large_dt", "huge_dt", "tiny_dt", "strong_decay", "large_state",
+         "all_padded")
 PAD_SLOT_ID = -1
 
 # (batch, state cache rows): medium keeps the float64 ground truth of a 128-head cache (2 MiB of bf16
@@ -56,6 +68,10 @@ REQUIRED = (STATE, X, DT, A, B, C)
 
 A_RANGE = (1.0, 16.0)  # -A
 DT0_LOG2 = (math.log2(1e-3), math.log2(1e-1))  # the time step softplus(dt_bias) lands in
+HUGE_DT = (90.0, 1000.0)  # huge_dt: past float32's exp overflow at 88.7
+TINY_STEP_X = (-30.0, -20.0)  # tiny_dt: dt + dt_bias here
+STRONG_A_LOG2 = (math.log2(1e4), math.log2(1e6))  # strong_decay: -A log-uniform here
+LARGE_STATE = 2.0**14  # large_state: the cache's scale
 
 
 def edge_cases(definition) -> list[str]:
@@ -103,6 +119,8 @@ def _bind_sizes(b: Builder) -> tuple[int, int]:
 def _slots(b: Builder, batch: int, rows: int) -> torch.Tensor:
     g = b.rng("slots")
     slots = permutation(rows, g)[:batch]
+    if b.case == "all_padded":
+        slots[:] = PAD_SLOT_ID
     if b.case == "padded":
         if batch < 2:
             raise b.error("the padded case needs a batch of at least 2 (one padded request, one real)")
@@ -132,7 +150,7 @@ def generate(b: Builder) -> None:
     if b.has(INDICES):
         spec_dtype = b.torch_dtype(INDICES)
         b.put(INDICES, _slots(b, batch, rows).to(spec_dtype))
-    b.put_random(STATE)
+    b.put_random(STATE, scale=LARGE_STATE if b.case == "large_state" else 1.0)
     b.put_random(X)
     b.put_random(B)
     b.put_random(C)
@@ -140,17 +158,30 @@ def generate(b: Builder) -> None:
         b.put_random(Z)
 
     # per-head parameters, tied across head_dim (and dstate for A)
-    neg_a = uniform((heads,), b.rng(A)).mul_(A_RANGE[1] - A_RANGE[0]).add_(A_RANGE[0])
+    if b.case == "strong_decay":
+        neg_a = log_uniform((heads,), b.rng(A), *STRONG_A_LOG2)
+    else:
+        neg_a = uniform((heads,), b.rng(A)).mul_(A_RANGE[1] - A_RANGE[0]).add_(A_RANGE[0])
     _per_head(b, A, -neg_a)
     if b.has(D):
         _per_head(b, D, normal((heads,), b.rng(D), scale=0.1, mean=1.0))
+    bias = torch.zeros(heads)
     if b.has(DT_BIAS):
         # softplus^-1(dt0) = dt0 + log(-expm1(-dt0)): transcendental, so on the CPU in float64, then copied
         dt0 = log_uniform((heads,), b.rng(DT_BIAS), *DT0_LOG2).to(torch.float64)
-        _per_head(b, DT_BIAS, (dt0 + torch.log(-torch.expm1(-dt0))).to(torch.float32))
+        bias = (dt0 + torch.log(-torch.expm1(-dt0))).to(torch.float32)
+        _per_head(b, DT_BIAS, bias)
     if b.case == "large_dt":
         dt = normal((batch, heads), b.rng(DT), scale=6.0, mean=12.0)
         dt[0, 0], dt[-1, -1] = 40.0, -4.0  # both ends always present, whatever the draw
+    elif b.case == "huge_dt":
+        g = b.rng(DT)
+        huge = uniform((batch, heads), g).mul_(HUGE_DT[1] - HUGE_DT[0]).add_(HUGE_DT[0])
+        dt = torch.where(uniform((batch, heads), g) < 0.5, huge, normal((batch, heads), g, scale=0.5))
+        dt[0, 0] = HUGE_DT[1]  # at least one, whatever the draw
+    elif b.case == "tiny_dt":  # dt + dt_bias lands in TINY_STEP_X (dt_bias, about -7 .. 0, is subtracted)
+        x = uniform((batch, heads), b.rng(DT)).mul_(TINY_STEP_X[1] - TINY_STEP_X[0]).add_(TINY_STEP_X[0])
+        dt = x - bias[None, :]
     else:
         dt = normal((batch, heads), b.rng(DT), scale=0.5)
     _per_head(b, DT, dt)

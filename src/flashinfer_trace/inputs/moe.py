@@ -27,20 +27,46 @@ DeepSeek-V3's 256 experts or 7168 hidden), so other definitions of the same fami
 * Per-tensor fp8 (`output1_scales_scalar`, `output1_scales_gate_scalar`, `output2_scales_scalar`,
   one float32 per expert): the fp8 codes carry no scale of their own, so these per-expert output
   scales are what make each GEMM's result O(1): centred on 1 / (sqrt(K) * rms of the codes).
+
+Boundary cases (docs/boundary/moe-gdn-mamba.md says why each exists). The routing ones are built from
+the routing's own rules, so that one comparison decides the tie-break convention; ties are exact copies
+of one (logit, bias) pair, equal in float32 and float64 alike; each is checked after generation:
+
+* `tied_topk`: k - 1 clear winners, then three experts with one equal score for the last slot (local
+  ones: the lowest id wins, the highest would differ);
+* `tied_groups` (grouped routing): the local group and another group score exactly the same for the
+  last kept group; the other group's id is below the local one's for even tokens, above for odd ones;
+* `all_equal_logits`: every logit (and bias) equal: a complete tie, experts 0 .. k - 1 (local expert
+  offset 0);
+* `huge_logit_spread`: logits +-100 (softmax must subtract the max; sigmoid saturates to 1 and to a
+  float32 subnormal); one winner per token (grouped routing: top_k winners);
+* `all_to_one_expert`: every token chooses the same experts; on an expert-parallel rank exactly one
+  local expert, which receives every token;
+* `fp8_extremes` (block scales): each 128-block of codes is drawn from one of three regimes: the usual
+  0.125..1.875, the top of e4m3 (128..448) or its subnormals (m * 2^-9), its scale compensating, so the
+  dequantised values stay O(1) while the scales range from ~1e-5 to ~1e2;
+* `large_activations`: hidden states 256x larger (bf16 values or fp8 scales): gate values of several
+  hundred, past float32's exp overflow (88.7) in silu's sigmoid.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from ..semantics import Routing, declared_routing, routing_params
-from .common import FP8_CODE_RMS, Builder, log_uniform, normal, permutation, randint, uniform
+from ..semantics import Routing, declared_routing, moe_quant, moe_routing, routing_params
+from ..status import GroundTruthUnavailable
+from .common import (FP8_CODE_RMS, Builder, log_uniform, normal, permutation, randint, random_tensor,
+                     random_words, uniform)
 
 OP_TYPES = ("moe",)
 ROWS = {"small": 2, "medium": 8, "large": 64}
 CASES = ("single_token", "no_local_tokens")
+TIE_CASES = ("tied_topk", "tied_groups", "all_equal_logits")
+ROUTING_CASES = (*TIE_CASES, "huge_logit_spread", "all_to_one_expert")
+VALUE_CASES = ("fp8_extremes", "large_activations")
 ROUTED_SCALING_FACTOR = 2.5
 LOCAL_TOKEN_FRACTION = 0.75  # tokens steered to local experts
 HOT_EXPERTS = {"small": 2, "medium": 3, "large": 8}  # local experts the steered tokens share
@@ -52,6 +78,18 @@ BOOST = 5.0  # added to the logits of a steered token's chosen local experts: si
 SUPPRESSED = -30.0  # local logits in `no_local_tokens`: sigmoid ~ 1e-13, below every other expert
 ROUTING_BIAS_STD = 0.1
 SCALE_SPREAD = 0.75  # block scales vary over +-0.75 binades around their centre
+BLOCK_SIZE = 128  # fp8 block scales: 1 x 128 for the activations, 128 x 128 for the weights
+
+# boundary cases (see the module docstring)
+WINNER, TIE, LOW = 4.0, 1.0, -6.0  # plain top-k: winners ~ WINNER + 0.25 N, the tie pool exactly TIE, the rest LOW + N
+DS_WINNER, DS_TIE, DS_LOW = 6.0, 0.0, -8.0  # grouped: sigmoid 0.998+, exactly 0.5 (bias 0), < 0.02
+DS_BIAS_CLAMP = 0.3  # routing cases: |bias| <= this, so winner > 0.5 (tie) > the rest, whatever the draw
+TIE_POOL = 3  # experts sharing the score at the last slot
+SPREAD = 100.0  # huge_logit_spread: +-this; exp(100) overflows float32
+LARGE_ACTIVATIONS = 256.0
+FP8_TOP_RMS, FP8_SUBNORMAL_RMS = 293.503, 0.0081705  # rms of the e4m3 codes 128..448 and m * 2^-9, m = 0..7
+# regime -> (and mask, or mask) on a random byte: 0 the usual exponent field 4..7, 1 field 14..15, 2 field 0
+FP8_REGIMES = ((0x9F, 0x20, FP8_CODE_RMS), (0x8F, 0x70, FP8_TOP_RMS), (0x87, 0x00, FP8_SUBNORMAL_RMS))
 
 LOGITS, BIAS, HIDDEN, ROUTED = "routing_logits", "routing_bias", "hidden_states", "topk_ids"
 # per-expert output scales of a per-tensor fp8 MoE -> the weight whose GEMM output each scales
@@ -63,28 +101,130 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def edge_cases(definition) -> list[str]:
-    """no_local_tokens needs experts on other ranks: without expert parallelism every token is local."""
+    """no_local_tokens needs experts on other ranks: without expert parallelism every token is local.
+    The routing cases need router logits and a routing these generators can steer (a grouped layout they
+    fit: `_layout`); fp8_extremes needs block scales; large_activations hidden states."""
     ax = definition.const_axes
+    cases = list(CASES)
     if OFFSET not in definition.inputs or ROUTED in definition.inputs or (
             "num_local_experts" in ax and "num_experts" in ax and ax["num_local_experts"] >= ax["num_experts"]):
-        return [c for c in CASES if c != "no_local_tokens"]
-    return list(CASES)
+        cases.remove("no_local_tokens")
+    kind = _routing_kind(definition)
+    if kind == "plain":
+        cases += [c for c in ROUTING_CASES if c != "tied_groups"]
+    elif kind == "deepseek" and (lay := _layout(definition)) is not None:
+        cases += [c for c in ROUTING_CASES if _feasible(lay, c)]
+    if _has_block_scales(definition):
+        cases.append("fp8_extremes")
+    if HIDDEN in definition.inputs:
+        cases.append("large_activations")
+    return cases
 
 
-def route(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing) -> torch.Tensor:
+def route(logits: torch.Tensor, bias: torch.Tensor | None, r: Routing, *, highest: bool = False) -> torch.Tensor:
     """Selected expert ids [T, top_k]: DeepSeek-V3 grouped routing when bias and groups are
     known (sigmoid + bias, groups ranked by their best two, top-k inside the best groups),
-    else plain top-k of the logits."""
+    else plain top-k of the logits. Equal scores go to the lowest id (the definitions' convention, a
+    stable sort); `highest`: to the highest (the other convention: what the tie cases must tell apart)."""
+    if highest:  # reversed expert order: the stable sort then prefers the highest id, groups included
+        e = logits.shape[-1]
+        return e - 1 - route(logits.flip(-1), None if bias is None else bias.flip(0), r)
     if bias is None or r.n_group is None or r.topk_group is None:
-        return logits.float().topk(r.top_k, dim=-1).indices
+        return _ranked(logits.float(), r.top_k)
     t, e = logits.shape
     biased = torch.sigmoid(logits.float()) + bias.float()
     per_group = e // r.n_group
     group_score = biased.view(t, r.n_group, per_group).topk(min(2, per_group), dim=-1).values.sum(-1)
-    groups = group_score.topk(r.topk_group, dim=-1).indices
+    groups = _ranked(group_score, r.topk_group)
     keep = torch.zeros(t, r.n_group, dtype=torch.bool).scatter_(1, groups, True)
     masked = biased.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
-    return masked.topk(r.top_k, dim=-1).indices
+    return _ranked(masked, r.top_k)
+
+
+def _ranked(scores: torch.Tensor, k: int) -> torch.Tensor:
+    return scores.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def _routing_kind(definition) -> str | None:
+    """"deepseek" (sigmoid + bias, grouped), "plain" (top-k by logit: renormalize, Llama-4) or None (pre-routed,
+    or a routing semantics.moe_routing does not know)."""
+    if LOGITS not in definition.inputs:
+        return None
+    try:
+        kind = moe_routing(definition).kind
+    except GroundTruthUnavailable:
+        return None
+    return "deepseek" if kind == "deepseek" else "plain" if kind in ("renormalize", "llama4") else None
+
+
+def _has_block_scales(definition) -> bool:
+    return "gemm1_weights" in definition.inputs and moe_quant(definition) == "fp8-block"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A grouped routing's shape, from the definition's const axes: what the DeepSeek boundary cases steer."""
+    experts: int
+    groups: int
+    size: int  # experts per group
+    kept: int  # topk_group
+    top_k: int
+    local: int  # local experts
+
+    def local_groups(self, offset: int) -> list[int]:
+        return sorted({e // self.size for e in range(offset, offset + self.local)})
+
+    def middle_offset(self) -> int:
+        """The local block nearest the middle: groups exist on both sides of it (tied_groups)."""
+        return self.local * ((self.experts // self.local) // 2)
+
+
+def _layout(definition) -> Layout | None:
+    r = routing_params(definition)
+    ax = definition.const_axes
+    logits_axis = (definition.inputs[LOGITS].shape or [None, None])[-1]
+    experts = ax.get(logits_axis)
+    local = ax.get("num_local_experts", experts if OFFSET not in definition.inputs else None)
+    if r is None or r.n_group is None or r.topk_group is None or experts is None or local is None:
+        return None
+    size = experts // r.n_group
+    if experts % r.n_group or size < 2 or experts % local or not (local % size == 0 or size % local == 0):
+        return None
+    return Layout(experts, r.n_group, size, r.topk_group, r.top_k, local)
+
+
+def _winner_groups(lay: Layout, count: int, exclude: list[int], groups: int | None = None) -> list[int] | None:
+    """`count` expert ids in groups outside `exclude`, at least two per group (a group with one high expert
+    is not sure to be kept), `groups` of them or as few as fit; None where they do not fit."""
+    free = [g for g in range(lay.groups) if g not in exclude]
+    n = groups if groups is not None else max(1, -(-count // lay.size))
+    if count == 0:
+        return []
+    if n < 1 or n > min(len(free), lay.kept - 1) or count < 2 * n or count > n * lay.size:
+        return None
+    per = [count // n + (i < count % n) for i in range(n)]
+    return [free[i] * lay.size + j for i in range(n) for j in range(per[i])]
+
+
+def _feasible(lay: Layout, case: str) -> bool:
+    """Whether the grouped layout leaves room for the case's construction (`_deepseek_logits`)."""
+    offset = lay.middle_offset() if case == "tied_groups" else 0
+    local_groups = lay.local_groups(offset)
+    pool = min(lay.local, lay.size)
+    if case == "tied_topk":
+        return pool >= TIE_POOL and _winner_groups(lay, lay.top_k - 1, local_groups) is not None
+    if case == "tied_groups":
+        below = [g for g in range(local_groups[0]) if g not in local_groups]
+        above = [g for g in range(local_groups[-1] + 1, lay.groups)]
+        if not below or not above or pool < 2:
+            return False
+        return _winner_groups(lay, lay.top_k - 1, [*local_groups, below[-1], above[0]], lay.kept - 1) is not None
+    if case == "huge_logit_spread":
+        hot = min(3, pool, lay.top_k)
+        return _winner_groups(lay, lay.top_k - hot, local_groups) is not None
+    if case == "all_to_one_expert":
+        return pool >= 2 and _winner_groups(lay, lay.top_k - 1, local_groups) is not None
+    return True  # all_equal_logits
 
 
 def _is_fp8(b: Builder, name: str) -> bool:
@@ -117,6 +257,10 @@ def generate(b: Builder) -> None:
         raise b.error(f"{num_local} local experts of {num_experts}: cannot place them")
     if OFFSET in d.inputs:
         offset = num_local * int(randint(0, num_experts // num_local, (1,), b.rng(OFFSET)))
+        if b.case == "all_equal_logits":  # the complete tie picks experts 0 .. k - 1: make them local
+            offset = 0
+        elif b.case == "tied_groups" and (lay := _layout(d)) is not None:
+            offset = lay.middle_offset()
         b.put_scalar(OFFSET, offset)
     elif num_local == num_experts:  # no offset input: every expert is local (the public Qwen-style files)
         offset = 0
@@ -125,29 +269,54 @@ def generate(b: Builder) -> None:
     if SCALING in d.inputs:
         b.put_scalar(SCALING, ROUTED_SCALING_FACTOR)
 
+    bias = None
+    if BIAS in d.inputs:  # drawn first: the grouped boundary cases set some of it
+        bias = b.put_random(BIAS, scale=ROUTING_BIAS_STD)
     if routing == LOGITS:
-        logits = _routing_logits(b, rows, num_experts, offset, num_local)
+        if b.case in ROUTING_CASES:
+            logits, bias = _boundary_logits(b, rows, num_experts, offset, num_local, bias)
+            if bias is not None:
+                b.put(BIAS, bias.to(b.torch_dtype(BIAS)))
+        else:
+            logits = _routing_logits(b, rows, num_experts, offset, num_local)
         b.put(LOGITS, logits.to(b.torch_dtype(LOGITS)))
     else:
         b.put(ROUTED, _packed_topk(b, rows, num_experts))
-    if BIAS in d.inputs:
-        b.put_random(BIAS, scale=ROUTING_BIAS_STD)
 
+    live = _live_experts(b, offset, num_local)  # boundary cases: only the experts some token reaches
+    regimes: dict[str, torch.Tensor] = {}  # fp8_extremes: each block scale's code regime
     for name in names:
         if name in scales:
             base = name[: -len("_scale")]
             centre = -math.log2(FP8_CODE_RMS)
             if base in weights:
                 centre -= 0.5 * math.log2(max(b.dim(base, -1), 1))
+            elif b.case == "large_activations":
+                centre += math.log2(LARGE_ACTIVATIONS)
             t = log_uniform(b.shape(name), b.rng(name), centre - SCALE_SPREAD, centre + SCALE_SPREAD,
                             device=b.device)
+            if b.case == "fp8_extremes":
+                regimes[base] = randint(0, len(FP8_REGIMES), b.shape(name), b.rng(f"{name}/regime"),
+                                        dtype=torch.uint8, device=b.device)
+                rms = torch.tensor([r[2] for r in FP8_REGIMES], dtype=torch.float32, device=b.device)
+                t = t * (FP8_CODE_RMS / rms)[regimes[base].long()]  # the regime's codes, O(1) again
             b.put(name, t.to(b.torch_dtype(name)))
         elif name in output_scales:
             b.put(name, _output_scale(b, name, fp8))
+    for name in names:
+        expert_major = name in weights and len(b.spec(name).shape or ()) == 3
+        if name in regimes:
+            b.put(name, _fp8_regime_codes(b, name, regimes[name], live if expert_major else None))
         elif name in fp8 or name in weights or name == HIDDEN:
             # fp8 codes ignore the scale (their block scales carry it); bf16 weights are N(0, 1/K)
             k = b.dim(name, -1)
-            b.put_random(name, scale=1.0 / math.sqrt(max(k, 1)) if name in weights else 1.0)
+            scale = 1.0 / math.sqrt(max(k, 1)) if name in weights else 1.0
+            if name == HIDDEN and b.case == "large_activations":
+                scale = LARGE_ACTIVATIONS
+            if expert_major and live is not None:
+                b.put(name, _live_weights(b, name, live, scale))
+            else:
+                b.put_random(name, scale=scale)
 
     if routing == LOGITS:
         _check_routing(b, offset, num_local)
@@ -235,9 +404,180 @@ def _check_routing(b: Builder, offset: int, num_local: int) -> None:
     if r is None:
         return
     bias = b.values.get(BIAS)  # both small: checked on the CPU, so the verdict is the same on every device
-    chosen = route(b.values[LOGITS].cpu(), bias.cpu() if isinstance(bias, torch.Tensor) else None, r)
-    local = int(((chosen >= offset) & (chosen < offset + num_local)).sum())
+    logits, bias = b.values[LOGITS].cpu(), bias.cpu() if isinstance(bias, torch.Tensor) else None
+    if _routing_kind(b.definition) == "plain":
+        bias = None  # Llama-4's routing_bias input is ignored
+    chosen = route(logits, bias, r)
+    is_local = (chosen >= offset) & (chosen < offset + num_local)
+    local = int(is_local.sum())
     if b.case == "no_local_tokens" and local:
         raise b.error(f"no_local_tokens: {local} routing choice(s) still reach the local experts")
     if b.case != "no_local_tokens" and not local:
         raise b.error("no token is routed to a local expert: the case would test nothing")
+    if b.case in TIE_CASES:  # the tie must decide something here: the other convention routes otherwise
+        other = route(logits, bias, r, highest=True)
+        other_local = (other >= offset) & (other < offset + num_local)
+        mine = [set(row[m].tolist()) for row, m in zip(chosen, is_local, strict=True)]
+        theirs = [set(row[m].tolist()) for row, m in zip(other, other_local, strict=True)]
+        if mine == theirs:
+            raise b.error(f"{b.case}: the lowest- and the highest-id tie-breaks route the same local experts")
+    if b.case == "all_to_one_expert" and any(set(row.tolist()) != set(chosen[0].tolist()) for row in chosen):
+        raise b.error("all_to_one_expert: the tokens do not all choose the same experts")
+
+
+# -- the boundary routing cases ---------------------------------------------------------------------
+def _boundary_logits(b: Builder, rows: int, num_experts: int, offset: int, num_local: int,
+                     bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits, bias) of a routing case, bias None where the definition has none (module docstring)."""
+    if _routing_kind(b.definition) == "deepseek":
+        lay = _layout(b.definition)
+        if lay is None or not _feasible(lay, b.case):
+            raise b.error(f"{b.case}: the grouped routing's layout leaves no room for the case")
+        return _deepseek_logits(b, lay, rows, offset, bias)
+    r = routing_params(b.definition)
+    return _plain_logits(b, r.top_k, rows, num_experts, offset, num_local), bias
+
+
+def _local_pick(b: Builder, offset: int, num_local: int, n: int, tag: str) -> list[int]:
+    """n distinct local experts, in a random order of the seed's."""
+    return (offset + permutation(num_local, b.rng(tag))[:n]).tolist()
+
+
+def _plain_logits(b: Builder, k: int, rows: int, num_experts: int, offset: int, num_local: int) -> torch.Tensor:
+    """Top-k by logit (renormalize, Llama-4)."""
+    g = b.rng(LOGITS)
+    if b.case == "all_equal_logits":
+        return torch.zeros(rows, num_experts)
+    if b.case == "huge_logit_spread":  # one winner per token from a few local experts; every other logit -100
+        hot = _local_pick(b, offset, num_local, min(3, num_local), "hot")
+        logits = torch.full((rows, num_experts), -SPREAD)
+        pick = randint(0, len(hot), (rows,), g).tolist()
+        for t in range(rows):
+            logits[t, hot[pick[t]]] = SPREAD
+        return logits
+    logits = normal((rows, num_experts), g) + LOW
+    if b.case == "all_to_one_expert":  # the same k experts for every token, the weights per token
+        chosen = _local_pick(b, offset, num_local, min(k, num_local), "hot")
+        chosen += [e for e in range(num_experts) if not offset <= e < offset + num_local][: k - len(chosen)]
+        logits[:, chosen] = WINNER + 0.25 * normal((rows, len(chosen)), g)
+        return logits
+    # tied_topk: k - 1 winners, then TIE_POOL local experts with exactly TIE for the last slot
+    local = _local_pick(b, offset, num_local, num_local, "hot")
+    pool, rest = local[:TIE_POOL], local[TIE_POOL:]
+    if len(pool) < 2:
+        raise b.error("tied_topk needs two local experts at least")
+    remote = [e for e in range(num_experts) if not offset <= e < offset + num_local]
+    winners = (rest if len(rest) >= k - 1 else remote)[: k - 1]
+    if len(winners) < k - 1:
+        raise b.error(f"tied_topk: no room for {k - 1} winners")
+    logits[:, winners] = WINNER + 0.25 * normal((rows, len(winners)), g)
+    logits[:, pool] = TIE
+    return logits
+
+
+def _deepseek_logits(b: Builder, lay: Layout, rows: int, offset: int,
+                     bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped routing (sigmoid + bias, the best groups by their top two, top-k inside): winners in groups
+    other than the local ones (two at least per group), the local block steered per case."""
+    g = b.rng(LOGITS)
+    k = lay.top_k
+    bias = bias.float().clamp(-DS_BIAS_CLAMP, DS_BIAS_CLAMP).cpu()
+    if b.case == "all_equal_logits":
+        return torch.zeros(rows, lay.experts), torch.zeros_like(bias)
+    local_groups = lay.local_groups(offset)
+    in_group = [e for e in range(offset, offset + lay.local) if e // lay.size == local_groups[0]]
+    local = [in_group[i] for i in permutation(len(in_group), b.rng("hot")).tolist()]
+    logits = normal((rows, lay.experts), g) + DS_LOW
+    if b.case == "huge_logit_spread":  # top_k winners at +100 per token (a few local ones), the rest at -100
+        hot = local[: min(3, len(local), k)]
+        winners = _winner_groups(lay, k - len(hot), local_groups)
+        logits.fill_(-SPREAD)
+        logits[:, [*hot, *winners]] = SPREAD
+        return logits, bias
+    if b.case == "all_to_one_expert":  # one local expert for every token; an anchor keeps its group
+        one, anchor = local[0], local[1]
+        winners = _winner_groups(lay, k - 1, local_groups)
+        logits[:, [one, *winners]] = DS_WINNER + 0.25 * normal((rows, k), g)
+        logits[:, anchor], bias[anchor] = DS_TIE, 0.0  # 0.5: keeps the group, below every winner
+        return logits, bias
+    if b.case == "tied_topk":  # k - 1 winners elsewhere; three local experts tie for the last slot
+        winners = _winner_groups(lay, k - 1, local_groups)
+        pool = local[:TIE_POOL]
+        logits[:, winners] = DS_WINNER + 0.25 * normal((rows, k - 1), g)
+        logits[:, pool], bias[pool] = DS_TIE, 0.0
+        return logits, bias
+    # tied_groups: the local group and group `other` score exactly 1.0 (two experts at 0.5 each) for the
+    # last kept group; `other` below the local group for even tokens, above it for odd ones
+    below = [x for x in range(local_groups[0]) if x not in local_groups][-1]
+    above = local_groups[-1] + 1
+    winners = _winner_groups(lay, k - 1, [*local_groups, below, above], lay.kept - 1)
+    logits[:, winners] = DS_WINNER + 0.25 * normal((rows, k - 1), g)
+    pair = local[:2]
+    logits[:, pair], bias[pair] = DS_TIE, 0.0
+    for t in range(rows):
+        other = below if t % 2 == 0 else above
+        twins = [other * lay.size, other * lay.size + 1]
+        logits[t, twins], bias[twins] = DS_TIE, 0.0
+    return logits, bias
+
+
+def _live_experts(b: Builder, offset: int, num_local: int) -> list[int] | None:
+    """The boundary cases' local experts (0-based) that some token reaches, under either tie-break for the
+    tie cases; None for the others (every expert's weights drawn). A boundary case reaches a few experts, and
+    drawing all of them (400M bf16 normals for 512 experts) would cost more than everything else: the rest
+    get zero weights, which no correct kernel reads into a token's output."""
+    if b.case not in (*ROUTING_CASES, *VALUE_CASES):
+        return None
+    if LOGITS in b.values:
+        r = routing_params(b.definition)
+        if r is None:
+            return None
+        bias = b.values.get(BIAS) if _routing_kind(b.definition) == "deepseek" else None
+        logits, bias = b.values[LOGITS].cpu(), None if bias is None else bias.cpu()
+        ids = route(logits, bias, r)
+        if b.case in TIE_CASES:
+            ids = torch.cat([ids, route(logits, bias, r, highest=True)], dim=1)
+    else:
+        ids = torch.div(b.values[ROUTED].cpu().to(torch.int64), 1 << 16, rounding_mode="floor")
+    return sorted({e - offset for e in ids.flatten().tolist() if offset <= e < offset + num_local})
+
+
+def _live_weights(b: Builder, name: str, live: list[int], scale: float) -> torch.Tensor:
+    """An [experts, N, K] weight with the live experts drawn (one stream each) and the rest zero."""
+    shape = b.shape(name)
+    dtype = b.torch_dtype(name)
+    out = torch.zeros(shape, dtype=torch.uint8 if dtype in _FP8 else dtype, device=b.device)
+    out = out.view(dtype) if dtype in _FP8 else out
+    for e in live:
+        out[e] = random_tensor(shape[1:], b.spec(name).dtype, b.rng(f"{name}/{e}"), scale=scale, device=b.device)
+    return out
+
+
+def _fp8_regime_codes(b: Builder, name: str, regime: torch.Tensor, live: list[int] | None) -> torch.Tensor:
+    """fp8_extremes: codes straight from random bytes, each 128-block masked into its regime's exponent
+    range (FP8_REGIMES); e4m3's NaN code (0x7F) becomes 448. `regime` has the block scale's shape:
+    [hidden blocks, tokens] for the activations (stored transposed), [experts, row blocks, column blocks]
+    for the weights. Made one leading slice at a time: a weight is a gigabyte of codes."""
+    shape = b.shape(name)
+    masks = torch.tensor([[r[0], r[1]] for r in FP8_REGIMES], dtype=torch.uint8, device=b.device)
+    g = b.rng(name)
+    if name == HIDDEN:
+        regime = regime.T  # [tokens, hidden blocks]
+    lead = shape[0] if len(shape) == 3 else 1
+    out = torch.empty(shape, dtype=torch.uint8, device=b.device).view(lead, *shape[-2:])
+    rows, cols = shape[-2:]
+    blocks = regime.reshape(lead, regime.shape[-2], regime.shape[-1]).long()
+    for i in range(lead):
+        if live is not None and i not in live:  # an expert no token reaches: zero codes (see _live_experts)
+            out[i] = 0
+            continue
+        n = rows * cols
+        words = random_words(-(-n // 8), b.rng(f"{name}/{i}") if live is not None else g, device=b.device)
+        codes = words.view(torch.uint8)[:n].reshape(rows, cols).clone()
+        per_block = masks[blocks[i]]  # [row blocks, col blocks, 2]
+        row_block = 1 if name == HIDDEN else BLOCK_SIZE
+        expand = per_block.repeat_interleave(row_block, 0).repeat_interleave(BLOCK_SIZE, 1)[:rows, :cols]
+        codes.bitwise_and_(expand[..., 0]).bitwise_or_(expand[..., 1])
+        codes -= ((codes & 0x7F) + 1) >> 7  # 0x7F / 0xFF (NaN) -> 0x7E / 0xFE (+-448)
+        out[i] = codes
+    return out.view(shape).view(b.torch_dtype(name))

@@ -9,9 +9,15 @@ h * HV / H ... (GVA). q and k arrive L2-normalised (the model normalises them be
 * decode: one token per row, the state [B, HV, V, K] updated and returned as `new_state`;
 * mtp: seq_len > 1 draft tokens per row, each row's state read from a pool through
   `initial_state_indices`; a verification pass: the pool comes back unchanged as `final_state`
-  (state updates disabled), the optional `intermediate_states_buffer` [pool, T, HV, V, K] receives the
-  state after each token for the rows' slots (for rollback);
-* prefill: varlen sequences (`cu_seqlens`), one initial state per sequence, the final states returned.
+  (state updates disabled), and `intermediate_states_buffer` [B, T, HV, V, K] receives the state after
+  each token of each row (for rollback), written in place: it is an input and an output of the same
+  name. Indexed by the row, not by its pool slot: FlashInfer's `gated_delta_rule_mtp` documents its
+  buffer as `[B, T, HV, V, K]` "indexed per-batch, not per-pool-slot" (the public file's reference
+  writes at the pool slot into a pool-sized buffer, which that kernel never does);
+* prefill: varlen sequences (`cu_seqlens`), one initial state per sequence, the final states returned;
+  a sequence of length 0 (cu_seqlens repeats a value) is allowed and returns its initial state, the
+  state after no token (FlashInfer's kernels store the initial state for it since PR #3536 / #4133;
+  the public file's reference returns zeros there, which is no state the recurrence reaches).
 """
 
 from __future__ import annotations
@@ -75,8 +81,7 @@ def run(q, k, v, state, A_log, a, dt_bias, b, scale):
 MTP = _HEADER + _GATES + '''
 
 @torch.no_grad()
-def run(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale,
-        intermediate_states_buffer=None):
+def run(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, intermediate_states_buffer):
     batch, seq_len, num_q_heads, head_size = q.shape
     num_v_heads = v.shape[2]
     group = num_v_heads // num_q_heads
@@ -91,9 +96,9 @@ def run(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, sca
         S = initial_state[slot].to(torch.float32)
         for t in range(seq_len):
             S, output[i, t] = step(S, qv[i, t], kv[i, t], v[i, t].to(torch.float32), g[i, t], beta[i, t], scale)
-            if intermediate_states_buffer is not None:
-                intermediate_states_buffer[slot, t] = S
-    # verification: state updates are disabled, the pool is returned as it came
+            intermediate_states_buffer[i, t] = S  # in place, at the row (not its pool slot)
+    # verification: state updates are disabled, the pool is returned as it came; the buffer, written in
+    # place, is the third output
     return output.to(torch.bfloat16), initial_state.clone()
 '''
 
@@ -160,10 +165,11 @@ def gdn(stage: str, num_q_heads: int, num_v_heads: int, head_size: int) -> dict[
                 "num_seqs": var_axis("Sequences in the batch."), **heads,
                 "len_cu_seqlens": var_axis("Length of cu_seqlens: num_seqs + 1.")}
         constraints = ["len_cu_seqlens == num_seqs + 1", "total_seq_len == cu_seqlens[-1].item()",
-                       "cu_seqlens[0].item() == 0", "(cu_seqlens[1:] - cu_seqlens[:-1]).min().item() >= 1",
+                       "cu_seqlens[0].item() == 0", "(cu_seqlens[1:] - cu_seqlens[:-1]).min().item() >= 0",
                        *head_constraints]
         lead = "Gated Delta Net prefill over variable-length sequences (sequence n owns tokens " \
-               "cu_seqlens[n]:cu_seqlens[n+1]), k-last state layout. "
+               "cu_seqlens[n]:cu_seqlens[n+1]), k-last state layout; a sequence with no token passes its " \
+               "initial state through as its new_state (zeros without a state input). "
         state = {"state": {**tensor(["num_seqs", "num_v_heads", "head_size", "head_size"], "float32",
                                     state_desc.format("sequence", "num_seqs")), "optional": True}}
         extra = {"cu_seqlens": tensor(["len_cu_seqlens"], "int64", "Cumulative sequence lengths, starting at 0.")}
@@ -189,16 +195,21 @@ def gdn(stage: str, num_q_heads: int, num_v_heads: int, head_size: int) -> dict[
                            "initial_state_indices.max().item() < pool_size", *head_constraints]
             lead = ("Gated Delta Net multi-token verification (speculative decoding, MTP): seq_len tokens per "
                     "row in sequence, row i starting from pool slot initial_state_indices[i]; state updates are "
-                    "disabled, so final_state is the pool unchanged. ")
+                    "disabled, so final_state is the pool unchanged; the state after token t of row i is written "
+                    "in place into intermediate_states_buffer[i, t] (by row, not pool slot, as FlashInfer's "
+                    "kernel indexes it), an input and an output of the same name. ")
             state = {"initial_state": tensor(["pool_size", "num_v_heads", "head_size", "head_size"], "float32",
                                              "State pool, k-last [pool_size, num_v_heads, V, K]."),
                      "initial_state_indices": tensor(["batch_size"], "int32", "Pool slot of each row (distinct).")}
-            extra = {"intermediate_states_buffer": {
-                **tensor(["pool_size", "seq_len", "num_v_heads", "head_size", "head_size"], "float32",
-                         "Written in place when given: the state after each token, at the row's slot (rollback)."),
-                "optional": True}}
+            buffer = ["batch_size", "seq_len", "num_v_heads", "head_size", "head_size"]
+            extra = {"intermediate_states_buffer": tensor(
+                buffer, "float32", "Written in place: [i, t] receives row i's state after its token t, k-last "
+                                   "(indexed by row, not pool slot), for rollback.")}
             out_state = {"final_state": tensor(["pool_size", "num_v_heads", "head_size", "head_size"], "float32",
-                                               "The state pool, unchanged (updates disabled).")}
+                                               "The state pool, unchanged (updates disabled)."),
+                         "intermediate_states_buffer": tensor(
+                             buffer, "float32", "The input buffer after the call: [i, t] is row i's state after "
+                                                "its token t (an in-place output).")}
     per_tok = [*tok]
     gate_inputs["a"] = tensor([*per_tok, "num_v_heads"], "bfloat16", "Decay input per token and value head.")
     gate_inputs["b"] = tensor([*per_tok, "num_v_heads"], "bfloat16", "Update-gate input: beta = sigmoid(b).")

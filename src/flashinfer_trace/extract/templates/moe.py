@@ -58,13 +58,15 @@ def run(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_
     scores = torch.sigmoid(routing_logits.to(torch.float32))  # [seq_len, num_experts]
     biased = scores + routing_bias.to(torch.float32)
     group_size = num_experts // N_GROUP
-    # Score of a group = sum of its two best biased scores; keep the TOPK_GROUP best groups.
+    # Score of a group = sum of its two best biased scores; keep the TOPK_GROUP best groups. Equal scores at
+    # either cut go to the lowest group / expert id: a stable descending sort (torch.topk leaves ties open).
     group_scores = biased.view(seq_len, N_GROUP, group_size).topk(2, dim=-1).values.sum(dim=-1)
-    top_groups = group_scores.topk(TOPK_GROUP, dim=-1).indices  # [seq_len, TOPK_GROUP]
+    top_groups = group_scores.sort(dim=-1, descending=True, stable=True).indices[:, :TOPK_GROUP]
     group_kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter(1, top_groups, True)
     expert_kept = group_kept.repeat_interleave(group_size, dim=1)  # [seq_len, num_experts]
     # TOP_K experts by biased score among the kept groups (global expert ids).
-    topk_ids = biased.masked_fill(~expert_kept, -math.inf).topk(TOP_K, dim=-1).indices
+    topk_ids = biased.masked_fill(~expert_kept, -math.inf).sort(dim=-1, descending=True, stable=True).indices
+    topk_ids = topk_ids[:, :TOP_K]
     # Weights: UNBIASED sigmoid scores of the chosen experts, normalised to sum 1, then scaled.
     topk_weights = scores.gather(1, topk_ids)
     topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True) * routed_scaling_factor
@@ -122,7 +124,9 @@ def run(routing_logits, hidden_states, hidden_states_scale, gemm1_weights, gemm1
     # 2. Renormalize routing: the TOP_K experts with the highest logits (global expert ids); their
     #    weights are the softmax over the chosen logits, which equals softmax over all experts, then
     #    top-k, then renormalising the kept probabilities to sum 1. No bias, groups or scaling factor.
-    topk_logits, topk_ids = routing_logits.to(torch.float32).topk(TOP_K, dim=-1)  # [seq_len, TOP_K]
+    #    Equal logits at the cut go to the lowest expert id: a stable descending sort (torch.topk leaves ties open).
+    ranked = routing_logits.to(torch.float32).sort(dim=-1, descending=True, stable=True)
+    topk_logits, topk_ids = ranked.values[:, :TOP_K], ranked.indices[:, :TOP_K]  # [seq_len, TOP_K]
     topk_weights = torch.softmax(topk_logits, dim=-1)
 
     # 3. The local experts (global ids local_expert_offset .. + num_local_experts - 1); tokens routed
@@ -165,7 +169,9 @@ def run(routing_logits, hidden_states, gemm1_weights, gemm2_weights, local_exper
     # 1. Renormalize routing: the TOP_K experts with the highest logits (global expert ids); their
     #    weights are the softmax over the chosen logits, which equals softmax over all experts, then
     #    top-k, then renormalising the kept probabilities to sum 1. No bias, groups or scaling factor.
-    topk_logits, topk_ids = routing_logits.to(torch.float32).topk(TOP_K, dim=-1)  # [seq_len, TOP_K]
+    #    Equal logits at the cut go to the lowest expert id: a stable descending sort (torch.topk leaves ties open).
+    ranked = routing_logits.to(torch.float32).sort(dim=-1, descending=True, stable=True)
+    topk_logits, topk_ids = ranked.values[:, :TOP_K], ranked.indices[:, :TOP_K]  # [seq_len, TOP_K]
     topk_weights = torch.softmax(topk_logits, dim=-1)
 
     # 2. The local experts (global ids local_expert_offset .. + num_local_experts - 1); tokens routed
@@ -195,7 +201,8 @@ RENORM_TEXT = (
     "Routing (renormalize, as in Qwen3-MoE and Mixtral): the TOP_K = {k} experts with the highest routing_logits "
     "are chosen, and their weights are the softmax over the chosen logits, which equals a softmax over all {e} "
     "experts followed by top-k and renormalising the kept probabilities to sum 1 (norm_topk_prob); there is no "
-    "routing bias, no expert grouping and no routed scaling factor."
+    "routing bias, no expert grouping and no routed scaling factor. Equal logits at the top-k cut go to the lowest "
+    "expert id (FlashInfer's routing kernels rank (score, -id) pairs)."
 )
 
 DEQUANT_TEXT = (
@@ -320,8 +327,10 @@ def moe(routing: str, weights: str, top_k: int, num_experts: int, num_local_expe
                 "DeepSeek-V3): s = sigmoid(routing_logits); s_biased = s + routing_bias; the "
                 f"{e} experts form N_GROUP = {n_group} groups of {group}, a group's score is the sum of its top-2 "
                 f"s_biased; the TOPK_GROUP = {topk_group} best groups are kept and the TOP_K = {k} experts with the "
-                "highest s_biased among them are chosen; the routing weights are the UNBIASED s of the chosen "
-                "experts, normalised to sum 1, times routed_scaling_factor (a model constant, 2.5 in DeepSeek-V3). "
+                "highest s_biased among them are chosen (equal scores at either cut go to the lowest group / expert "
+                "id, as FlashInfer's routing kernels rank (score, -id) pairs); the routing weights are the UNBIASED "
+                "s of the chosen experts, normalised to sum 1, times routed_scaling_factor (a model constant, 2.5 "
+                "in DeepSeek-V3). "
                 f"{_experts_text(i, fp8=True)}"
             ),
             tags=[STATUS, f"quantization:{FP8}", FP8_API],
