@@ -363,8 +363,9 @@ SENTINEL = -5e4  # a finite "-inf" a kernel's running max starts from
 
 
 def _sentinel_sdpa(q, k, v, scale, causal_offset):
-    """Attention whose running max starts at SENTINEL and whose exponentials are float32: a row whose every
-    score is far below the sentinel underflows to output 0, and a row that sees no key gets a finite lse."""
+    """Attention whose running max over the raw scores q . k starts at SENTINEL and whose exponentials are
+    float32: a row whose every raw score is far below the sentinel underflows to output 0, and a row that sees
+    no key (causal, more queries than keys) gets a finite lse."""
     hq, lq, _ = q.shape
     hk, lk, dv = v.shape
     if lk == 0:  # a request with no keys at all: 0 and -inf, as FlashInfer's adapter reports it
@@ -372,17 +373,17 @@ def _sentinel_sdpa(q, k, v, scale, causal_offset):
                 torch.full((lq, hq), -math.inf, dtype=q.dtype, device=q.device))
     group = hq // max(hk, 1)
     k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
-    scores = torch.einsum("hqd,hkd->hqk", q, k) * scale
-    if causal_offset is not None and lk:
+    raw = torch.einsum("hqd,hkd->hqk", q, k)
+    if causal_offset is not None:
         i = torch.arange(lq, device=q.device)[:, None]
-        scores = scores.masked_fill(torch.arange(lk, device=q.device)[None, :] > i + causal_offset, -math.inf)
-    peak = scores.amax(dim=-1, keepdim=True).clamp(min=SENTINEL)
-    p = torch.exp((scores - peak).float()).double()
+        raw = raw.masked_fill(torch.arange(lk, device=q.device)[None, :] > i + causal_offset, -math.inf)
+    peak = raw.amax(dim=-1, keepdim=True).clamp(min=SENTINEL)
+    p = torch.exp(((raw - peak) * scale).float()).double()
     total = p.sum(dim=-1)
     out = torch.einsum("hqk,hkd->hqd", p, v) / total.clamp(min=1e-300)[..., None]
     out = torch.where((total > 0)[..., None], out, 0.0)
-    lse = peak.squeeze(-1) + torch.log(total.clamp(min=1e-300))
-    lse = torch.where(total > 0, lse, peak.squeeze(-1))
+    lse = peak.squeeze(-1) * scale + torch.log(total.clamp(min=1e-300))
+    lse = torch.where(total > 0, lse, peak.squeeze(-1) * scale)
     return out.transpose(0, 1), (lse / math.log(2.0)).transpose(0, 1)
 
 
