@@ -69,10 +69,19 @@ class CheckConfig:
     paths: bool = True  # every path of a source (call modes: groundtruth.paths); False: its plain path only
     # where a comparison's ground truth comes from (get_ground_truth's signature): planted kernels replace it
     resolve: Callable[..., Any] | None = None
+    # test processes sharing the device: a case whose point is a large tensor (Builder.require_bytes) may use
+    # 1/gpu_share of its memory (eight such cases at once ran the H100 out of memory)
+    gpu_share: int = 1
 
     @property
     def resolved_device(self) -> str:
         return default_device() if self.device in (None, "auto") else self.device
+
+    def memory(self) -> int | None:
+        """Bytes one case may use when several test processes share the device; None: all of it."""
+        if self.gpu_share <= 1:
+            return None
+        return memory_budget(self.resolved_device) // self.gpu_share
 
     def repeats_for(self, gt) -> int:
         """Runs of one comparison: a GPU kernel may race (wrong in some runs); more where it reduces across
@@ -113,6 +122,7 @@ def config_from_options(get: Callable[[str], Any], **more: Any) -> CheckConfig:
                        device=get("device"), draws=get("draws"), save_failures=get("save_failures"),
                        save_inputs=bool(get("save_inputs")), jit_report=get("jit_report"),
                        fresh_seed=fresh_seed(get("fresh_seed")), repeats=get("repeats"), paths=not get("plain_path"),
+                       gpu_share=get("gpu_share") or 1,
                        tolerance={k: v for k in TOLERANCE_OPTIONS if (v := get(k)) is not None}, **more)
 
 
@@ -292,8 +302,9 @@ class Memo:
     sources share one generation. Every consumer gets its own copy of the inputs, so nothing one of
     them writes reaches another."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, memory: int | None = None):
         self.device = device
+        self.memory = memory  # bytes a case may use here (CaseTooLarge past it)
         self.key: tuple | None = None
         self.inputs: Inputs | None = None
         self.outputs: tuple | None = None
@@ -314,7 +325,7 @@ class Memo:
             self.sampler_draws = {}
             with phases("inputs"):
                 self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
-                                              case=case.case)
+                                              case=case.case, memory=self.memory)
             self.key = key
         return self.inputs
 
@@ -516,7 +527,7 @@ def recorded(path: str | Path) -> dict[tuple, CaseRecord]:
 def run(cases: list[Case | CaseRecord], config: CheckConfig) -> Iterator[CaseRecord]:
     from .sweep.results import JsonlStream
 
-    memo = Memo(config.resolved_device)
+    memo = Memo(config.resolved_device, config.memory())
     done = recorded(config.results_file) if config.resume and config.results_file else {}
     stream = JsonlStream(config.results_file, append=config.resume) if config.results_file else None
     try:

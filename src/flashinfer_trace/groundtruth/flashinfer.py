@@ -142,23 +142,6 @@ def _kv_layout(call: Call):
     return page, indptr, x["kv_indices"].to(torch.int32), last
 
 
-# FlashInfer's softmax state starts from a finite "-inf" (about -5e4), so a decode request with no
-# keys comes back with output 0 and that sentinel as its lse (seen on 0.5.3 and 0.6.6 on sm90:
-# -49998.4 and -49999). The definitions say -inf; the sentinel is translated for exactly those rows.
-EMPTY_LSE_SENTINEL = -1e4
-
-
-def _empty_requests_lse(lse: torch.Tensor, kv_indptr: torch.Tensor, rows_per_request: torch.Tensor | None = None
-                        ) -> torch.Tensor:
-    empty = (kv_indptr[1:] - kv_indptr[:-1]) == 0
-    if rows_per_request is not None:
-        empty = empty.repeat_interleave(rows_per_request)
-    if not bool(empty.any()):
-        return lse
-    sentinel = empty[:, None] & (lse < EMPTY_LSE_SENTINEL)
-    return lse.masked_fill(sentinel, float("-inf"))
-
-
 def _lse_base2(run_fn) -> dict[str, Any]:
     return keywords(run_fn, lse_base="log2", return_lse_base_on_e=False)
 
@@ -195,8 +178,7 @@ def plan_gqa_decode(call: Call, buffer: torch.Tensor | None = None, *, tensor_co
 
 
 def finish_decode(call: Call, raw: tuple) -> tuple:
-    out, lse = raw
-    return out, _empty_requests_lse(lse, call.inputs.values["kv_indptr"])
+    return tuple(raw)
 
 
 def gqa_decode(call: Call) -> tuple:
@@ -280,10 +262,7 @@ def mla(call: Call) -> tuple:
 
 
 def finish_mla(call: Call, raw: tuple) -> tuple:
-    out, lse = raw
-    indptr = call.inputs.values["kv_indptr"].to(torch.int32)
-    qo_indptr = _mla_qo_indptr(call, indptr)
-    return out, _empty_requests_lse(lse, indptr, qo_indptr[1:] - qo_indptr[:-1])
+    return tuple(raw)
 
 
 # -- sampling ---------------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def _making_device(device: str | torch.device) -> torch.device:
 
 
 def generate_inputs(definition: Definition | str | Path, size: str = "small", seed: int = 0, *,
-                    device: str | torch.device = "cpu", case: str | None = None) -> Inputs:
+                    device: str | torch.device = "cpu", case: str | None = None, memory: int | None = None) -> Inputs:
     """Inputs for one case of a definition: the same (definition, size, seed, case) always gives
     bit-identical values, whatever the device. The tensors are made on `device` itself (a CPU or
     a CUDA device; on the CPU and then moved for any other), the small structural ones on the CPU
@@ -99,7 +99,7 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
     case is reproducible on one device, not across devices."""
     d = _definition(definition)
     try:
-        return _generate_by_family(d, size, seed, device=device, case=case)
+        return _generate_by_family(d, size, seed, device=device, case=case, memory=memory)
     except InputGenerationError as e:
         if not d.init or case is not None or size not in SIZES or isinstance(seed, bool) or not isinstance(seed, int):
             raise
@@ -131,7 +131,7 @@ def _cached(d: Definition, size: str, seed: int, device, make) -> Inputs:
 
 
 def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | torch.device,
-                        case: str | None) -> Inputs:
+                        case: str | None, memory: int | None = None) -> Inputs:
     strings = [n for n, spec in d.inputs.items() if spec.is_string]
     if strings:  # fi_trace's string arguments: no generator knows a value for one (docs/definitions.md)
         raise InputGenerationError(
@@ -156,7 +156,7 @@ def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | to
         if hit is not None:
             _cache.move_to_end(key)
             return hit.to(device, copy=True)
-    builder = Builder(d, size, seed, case, device=_making_device(device))
+    builder = Builder(d, size, seed, case, device=_making_device(device), memory=memory)
     try:
         family.generate(builder)
     except InputGenerationError:

@@ -167,8 +167,9 @@ class Builder:
     """
 
     def __init__(self, definition: Definition, size: str, seed: int, case: str | None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", memory: int | None = None):
         self.definition = definition
+        self.memory = memory  # bytes this case may use (a share of the device); None: all of the device's
         self.size = size
         self.seed = seed
         self.case = case
@@ -184,10 +185,10 @@ class Builder:
         """Raise CaseTooLarge unless `factor` times `nbytes` fit this device (a case whose point is a
         large tensor: `what` says which). `factor` 1 where only the tensor itself has to fit (the
         ground truth and reference read it without widening it)."""
-        budget = memory_budget(self.device)
+        budget = self.memory if self.memory is not None else memory_budget(self.device)
         if nbytes * factor > budget:
             raise CaseTooLarge(f"{what} needs {nbytes / 2**30:.1f} GiB (x{factor} for the check's copies), more "
-                               f"than the {budget / 2**30:.0f} GiB of {self.device.type} memory here",
+                               f"than the {budget / 2**30:.0f} GiB of {self.device.type} memory this check may use",
                                definition=self.definition.name)
 
     def rng(self, tag: str) -> Stream:

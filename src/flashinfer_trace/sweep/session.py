@@ -58,8 +58,8 @@ def check_gpu(combo: Combination, arch: str | None) -> tuple[str, str | None, st
     return "ok", None, found
 
 
-def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], fresh_seed: int | None = None
-                ) -> list[str]:
+def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], fresh_seed: int | None = None,
+                jobs: int = 1) -> list[str]:
     if kind == "bench":
         return [f"--benchmark-json={results / 'benchmark.json'}", f"--bench-stream={results / 'benchmark.jsonl'}",
                 "-p", "no:xdist", *extra]
@@ -68,7 +68,9 @@ def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], 
     # one fresh seed for every test process of the session (they collect the same cases); the user's wins
     fresh = [] if fresh_seed is None or any(a.startswith("--fresh-seed") for a in extra) else [
         f"--fresh-seed={fresh_seed}"]
-    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *fresh, *extra]
+    # the test processes share one GPU: a case that needs more than its share of the memory is too-large
+    share = [f"--gpu-share={jobs}"] if combo.gpu and jobs > 1 else []
+    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *fresh, *share, *extra]
 
 
 def session_fresh_seed(results: Path, resume: bool) -> int:
@@ -143,7 +145,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     try:
         with JsonlStream(results / STREAM, append=resume) as stream:
             records = earlier + [convert(r) for r in run_isolated(
-                targets, pytest_args(kind, combo, results, extra or [], info.fresh_seed), python=sys.executable,
+                targets, pytest_args(kind, combo, results, extra or [], info.fresh_seed, jobs), python=sys.executable,
                 env=child_environment(1 if kind == "bench" else jobs),
                 cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
                 log_dir=results / "logs", on_record=lambda r: stream.write(convert(r).as_dict()),
