@@ -30,7 +30,7 @@ import torch
 from .definition import Definition
 from .groundtruth import SOURCES, GroundTruthUnavailable, PrebuildLookup, default_device, get_ground_truth, paths
 from .inputs import InputGenerationError, Inputs, UnsupportedOpType, edge_cases, generate_inputs
-from .inputs.common import MEMORY_FACTOR, CaseTooLarge, fixed_bytes, memory_budget
+from .inputs.common import MEMORY_FACTOR, CaseTooLarge, EdgeCaseUnavailable, fixed_bytes, memory_budget
 from .options import DEFAULT_SEEDS, DEFAULT_SIZES, TOLERANCE_OPTIONS, fresh_seed
 from .reference import expected_dtypes, expected_shapes, output_dtypes, output_shapes, run_reference, shape_fits
 from .results.record import CaseRecord, Check, GroundTruthPath
@@ -228,31 +228,38 @@ def too_large(d: Definition, budget: int) -> str | None:
             f"the {budget / 2**30:.0f} GiB here")
 
 
-def _fi_trace_inputs_problem(d: Definition, device: str = "cpu") -> str | None:
-    """Our generators key on op_type and input names; FlashInfer's fi_trace files often name or lay out
-    an op's inputs otherwise (`input` for `hidden_states`, rope's `indptr`/`offsets`). Where the file
-    carries its template's `init`, generate_inputs falls back to it (confined, on `device`)."""
+def _fi_trace_inputs(d: Definition, device: str = "cpu") -> tuple[str | None, str | None]:
+    """(why no inputs can be made, where they come from) for a FlashInfer fi_trace definition; (None, None)
+    for others. Our generators key on op_type and input names; FlashInfer's fi_trace files often name or
+    lay out an op's inputs otherwise (`input` for `hidden_states`, rope's `indptr`/`offsets`). Where the
+    file carries its template's `init`, generate_inputs falls back to it (confined, on `device`), else to
+    the declaration (declared.py); one small case made here says which."""
     if not d.from_fi_trace:
-        return None
+        return None, None
     try:
-        generate_inputs(d, "small", 0, device=device)
+        return None, generate_inputs(d, "small", 0, device=device).source
+    except CaseTooLarge:
+        return None, None  # the case itself says so
     except InputGenerationError as e:
-        return f"our input generator does not fit this FlashInfer fi_trace definition: {e}"
-    return None
+        return f"our input generator does not fit this FlashInfer fi_trace definition: {e}", None
 
 
 def definition_cases(d: Definition, config: CheckConfig, budget: int | None = None) -> list[Case]:
     """A definition's cases, in the order they run (a case's checks together: they share its inputs;
     the edge cases of a size after its random ones).
-    Raises UnsupportedOpType when no generator knows the definition."""
+    A definition no family generator knows gets its inputs from its init or its declaration, and no edge cases."""
     edge = edge_cases(d)
     if config.cases is not None:
         edge = [c for c in edge if c in config.cases]
     skip = None
     if budget is not None and (why := too_large(d, budget)):
         skip = (Kind.TOO_LARGE, why)
-    elif why := _fi_trace_inputs_problem(d, config.resolved_device):
-        skip = (Kind.FI_TRACE_INPUTS, why)
+    else:
+        why, source = _fi_trace_inputs(d, config.resolved_device)
+        if why:
+            skip = (Kind.FI_TRACE_INPUTS, why)
+        elif source not in (None, "generator"):
+            edge = []  # the family's edge cases need its generator, which does not fit this file
     out: list[Case] = []
     routes = [(s, p) for s in config.sources for p in (paths(s, d) if config.paths else [None])]
     for size in sorted(config.sizes, key=lambda s: SIZE_ORDER.get(s, 3)):
@@ -464,6 +471,8 @@ def outcome_of(e: BaseException) -> tuple[Status, Kind, str]:
         return Status.SKIP, Kind(e.kind), str(e)
     if isinstance(e, CaseTooLarge):
         return Status.SKIP, Kind.TOO_LARGE, f"too-large: {e}"
+    if isinstance(e, EdgeCaseUnavailable):
+        return Status.SKIP, Kind.NO_GENERATOR, f"no-generator: {e}"
     if isinstance(e, InputGenerationError):
         return Status.ERROR, Kind.INPUTS, f"inputs: {e}"
     if isinstance(e, (ReferenceFailure, SandboxError)):

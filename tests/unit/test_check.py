@@ -88,11 +88,17 @@ def test_discover_deduplicates_by_name(tmp_path):
 
 
 # -- plan -------------------------------------------------------------------------------------------
-def test_plan_without_a_generator_is_one_skip():
+def test_an_op_type_without_a_generator_is_checked_from_its_declaration():
     d = Definition.model_validate({**VALID, "name": "conv_h8", "op_type": "conv2d"})
-    (only,) = plan(Discovered([d], []), CheckConfig(**CONFIG))
-    assert isinstance(only, CaseRecord) and only.status == "skip" and only.definition == "conv_h8"
-    assert only.detail.startswith("no-generator:")
+    config = CheckConfig(**{**CONFIG, "cases": None})
+    cases = plan(Discovered([d], []), config)
+    assert all(isinstance(c, Case) for c in cases)  # every check, no edge cases (they need a family)
+    assert [c.check.value for c in cases] == ["shape", "dtype", "match", "match", "deterministic"]
+    records = {(r.check.value, r.source): r for r in run(cases, config)}
+    for key in (("shape", None), ("dtype", None), ("deterministic", None)):  # the reference's own checks
+        assert records[key].status == "pass" and records[key].inputs == "declared"
+    assert records[("match", "torch")].status == "skip"  # no torch ground truth for conv2d: says so
+    assert "unsupported" in records[("match", "torch")].detail
 
 
 def test_plan_lists_every_check():
@@ -395,14 +401,14 @@ def test_a_definition_whose_inputs_fail_never_runs_on_the_previous_ones():
     broken = copy.deepcopy(VALID)
     broken["name"] = "rmsnorm_h64"
     broken["axes"]["hidden_size"]["value"] = 64
-    broken["inputs"]["scale"] = {"shape": None, "dtype": "float32"}
+    broken["inputs"]["mode"] = {"shape": None, "dtype": "str"}  # no generator knows a string's value
     broken["reference"] = broken["reference"].replace("def run(hidden_states, weight)",
-                                                      "def run(hidden_states, weight, scale)")
+                                                      "def run(hidden_states, weight, mode)")
     config = CheckConfig(**{**CONFIG, "sources": ("torch",)})
     defs = [Definition.model_validate(VALID), Definition.model_validate(broken)]
     results = [r for r in run(plan(Discovered(defs, []), config), config) if r.definition == "rmsnorm_h64"]
     assert results and {r.status for r in results} == {"error"}
-    assert all(r.detail.startswith("inputs: ") and "scale" in r.detail for r in results), [r.detail for r in results]
+    assert all(r.detail.startswith("inputs: ") and "'mode'" in r.detail for r in results), [r.detail for r in results]
 
 
 def test_a_reference_only_failure_saves_a_replay_of_every_ground_truth(tmp_path):

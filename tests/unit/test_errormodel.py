@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from flashinfer_trace.check import Case, CheckConfig, Discovered, plan, run
+from flashinfer_trace.definition import Definition
 from flashinfer_trace.mutants import KERNELS, MUTANTS, first_failure, kill, kill_kernel, kill_rate, mutate
 from flashinfer_trace.testing import (
     assert_matches,
@@ -15,8 +18,8 @@ from flashinfer_trace.testing import (
     load_definition,
     run_reference,
 )
-from flashinfer_trace.verdict.compare import Mismatch, assert_close, diff, tolerance_for
-from flashinfer_trace.verdict.errormodel import MODELS, error_models, error_scales
+from flashinfer_trace.verdict.compare import Mismatch, Tolerance, assert_close, diff, tolerance_for
+from flashinfer_trace.verdict.errormodel import MODELS, compare_with_model, error_models, error_scales
 
 
 def _split_k_fp16(a: torch.Tensor, b: torch.Tensor, chunk: int = 256) -> torch.Tensor:
@@ -204,3 +207,32 @@ def test_kill_rates_are_kept_per_class():
     a, b = MUTANTS[0], PlantedKernel("x", "y", "z", lambda fn: fn, "flaky")
     pairs = [(a, Kill("a", "t", True, "")), (b, Kill("b", "t", False, "")), (b, Kill("c", "t", None, ""))]
     assert rates_by_class(pairs) == {a.cls: (1, 1), "flaky": (0, 1)}
+
+
+# -- the error model's zip() bug: a ground truth with more outputs than the definition declares --------------
+FP8_RAGGED = Path(__file__).parent / "fixtures" / "wild" / "gqa_ragged_prefill_causal_fp8_h4_kv2_d16.json"
+
+
+def fp8_ragged() -> Definition:
+    return Definition.model_validate(json.loads(FP8_RAGGED.read_text()))
+
+
+def test_a_missing_output_is_reported_not_widened_by_the_error_model():
+    """The error model used to run on a count mismatch (the reference's 1 output, the ground truth's 2) and
+    zip the definition's 1 output with the ground truth's 2: ValueError. A count mismatch is no rounding."""
+    d = fp8_ragged()
+    x = generate_inputs(d, "small", 0)
+    out = torch.zeros(x.axes["total_q"], 4, 16)
+    reports = compare_with_model(d, x, (out,), (out, torch.zeros(x.axes["total_q"], 4)), Tolerance(0.1, 0.2))
+    assert len(reports) == 1 and not reports[0].passed and "1 output(s) vs 2 expected" in reports[0].problem
+
+
+def test_the_attention_ground_truth_returns_the_declared_outputs_only():
+    d = fp8_ragged()
+    x = generate_inputs(d, "small", 0)
+    assert x.source == "generator" and x.values["q"].dtype == torch.float8_e4m3fn
+    (out,) = get_ground_truth("torch", d, device="cpu")(x)  # no lse: the file declares none
+    assert out.shape == (x.axes["total_q"], 4, 16)
+    config = CheckConfig(sources=("torch",), sizes=("small",), seeds=(0,), cases=(), device="cpu")
+    records = list(run([c for c in plan(Discovered([d], []), config) if isinstance(c, Case)], config))
+    assert records and all(r.status == "pass" for r in records), [r.detail for r in records]

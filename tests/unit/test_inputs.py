@@ -47,6 +47,7 @@ from flashinfer_trace.inputs.common import (
     random_words,
     uniform,
 )
+from flashinfer_trace.inputs.registry import family_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "definitions"
@@ -973,12 +974,12 @@ def test_the_cache_serves_every_device_with_copies():
 
 # -- errors ---------------------------------------------------------------------------------
 def test_unsupported_op_type():
+    """No family generator for it: the declaration makes its inputs (declared.py), and it has no edge cases."""
     d = variant(rmsnorm(), op_type="conv3d", name="conv3d_x")
     with pytest.raises(UnsupportedOpType, match="no input generator for op_type 'conv3d'") as e:
-        generate_inputs(d)
+        family_for(d)
     assert isinstance(e.value, InputGenerationError) and "conv3d_x" in str(e.value)
-    with pytest.raises(UnsupportedOpType):
-        edge_cases(d)
+    assert generate_inputs(d).source == "declared" and edge_cases(d) == []
     assert set(supported_op_types()) == {"rmsnorm", "gemm", "gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged",
                                          "moe", "rope", "activation", "sampling", "gdn", "mamba_ssu", "dsa_paged"}
 
@@ -1000,11 +1001,14 @@ def test_a_constraint_that_cannot_hold_fails_loudly():
     assert d.name in str(e.value)
 
 
-def test_an_input_the_family_does_not_know_fails_loudly():
+def test_an_input_the_family_does_not_know_is_no_guess_of_the_family():
+    """The family refuses it (a guess would test nothing); the inputs then come from the declaration, and say so."""
     d = rmsnorm()
     inputs = {**d.as_dict["inputs"], "mystery": t(["hidden_size"], "bfloat16")}
+    mystery = variant(d, inputs=inputs)
     with pytest.raises(InputGenerationError, match="mystery"):
-        generate_inputs(variant(d, inputs=inputs))
+        family_for(mystery).generate(common.Builder(mystery, "small", 0, None))
+    assert generate_inputs(mystery).source == "declared"
 
 
 def test_a_non_finite_value_fails_loudly_wherever_it_is(monkeypatch):

@@ -105,7 +105,22 @@ def _attention(call: Call, queries, keys, values, num_rows: int, heads: int, dv:
         offset = k.shape[1] - (q1 - q0) if causal else None
         o, s = _sdpa_with_lse(q, k, v, scale, offset)
         out[q0:q1], lse[q0:q1] = o, s
-    return out, lse
+    computed = {"output": out, "lse": lse}
+    return tuple(computed[name] for name in d.outputs)  # what the definition declares, in its order
+
+
+ATTENTION_OUTPUTS = ("output", "lse")
+
+
+def _attention_applies(*names: str):
+    """The inputs it reads, and outputs it computes: a definition that declares only `output` gets only
+    that (a second, undeclared lse would be compared with nothing)."""
+    def applies(d) -> str | None:
+        extra = [o for o in d.outputs if o not in ATTENTION_OUTPUTS]
+        computes = ", ".join(ATTENTION_OUTPUTS)
+        return sem.missing_inputs(d, names) or (
+            f"declares output(s) {', '.join(extra)}; it computes only {computes}" if extra else None)
+    return applies
 
 
 # Each request's keys and values are gathered first and widened to float64 after: a cache of 2**31
@@ -435,13 +450,14 @@ ADAPTERS = [
             applies=lambda d: sem.gemma_norm(d) or _needs("hidden_states", "weight")(d), params=(sem.eps,)),
     Adapter("torch", "gemm", "torch.nn.functional.linear (float64)", gemm, applies=_needs("A", "B")),
     Adapter("torch", "gqa_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
-            applies=_needs("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale")),
+            applies=_attention_applies("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale")),
     Adapter("torch", "gqa_ragged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
-            applies=_needs("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
+            applies=_attention_applies("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
     Adapter("torch", "mla_ragged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
-            applies=_needs("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
+            applies=_attention_applies("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
     Adapter("torch", "mla_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", mla,
-            applies=_needs("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices", "sm_scale")),
+            applies=_attention_applies("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices",
+                                           "sm_scale")),
     Adapter("torch", "rope", "complex rotation (float64)", rope, applies=_rope_applies, params=(sem.rope_is_neox,)),
     Adapter("torch", "activation", "torch.nn.functional.silu (float64)", silu_and_mul,
             applies=lambda d: None if "silu" in d.name else "only silu_and_mul"),

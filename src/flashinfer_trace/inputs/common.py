@@ -61,6 +61,12 @@ class UnsupportedOpType(InputGenerationError):
     """No generator knows the definition's op_type (callers such as `run --all` skip these)."""
 
 
+class EdgeCaseUnavailable(InputGenerationError):
+    """An edge case is its family generator's, and that generator does not fit this definition (other input
+    names): the definition's random cases come from its init or its declaration, its edge cases cannot be made.
+    A `no-generator` skip, not an error."""
+
+
 class CaseTooLarge(InputGenerationError):
     """The case needs more memory than the device has (an index past 2**31 needs a tensor that large):
     a `too-large` skip with the bytes it needs, not an error."""
@@ -231,7 +237,7 @@ class Builder:
 
     # -- writing
     def set_axis(self, name: str, value: int) -> None:
-        if name not in self.definition.axes:
+        if name not in self.definition.axes and name not in self.definition.literal_dims:  # fi_trace's "1"
             raise self.error(f"axis {name!r} is not declared")
         value = int(value)
         if name in self.axes and self.axes[name] != value:
@@ -318,11 +324,13 @@ class Builder:
             raise self.error(f"input {name!r}: shape {tuple(value.shape)}, expected {want} {spec.shape}")
         if value.dtype != torch_dtype(spec.dtype):
             raise self.error(f"input {name!r}: dtype {value.dtype}, expected {spec.dtype.value}")
-        if value.is_floating_point() and value.dtype not in _FP8_MASKS and value.numel():
+        # fp8 codes are drawn finite; every fp4 (e2m1) code is finite, and torch has no isfinite for them
+        if value.is_floating_point() and value.dtype not in _FP8_MASKS and value.dtype != _FP4 and value.numel():
             if not _all_finite(value):
                 raise self.error(f"input {name!r}: generated non-finite values")
 
 
+_FP4 = getattr(torch, "float4_e2m1fn_x2", None)
 _CHECK_CHUNK = 1 << 24  # elements: isfinite makes temporaries 2.5x a bf16 tensor's size; bound them
 
 

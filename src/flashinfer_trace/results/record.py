@@ -79,7 +79,7 @@ class CaseRecord(BaseModel):
     phases: dict[str, float] = Field(default_factory=dict)  # seconds per phase, worker_starts
     seconds: float = 0.0
     device_time_us: float | None = None
-    inputs: str | None = None  # where the inputs came from: "generator" or "fi_trace init"
+    inputs: str | None = None  # where the inputs came from: "generator", "fi_trace init" or "declared"
     known_issue: str | None = None
     failure_file: str | None = None
     environment: str | None = None
