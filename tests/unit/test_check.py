@@ -111,7 +111,8 @@ def test_plan_lists_every_check():
                        "rmsnorm_h8-match-torch-small-1"]
     assert "rmsnorm_h8-deterministic-small-0" in ids
     edges = [(c.size, c.case) for c in cases if c.check == "edge"]  # every edge case at every size
-    assert sorted(edges) == [(s, c) for s in ("medium", "small") for c in ("large_values", "single_token", "tiny_values")]
+    want = [(s, c) for s in ("medium", "small") for c in ("large_values", "single_token", "tiny_values")]
+    assert sorted(edges) == want
     assert ids.index("rmsnorm_h8-edge-torch-small-0-single_token") < ids.index("rmsnorm_h8-shape-medium-0")
     only = plan(Discovered([d], []), CheckConfig(**{**CONFIG, "cases": ("single_token",)}))
     assert [c.case for c in only if c.check == "edge"] == ["single_token"] * 2 * len(CONFIG["sizes"])  # x 2 sources

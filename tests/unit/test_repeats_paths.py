@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from samples import VALID
 
 from flashinfer_trace import check
 from flashinfer_trace.check import CheckConfig, Discovered, plan, run
@@ -16,7 +17,6 @@ from flashinfer_trace.groundtruth import GroundTruth, modes
 from flashinfer_trace.groundtruth import torch_ref as tgt
 from flashinfer_trace.groundtruth.base import Adapter, Call
 from flashinfer_trace.status import CellState, Kind, Status, cell_state
-from samples import VALID
 
 
 def _definition() -> Definition:

@@ -54,7 +54,7 @@ def _backend(cls, call: Call) -> dict[str, Any]:
     cc = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     if cc != (9, 0):
         raise GroundTruthUnavailable("arch-unsupported", f"{cls.__name__}(backend='fa3') needs sm90, have "
-                                                         f"{'sm%d%d' % cc if cc else device.type}")
+                                                         f"{f'sm{cc[0]}{cc[1]}' if cc else device.type}")
     return {"backend": "fa3"}
 
 
