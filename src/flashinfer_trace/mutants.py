@@ -69,13 +69,17 @@ def _move(mass: float) -> str:
 
 MUTANTS: tuple[Mutant, ...] = (
     # norms
-    # (the ground truths read EPS from the reference, so the planted bug is the expression not using it)
+    # (eps is an input: the ground truths read its value from the call, never from the reference, so a
+    # reference that brings its own EPS, or a literal, computes another function and is caught)
     _m("rmsnorm_h4096", "writes-weight", "right output, but the weight is halved in place afterwards (the caller's "
        "tensor: a ground truth reusing it would compute on the changed weight)",
        ("    return y.to(hidden_states.dtype)",
         "    out = y.to(hidden_states.dtype)\n    weight.mul_(0.5)\n    return out"), cls="mutates-inputs"),
-    _m("rmsnorm_h4096", "eps", "eps 1e-6 in the expression, 1e-5 declared",
-       ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
+    _m("rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the eps input",
+       ("keepdim=True) + eps)", "keepdim=True) + 1e-6)")),
+    _m("rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the eps input (a ground truth that read EPS "
+       "from the reference would agree with it)",
+       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)")),
     _m("rmsnorm_h4096", "no-weight", "the weight is not applied", ("y = x * inv_rms * weight.to(torch.float32)",
                                                                     "y = x * inv_rms")),
     _m("rmsnorm_h4096", "rms-not-mean", "sum of squares instead of their mean",
@@ -86,8 +90,10 @@ MUTANTS: tuple[Mutant, ...] = (
                 "by design; only a kernel-specific check could tell the two conventions apart"),
     _m("fused_add_rmsnorm_h4096", "stale-residual", "the residual output is not updated",
        ("residual_out = s.to(residual.dtype)", "residual_out = residual.clone()")),
-    _m("fused_add_rmsnorm_h4096", "eps", "eps 1e-6 in the expression, 1e-5 declared",
-       ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
+    _m("fused_add_rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the eps input",
+       ("keepdim=True) + eps)", "keepdim=True) + 1e-6)")),
+    _m("fused_add_rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the eps input",
+       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)")),
     # gemm
     _m("gemm_n4096_k4096", "transposed-weight", "B used as [K, N] (a square gemm keeps the shape)",
        ("B.to(torch.float32).T", "B.to(torch.float32)")),

@@ -24,6 +24,7 @@ from flashinfer_trace.check import (
 from flashinfer_trace.cli import main
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.failures import replay_command
+from flashinfer_trace.inputs import norm as norm_inputs
 from flashinfer_trace.results.record import CaseRecord
 
 # The weight multiply is missing: right shape and dtype, wrong values.
@@ -111,8 +112,7 @@ def test_plan_lists_every_check():
                        "rmsnorm_h8-match-torch-small-1"]
     assert "rmsnorm_h8-deterministic-small-0" in ids
     edges = [(c.size, c.case) for c in cases if c.check == "edge"]  # every edge case at every size
-    want = [(s, c) for s in ("medium", "small") for c in ("large_values", "single_token", "tiny_values")]
-    assert sorted(edges) == want
+    assert sorted(edges) == [(s, c) for s in ("medium", "small") for c in sorted(norm_inputs.CASES)]
     assert ids.index("rmsnorm_h8-edge-torch-small-0-single_token") < ids.index("rmsnorm_h8-shape-medium-0")
     only = plan(Discovered([d], []), CheckConfig(**{**CONFIG, "cases": ("single_token",)}))
     assert [c.case for c in only if c.check == "edge"] == ["single_token"] * 2 * len(CONFIG["sizes"])  # x 2 sources
@@ -187,15 +187,15 @@ def test_reference_that_raises_is_an_error_result():
 
 
 def test_ground_truth_that_cannot_read_the_definition_is_a_skip():
-    # The torch rmsnorm reads EPS off the reference; without one it raises GroundTruthUnavailable
-    # ("unsupported: ... no epsilon constant"), a skip reason like any other, not an error of the run.
-    data = {**copy.deepcopy(VALID), "reference": VALID["reference"].replace("EPS = 1e-5", "TINY = 1e-5")
-            .replace("+ EPS", "+ TINY")}
+    # The torch rmsnorm reads eps from the definition (an input or a param:eps tag), never from the reference;
+    # without either it raises GroundTruthUnavailable ("unsupported: ... declares no eps"), a skip reason like
+    # any other, not an error of the run.
+    data = {**copy.deepcopy(VALID), "tags": [t for t in VALID["tags"] if not t.startswith("param:")]}
     config = CheckConfig(**{**CONFIG, "sources": ("torch",)})
     results = list(run(plan(Discovered([Definition.model_validate(data)], []), config), config))
     match = by_check(results)[("match", "torch")]
     assert match.status == "skip", match
-    assert match.detail.startswith("unsupported: ") and "epsilon" in match.detail
+    assert match.detail.startswith("unsupported: ") and "declares no eps" in match.detail
     assert summarise(results).ok
 
 
@@ -203,7 +203,7 @@ def test_check_runs_the_whole_pipeline(tmp_path):
     folder = definitions_folder(tmp_path, VALID)
     results, summary = check([str(folder)], CheckConfig(**{**CONFIG, "sources": ("torch",), "cases": None}))
     assert summary.ok and summary.by_status == {"pass": len(results)}
-    assert {r.case for r in results if r.check == "edge"} == {"single_token", "large_values", "tiny_values"}
+    assert {r.case for r in results if r.check == "edge"} == set(norm_inputs.CASES)
 
 
 # -- the CLI ----------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 from flashinfer_trace.check import CheckConfig, Discovered, plan, run, summarise
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.inputs import InputGenerationError, edge_cases, generate_inputs
+from flashinfer_trace.inputs import norm as norm_inputs
 from flashinfer_trace.inputs.fitrace_init import INIT_SOURCE, generate_from_init, init_entry, init_source
 from flashinfer_trace.sandbox import configure, settings, shutdown
 from flashinfer_trace.testing import run_reference
@@ -77,7 +78,7 @@ def test_our_generator_does_not_fit_so_the_init_makes_the_inputs(fi):
     assert inputs.axes == {"batch_size": 4, "hidden_size": 2048}
     assert 0.5 < float(x.float().std()) < 1.5 and float((w.float() - 1).abs().max()) < 1.0  # randn, as drawn
     assert generate_inputs(d, "medium", 0).values["hidden_states"].shape == (64, 2048)
-    assert edge_cases(d) == ["single_token", "large_values", "tiny_values"]  # the family still lists its own
+    assert edge_cases(d) == list(norm_inputs.CASES)  # the family still lists its own
 
 
 def test_init_inputs_are_deterministic_and_follow_the_seed(fi):
@@ -264,6 +265,7 @@ def test_the_emit_task_runs_on_the_requested_device(monkeypatch, tmp_path):
 
 def test_an_optional_scalar_the_init_leaves_out_gets_the_references_default(fi):
     data = copy.deepcopy(fi)
+    data["tags"] = [t for t in data["tags"] if not t.startswith("param:")]  # eps is an input here
     data["inputs"]["eps"] = {"shape": None, "dtype": "float32", "optional": True}
     data["reference"] = data["reference"].replace("enable_pdl=None):", "enable_pdl=None, eps: float = 1e-5):")
     d = definition(data)

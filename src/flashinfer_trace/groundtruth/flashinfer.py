@@ -81,7 +81,7 @@ def rmsnorm(call: Call) -> tuple:
     fi, x = call.module, call.inputs.values
     fn = fi.norm.rmsnorm
     extra = {**_mode_keywords(fn, call), **_out(fn, call, x["hidden_states"])}
-    out = fn(x["hidden_states"], x["weight"], eps=sem.eps(call.definition), **extra)
+    out = fn(x["hidden_states"], x["weight"], eps=sem.eps(call.definition, x), **extra)
     return (extra.get("out", out),)
 
 
@@ -90,7 +90,7 @@ def fused_add_rmsnorm(call: Call) -> tuple:
     fi, x = call.module, call.inputs.values
     hidden, residual = x["hidden_states"].clone(), x["residual"].clone()
     fn = fi.norm.fused_add_rmsnorm
-    fn(hidden, residual, x["weight"], eps=sem.eps(call.definition), **_mode_keywords(fn, call))
+    fn(hidden, residual, x["weight"], eps=sem.eps(call.definition, x), **_mode_keywords(fn, call))
     return sem.norm_outputs(call.definition, hidden, residual)
 
 

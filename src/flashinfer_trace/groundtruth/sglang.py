@@ -28,14 +28,14 @@ HALF = frozenset({"bfloat16", "float16"})
 
 def rmsnorm(call: Call) -> tuple:
     sk, x = call.module, call.inputs.values
-    return (sk.rmsnorm(x["hidden_states"], x["weight"], eps=sem.eps(call.definition)),)
+    return (sk.rmsnorm(x["hidden_states"], x["weight"], eps=sem.eps(call.definition, x)),)
 
 
 def fused_add_rmsnorm(call: Call) -> tuple:
     """In place, FlashInfer's semantics: input <- norm(input + residual) * w, residual <- the sum."""
     sk, x = call.module, call.inputs.values
     hidden, residual = x["hidden_states"].clone(), x["residual"].clone()
-    sk.fused_add_rmsnorm(hidden, residual, x["weight"], eps=sem.eps(call.definition))
+    sk.fused_add_rmsnorm(hidden, residual, x["weight"], eps=sem.eps(call.definition, x))
     return sem.norm_outputs(call.definition, hidden, residual)
 
 
@@ -130,7 +130,7 @@ def triton_moe(call: Call) -> tuple:
     d, x, v = call.definition, call.inputs.values, call.version
     fused_experts, topk_output, runner_config = (loc.get(v) for loc in (FUSED_EXPERTS, TOPK_OUTPUT, RUNNER_CONFIG))
     publish_server_args()
-    block = sem.moe_block(d)
+    block = sem.moe_block(d, x)
     act = dequantized_activations(d, x).to(torch.bfloat16, copy=True).contiguous()  # overwritten in place
     scaling = float(x.get("routed_scaling_factor", 1.0))
     ids, weights = route(d, {**x, "routed_scaling_factor": 1.0})

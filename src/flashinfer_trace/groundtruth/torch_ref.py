@@ -28,7 +28,7 @@ def _values(call: Call) -> dict:
 # -- norms ------------------------------------------------------------------------------------------
 def rmsnorm(call: Call) -> tuple:
     d, x = call.definition, _values(call)
-    eps = sem.eps(d)
+    eps = sem.eps(d, x)
     h = x["hidden_states"].to(F64)
     if sem.is_fused_add(d):
         h = h + x["residual"].to(F64)  # the norm reads the unrounded sum
@@ -162,7 +162,7 @@ def rope(call: Call) -> tuple:
     """A rotation by the angle whose cos/sin the cache row holds is a complex multiplication."""
     d, x = call.definition, _values(call)
     neox = sem.rope_is_neox(d)
-    cache = x["cos_sin_cache"].to(F64)[x["positions"].to(torch.int64)]
+    cache = x["cos_sin_cache"][x["positions"].to(torch.int64)].to(F64)  # the rows used, not the whole cache
     half = cache.shape[-1] // 2
     rot = torch.complex(cache[:, :half], cache[:, half:])[:, None, :]  # [T, 1, half]
 
@@ -331,7 +331,7 @@ def dequantized_activations(definition, values: dict) -> torch.Tensor:
     hs = values["hidden_states"]
     if "hidden_states_scale" not in values:
         return hs.to(F64)
-    block = sem.moe_block(definition)
+    block = sem.moe_block(definition, values)
     return hs.to(F64) * values["hidden_states_scale"].to(F64).T.repeat_interleave(block, dim=1)[:, :hs.shape[1]]
 
 
@@ -340,7 +340,7 @@ def moe(call: Call) -> tuple:
     GEMM1 rows [up; gate], silu on the gate (second) half, GEMM2, weighted sum. Per-tensor fp8
     scales each expert's GEMM outputs instead (up and gate halves separately)."""
     d, x = call.definition, _values(call)
-    block = sem.moe_block(d)
+    block = sem.moe_block(d, x)
     act = dequantized_activations(d, x)
     tokens, hidden = act.shape
     ids, weights = route(d, x)
