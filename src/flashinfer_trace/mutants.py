@@ -84,6 +84,27 @@ MUTANTS: tuple[Mutant, ...] = (
                                                                     "y = x * inv_rms")),
     _m("rmsnorm_h4096", "rms-not-mean", "sum of squares instead of their mean",
        ("x.pow(2).mean(dim=-1, keepdim=True)", "x.pow(2).sum(dim=-1, keepdim=True)")),
+    _m("rmsnorm_h4096", "rescale-no-zero-guard", "rows pre-scaled by their max |x| (an overflow guard) with no "
+       "guard for a zero row: 0 / 0",
+       ("    inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)\n",
+        "    m = x.abs().amax(dim=-1, keepdim=True)\n    xs = x / m\n"
+        "    inv_rms = torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + eps / (m * m)) / m\n"),
+       cls="boundary-magnitude"),
+    _m("rmsnorm_h4096", "tail-dropped", "the sum of squares misses each row's last 32 columns (a reduction "
+       "without its tail), divided by the full width",
+       ("x.pow(2).mean(dim=-1, keepdim=True)", "x[..., :-32].pow(2).sum(dim=-1, keepdim=True) / x.shape[-1]"),
+       cls="boundary-structure"),
+    _m("rmsnorm_h4096_fp16", "weight-first-fp16", "x * weight multiplied in float16 before the normalisation "
+       "(overflows where |x * w| > 65504)",
+       ("y = x * inv_rms * weight.to(torch.float32)",
+        "y = (hidden_states * weight).to(torch.float32) * inv_rms"), cls="boundary-magnitude"),
+    _m("rmsnorm_h4096_fp16", "subnormal-ftz", "float16 subnormal inputs flushed to zero",
+       ("    x = hidden_states.to(torch.float32)\n",
+        "    x = hidden_states.to(torch.float32)\n    x = torch.where(x.abs() < 2.0 ** -14, 0.0, x)\n"),
+       cls="boundary-magnitude"),
+    _m("rmsnorm_h4096_fp16", "eps-in-fp16", "eps rounded to the activations' float16 (1e-6 is subnormal there)",
+       ("keepdim=True) + eps)", "keepdim=True) + torch.tensor(eps, dtype=hidden_states.dtype).item())"),
+       cls="boundary-magnitude"),
     _m("fused_add_rmsnorm_h4096", "norm-of-rounded", "the norm reads the bf16-rounded sum",
        ("inv_rms = torch.rsqrt(s.pow(2)", "s = residual_out.to(torch.float32)\n    inv_rms = torch.rsqrt(s.pow(2)"),
        survives="rounding the sum to bf16 changes the output by < 2**-8 relative: inside the bf16 tolerance "
@@ -103,6 +124,21 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("gemm_n4096_k4096", "negated", "the output's sign is flipped (a swapped operand order in a - b)",
        ("torch.matmul(A.to(torch.float32), B.to(torch.float32).T)",
         "-torch.matmul(A.to(torch.float32), B.to(torch.float32).T)")),
+    _m("gemm_n4096_k4096", "row-scaled", "A's rows divided by their max |a| and C scaled back (dynamic per-token "
+       "scaling) with no guard for a zero row: 0 / 0",
+       ("C = torch.matmul(A.to(torch.float32), B.to(torch.float32).T)",
+        "a = A.to(torch.float32)\n    s = a.abs().amax(dim=-1, keepdim=True)\n"
+        "    C = torch.matmul(a / s, B.to(torch.float32).T) * s"), cls="boundary-magnitude"),
+    _m("gemm_n4096_k4096", "b-in-bf16", "B rounded to bfloat16 inside the float16 gemm (a reduced-precision math "
+       "mode): within the operand-scale error model on random rows, 2^-9 relative on a one-hot row",
+       ("B.to(torch.float32).T", "B.to(torch.bfloat16).to(torch.float32).T"), cls="boundary-structure"),
+    _m("gemm_n4096_k4096", "split-k-fp16", "split-K with each half's partial sum stored in float16 (overflows "
+       "where the running sum passes 65504, though C itself is representable)",
+       ("C = torch.matmul(A.to(torch.float32), B.to(torch.float32).T)",
+        "h = A.shape[1] // 2\n"
+        "    C = (torch.matmul(A[:, :h].to(torch.float32), B[:, :h].to(torch.float32).T).to(torch.float16)\n"
+        "         + torch.matmul(A[:, h:].to(torch.float32), B[:, h:].to(torch.float32).T).to(torch.float16))"),
+       cls="boundary-magnitude"),
     # attention: paged decode, paged prefill, ragged prefill, MLA
     _m("gqa_paged_decode_h32_kv8_d128_ps1", "no-sm-scale", "sm_scale dropped",
        ("logits = torch.matmul(qb, k) * sm_scale", "logits = torch.matmul(qb, k)")),
@@ -209,6 +245,18 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "cos-sin-swapped", "cos and sin halves swapped",
        ("cos = cos_sin[:, None, :half]", "cos = cos_sin[:, None, half:]"),
        ("sin = cos_sin[:, None, half:]", "sin = cos_sin[:, None, :half]")),
+    _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "last-row-clamped", "positions clamped to "
+       "max_position - 2 (an off-by-one bound): the cache's last row is never read",
+       ("cos_sin = cos_sin_cache[positions.long()]",
+        "cos_sin = cos_sin_cache[positions.long().clamp(max=cos_sin_cache.shape[0] - 2)]"), cls="boundary-structure"),
+    _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "positions-clamped-64k", "positions clamped to "
+       "65535 (a 64k-row table assumed): wrong past a 64k context",
+       ("cos_sin = cos_sin_cache[positions.long()]", "cos_sin = cos_sin_cache[positions.long().clamp(max=65535)]"),
+       cls="boundary-structure"),
+    _m("rope_with_cos_sin_cache_neox_style_h16_kv2_d256_rd64", "tail-through-fp16", "the pass-through dimensions "
+       "copied through a float16 buffer (exact for bf16 values up to 65504, inf past it)",
+       ("rest = x[..., rotary_dim:]", "rest = x[..., rotary_dim:].to(torch.float16).to(torch.float32)"),
+       cls="boundary-magnitude"),
     # activation
     _m("silu_and_mul_i14336", "silu-on-up", "silu applied to the up half",
        ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = up * torch.sigmoid(up)"),
@@ -217,6 +265,20 @@ MUTANTS: tuple[Mutant, ...] = (
        ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = torch.sigmoid(gate)")),
     _m("silu_and_mul_i14336", "gelu", "tanh-GELU instead of SiLU",
        ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = gate * torch.sigmoid(1.702 * gate)")),
+    _m("silu_and_mul_i14336", "sigmoid-exp-ratio", "sigmoid(g) as exp(g) / (1 + exp(g)): inf / inf = nan once "
+       "exp(g) overflows float32 (g > 88.7)",
+       ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = gate * (torch.exp(gate) / (1 + torch.exp(gate)))"),
+       cls="boundary-magnitude"),
+    _m("silu_and_mul_i14336", "row-scaled", "each output row divided by its max |y| and scaled back (a fused "
+       "per-token quantisation scale) with no guard for a zero row: 0 / 0",
+       ("return (silu_gate * up).to(input.dtype)",
+        "y = silu_gate * up\n    s = y.abs().amax(dim=-1, keepdim=True)\n    return (y / s * s).to(input.dtype)"),
+       cls="boundary-magnitude"),
+    _m("silu_and_mul_i14336_fp16", "gate-times-up-first", "gate * up multiplied first, in float16, then times "
+       "sigmoid(gate): a large negative gate overflows it to inf, and inf * 0 = nan",
+       ("return (silu_gate * up).to(input.dtype)",
+        "gate_up = (gate.to(input.dtype) * up.to(input.dtype)).to(torch.float32)\n"
+        "    return (gate_up * torch.sigmoid(gate)).to(input.dtype)"), cls="boundary-magnitude"),
     # moe
     # caught by the fp8 cosine floor only (definitions/tolerances.toml): element by element it is fp8 rounding
     _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "biased-weights",

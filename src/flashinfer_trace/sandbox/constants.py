@@ -2,9 +2,9 @@
 
 The drift report (fitrace/drift.py) reads hard-coded parameters (EPS, TOP_K, ...) here to compare two
 definitions; ground truths never do (they would agree with the reference they judge: semantics.py). It runs
-in the parent process, so every operator is bounded: a value that would exceed MAX_INT_BITS / MAX_STR_CHARS / MAX_TUPLE_ITEMS
-is "not a constant", decided before it is computed (doubling a string or an int sixty times, or
-`10 ** 10 ** 10`, costs nothing).
+in the parent process, so every operator is bounded: a value that would exceed MAX_INT_BITS / MAX_STR_CHARS /
+MAX_TUPLE_ITEMS is "not a constant", decided before it is computed (doubling a string or an int sixty times,
+or `10 ** 10 ** 10`, costs nothing).
 """
 
 from __future__ import annotations
