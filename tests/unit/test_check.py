@@ -24,6 +24,7 @@ from flashinfer_trace.check import (
 from flashinfer_trace.cli import main
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.failures import replay_command
+from flashinfer_trace.groundtruth import paths
 from flashinfer_trace.inputs import norm as norm_inputs
 from flashinfer_trace.results.record import CaseRecord
 
@@ -115,7 +116,8 @@ def test_plan_lists_every_check():
     assert sorted(edges) == [(s, c) for s in ("medium", "small") for c in sorted(norm_inputs.CASES)]
     assert ids.index("rmsnorm_h8-edge-torch-small-0-single_token") < ids.index("rmsnorm_h8-shape-medium-0")
     only = plan(Discovered([d], []), CheckConfig(**{**CONFIG, "cases": ("single_token",)}))
-    assert [c.case for c in only if c.check == "edge"] == ["single_token"] * 2 * len(CONFIG["sizes"])  # x 2 sources
+    routes = sum(len(paths(s, d)) for s in CONFIG["sources"])  # every path of each source (rmsnorm: out=, pdl)
+    assert [c.case for c in only if c.check == "edge"] == ["single_token"] * routes * len(CONFIG["sizes"])
 
 
 # -- run / summarise --------------------------------------------------------------------------------
@@ -134,10 +136,10 @@ def test_run_good_definition(tmp_path):
     assert match.compared[0]["output"] == "output" and match.compared[0]["tolerance_used"] <= 1 and not match.reports
     assert not (tmp_path / "failures").exists()
 
-    summary = summarise(results)
-    assert summary.total == 5 and summary.ok
-    assert summary.by_status == {"pass": 4, "skip": 1}
-    assert summary.skip_reasons == {skipped.detail: 1}
+    summary = summarise(results)  # flashinfer's three paths (plain, out=, pdl) each skip: not installed
+    assert summary.total == 7 and summary.ok
+    assert summary.by_status == {"pass": 4, "skip": 3}
+    assert summary.skip_reasons == {skipped.detail: 3}
     assert summary.failures == []
 
 
@@ -163,7 +165,7 @@ def test_run_wrong_reference_fails_and_saves_a_replayable_record(tmp_path):
     assert replay[replay.index("--ground-truth") + 1] == "torch"
 
     summary = summarise(results)
-    assert not summary.ok and summary.by_status == {"pass": 3, "fail": 1, "skip": 1}
+    assert not summary.ok and summary.by_status == {"pass": 3, "fail": 1, "skip": 3}  # flashinfer: 3 paths
     (line,) = summary.failures
     assert line.startswith("rmsnorm_h8 match torch small seed=0: ")
 
