@@ -173,6 +173,55 @@ MUTANTS: tuple[Mutant, ...] = (
        ("logits = (qn @ ckv.T + qp @ kpe.T) * sm_scale", "logits = (qn @ ckv.T + qp @ kpe.T)")),
     _m("mla_paged_decode_h16_ckv512_kpe64_ps1", "lse-natural", "lse in natural log, not base 2",
        ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.logsumexp(logits, dim=-1)")),
+    # attention at its boundaries: each is right on ordinary inputs and wrong only where a boundary case
+    # (inputs/attention.py, docs/boundary/attention.md) puts the arithmetic or the structure at its limit
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "no-max-subtraction", "softmax and lse without subtracting the row max "
+       "(exp overflows at scores_large, underflows to 0/0 at scores_far_negative)",
+       ("probs = torch.softmax(logits, dim=-1)",
+        "probs = torch.exp(logits) / torch.exp(logits).sum(dim=-1, keepdim=True)"),
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.log(torch.exp(logits).sum(dim=-1)) / math.log(2.0)")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "score-floor", "raw scores below -5e4 taken for the mask sentinel "
+       "(clamped to it)", ("logits = torch.matmul(qb, k) * sm_scale",
+                           "logits = torch.matmul(qb, k).clamp(min=-5e4) * sm_scale")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "flush-subnormal-q", "subnormal query elements flushed to zero (FTZ)",
+       ("qb = q[b].to(torch.float32).view(num_kv_heads, group_size, head_dim)",
+        "qb = torch.where(q[b].abs() < 2.0**-126, 0.0, q[b].to(torch.float32)).view(num_kv_heads, group_size, "
+        "head_dim)")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "int32-offsets", "a page's element offset computed in int32 (wraps past "
+       "2**31)", ("pages = kv_indices[start:end].long()",
+                  "pages = (kv_indices[start:end] * (num_kv_heads * head_dim) // (num_kv_heads * head_dim)).long()"),
+       survives="only large_offsets reaches 2**31 elements, a GPU case (a too-large skip on every CPU: its 8 GiB "
+                "cache copied four times takes minutes there); on an H200, torch ground truth: killed at edge small "
+                "seed 0 large_offsets (96.7% of the output off, cosine 0.18)"),
+    _m("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "finite-mask", "masked logits set to -5e4, not -inf (a fully "
+       "masked row's lse comes out finite)", ("logits = logits.masked_fill(~allowed, -math.inf)",
+                                             "logits = logits.masked_fill(~allowed, -5e4)")),
+    _m("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "masked-rows-nan", "a query with no visible key keeps "
+       "softmax's NaN", ("probs = torch.where(allowed.any(dim=-1)[:, None], probs, 0.0)", "probs = probs")),
+    _m("gqa_ragged_prefill_causal_h32_kv8_d128", "lse-zero-init", "lse starts at 0: rows of a request without kv "
+       "keep 0, not -inf", ("lse = torch.full((total_q, num_qo_heads), -math.inf, dtype=torch.float32, "
+                            "device=q.device)",
+                            "lse = torch.zeros(total_q, num_qo_heads, dtype=torch.float32, device=q.device)")),
+    _m("mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "finite-mask", "masked logits set to -5e4, not -inf",
+       ("logits = logits.masked_fill(~allowed, -math.inf)", "logits = logits.masked_fill(~allowed, -5e4)")),
+    _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps1", "no-max-subtraction", "softmax and lse without "
+       "subtracting the row max", ("torch.softmax(logits, dim=-1) @ ckv",
+                                   "(torch.exp(logits) / torch.exp(logits).sum(dim=-1, keepdim=True)) @ ckv"),
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.log(torch.exp(logits).sum(dim=-1)) / math.log(2.0)")),
+    # the coverage definitions (GQA group sizes, fp16, page sizes): bugs the shipped shapes could not show
+    _m("gqa_paged_decode_h6_kv2_d128_ps1", "group-pow2", "query head h reads kv head h // (group rounded up to a "
+       "power of two): right for groups 1, 2, 4, 8",
+       ("qb = q[b].to(torch.float32).view(num_kv_heads, group_size, head_dim)",
+        "padded = 1 << (group_size - 1).bit_length()\n"
+        "        kv_of = (torch.arange(num_qo_heads, device=q.device) // padded).clamp(max=num_kv_heads - 1)\n"
+        "        k, v = k[kv_of], v[kv_of]  # one kv head per query head\n"
+        "        qb = q[b].to(torch.float32)[:, None, :]  # [num_qo_heads, 1, head_dim]")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1_fp16", "bf16-output", "the output rounded through bfloat16 (right for "
+       "the bf16 definitions)",
+       ("return output.to(q.dtype), lse", "return output.to(torch.bfloat16).to(q.dtype), lse")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps16", "whole-last-page", "every page read whole: kv_last_page_len ignored",
+       ("kv_len = (end - start - 1) * page_size + int(kv_last_page_len[b].item())",
+        "kv_len = (end - start) * page_size")),
     # mamba
     _m("mamba_ssu_decode_h128_d64_s128_ng8", "no-softplus", "dt + dt_bias used as the step without softplus",
        ("step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32))",

@@ -266,7 +266,7 @@ def generate(b: Builder) -> None:
 
     if b.case in SCORE_CASES:
         slots = _request_slots(b, kv_lens, paged)
-        shape_scores(b, roles(d), slots, _dominant(b, slots, kv_lens, qo_lens, prefill))
+        shape_scores(b, roles(d), slots, _dominant(b, slots) if b.case == "one_key_dominates" else [])
 
     if b.has("sm_scale"):
         if d.op_type == "mla_paged":
@@ -390,14 +390,14 @@ def roles(definition) -> Roles:
     return Roles(("q",), "q", "k", ("k",), "v")
 
 
-def _dominant(b: Builder, slots: list[torch.Tensor], kv_lens: list[int], qo_lens: list[int],
-              prefill: bool) -> list[torch.Tensor]:
+def _dominant(b: Builder, slots: list[torch.Tensor]) -> list[torch.Tensor]:
     """one_key_dominates: per request, the one key that dominates, in the second half of its kv (a
-    later tile than the first: an online softmax must rescale what it summed before), visible to
-    its last query at least."""
+    later tile than the first: an online softmax must rescale what it summed before; in causal
+    prefill its last query sees it at least)."""
     g = b.rng("dominant")
     out = []
-    for s, n in zip(slots, kv_lens, strict=True):
+    for s in slots:
+        n = s.numel()
         if n == 0:
             out.append(s)
             continue
