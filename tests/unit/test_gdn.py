@@ -69,7 +69,7 @@ def test_generator_honours_shapes_constraints_and_normalises_q_k(stage):
 
 
 def test_edge_cases_per_stage():
-    assert edge_cases(load_definition(OURS["decode"])) == ["batch1", "zero_state", "fast_decay"]
+    assert edge_cases(load_definition(OURS["decode"])) == ["batch1", "zero_state", "fast_decay", "gate_extremes"]
     assert "min_tokens" in edge_cases(load_definition(OURS["mtp"]))
     d = load_definition(OURS["prefill"])
     assert "unit_lengths" in edge_cases(d)

@@ -33,10 +33,10 @@ Edge cases: `batch1` (one row / one sequence), `zero_state` (every initial state
 (MTP: seq_len 2) and `unit_lengths` (prefill: every sequence one token long). Boundary cases
 (docs/boundary/moe-gdn-mamba.md says why each exists):
 
-* `softplus_linear`: a + dt_bias in [20, 120], softplus's linear regime, past float32's exp overflow
-  (88.7): softplus must return its input there, never log(1 + exp(x)) (inf, so g = 0); A is made tiny
-  (A_log in [-12, -8]) so that A * softplus stays O(0.01) and g near 1: the decay matters, slowly;
-* `beta_extremes`: b = +-100 for most (token, head) (beta exactly 1: the key's slot is overwritten
+* `gate_extremes`: both gates at their limits. a + dt_bias in [20, 120], softplus's linear regime, past
+  float32's exp overflow (88.7): softplus must return its input there, never log(1 + exp(x)) (inf, so
+  g = 0); A is made tiny (A_log in [-12, -8]) so that A * softplus stays O(0.01) and g near 1: the decay
+  matters, slowly. And b = +-100 for most (token, head) (beta exactly 1: the key's slot is overwritten
   with v; beta ~ 4e-44: no update), the rest normal: sigmoid must not be exp(b) / (1 + exp(b)) (NaN);
 * `empty_sequences` (prefill): every third sequence, the first and the last, has no token: its
   `new_state` is its initial state passed through (the definitions allow a length of 0).
@@ -59,12 +59,12 @@ STATES = ("state", "initial_state")
 STRUCTURE = ("cu_seqlens", "initial_state_indices", "intermediate_states_buffer", "scale")
 KNOWN = ACTIVATIONS + GATES + STATES + STRUCTURE
 
-COMMON_CASES = ("batch1", "zero_state", "fast_decay", "softplus_linear", "beta_extremes")
+COMMON_CASES = ("batch1", "zero_state", "fast_decay", "gate_extremes")
 STATE_SCALE = 2.0
 FAST_DECAY_SHIFT = 8.0  # added to `a`: softplus(a + dt_bias) ~ a + dt_bias > 1 mostly, g = exp(-A (..)) mostly < 0.05
-LINEAR_A = (20.0, 120.0)  # softplus_linear: a uniform here (bf16), past softplus's threshold 20 and exp's 88.7
-TINY_A_LOG = (-12.0, -8.0)  # softplus_linear: A_log uniform here, A * softplus(..) in ~[1e-4, 0.04]
-BETA_EXTREME = 100.0  # beta_extremes: b = +-this (bf16-exact): sigmoid is 1 or 3.7e-44; exp(100) overflows float32
+LINEAR_A = (20.0, 120.0)  # gate_extremes: a uniform here (bf16), past softplus's threshold 20 and exp's 88.7
+TINY_A_LOG = (-12.0, -8.0)  # gate_extremes: A_log uniform here, A * softplus(..) in ~[1e-4, 0.04]
+BETA_EXTREME = 100.0  # gate_extremes: b = +-this (bf16-exact): sigmoid is 1 or 3.7e-44; exp(100) overflows float32
 BETA_EXTREME_SHARE = 0.75
 A_LOG2 = (0.0, 4.0)  # A in [1, 16]: Qwen3-Next draws A uniform in (0, 16] at initialisation
 DT_LOG2 = (math.log2(1e-3), math.log2(1e-1))  # dt in [1e-3, 1e-1] (mamba-style dt initialisation)
@@ -172,21 +172,21 @@ def generate(b: Builder) -> None:
 
     # gates: per-head parameters are tiny and need log/expm1: made on the CPU, then moved
     heads = b.shape("A_log")
-    if b.case == "softplus_linear":
+    if b.case == "gate_extremes":
         a_log = uniform(heads, b.rng("A")).to(torch.float64) * (TINY_A_LOG[1] - TINY_A_LOG[0]) + TINY_A_LOG[0]
     else:
         a_log = log_uniform(heads, b.rng("A"), *A_LOG2, device="cpu").to(torch.float64).log()
     b.put("A_log", a_log.to(b.torch_dtype("A_log")))
     dt = log_uniform(b.shape("dt_bias"), b.rng("dt"), *DT_LOG2, device="cpu").to(torch.float64)
     b.put("dt_bias", torch.log(torch.expm1(dt)).to(b.torch_dtype("dt_bias")))
-    if b.case == "softplus_linear":
+    if b.case == "gate_extremes":
         a = uniform(b.shape("a"), b.rng("a"), device=b.device) * (LINEAR_A[1] - LINEAR_A[0]) + LINEAR_A[0]
         b.put("a", a.to(b.torch_dtype("a")))
     else:
         b.put_random("a", mean=FAST_DECAY_SHIFT if b.case == "fast_decay" else 0.0)
     gate = b.put_random("b")
-    if b.case == "beta_extremes":
-        g = b.rng("beta_extremes")
+    if b.case == "gate_extremes":
+        g = b.rng("beta")
         extreme = uniform(gate.shape, g, device=b.device) < BETA_EXTREME_SHARE
         sign = torch.where(uniform(gate.shape, g, device=b.device) < 0.5, -1.0, 1.0)
         b.put("b", torch.where(extreme, sign * BETA_EXTREME, gate.float()).to(gate.dtype))

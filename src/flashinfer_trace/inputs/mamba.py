@@ -31,12 +31,11 @@ Edge cases:
     both regimes (above 20 torch's softplus returns its input) and exp(dt * A) underflows to 0: the
     old state is forgotten.
 Boundary cases (docs/boundary/moe-gdn-mamba.md says why each exists):
-  huge_dt: half the (request, head) pairs have dt uniform in [90, 1000], past float32's exp overflow
-    (88.7): softplus must take its linear branch (log(1 + exp(dt)) is inf there); the rest are as usual;
-  tiny_dt: dt + dt_bias uniform in [-30, -20]: the step softplus ~ exp(dt) is ~1e-13..1e-9, the decay
-    rounds to 1: the state passes through (almost) unchanged, the other end of the step;
-  strong_decay: A = -(1e4 .. 1e6) per head: exp(step * A) underflows to 0 in one step for almost every
-    head, the old state is forgotten whatever dt;
+  dt_extremes: the step and the decay at their limits, per (request, head) one of three dt regimes: dt
+    uniform in [90, 1000], past float32's exp overflow (88.7), where softplus must take its linear branch
+    (log(1 + exp(dt)) is inf); dt + dt_bias uniform in [-30, -20], a step ~1e-13..1e-9 whose decay rounds
+    to 1 (the state passes through); or the usual dt. And half the heads get A = -(1e5 .. 1e7): with the
+    usual step (>= 1e-3) exp(step * A) underflows in one step, the old state forgotten;
   large_state: the cached state ~ 2**14 N(0, 1): C . state sums to ~2e5 per element, past float16's
     65504 (an fp16 accumulation overflows), while bf16 holds it;
   all_padded: every request carries PAD_SLOT_ID: the output is all zeros and the cache comes back as it
@@ -52,8 +51,7 @@ import torch
 from .common import Builder, log_uniform, normal, permutation, randint, uniform, unknown_inputs
 
 OP_TYPES = ("mamba_ssu",)
-CASES = ("batch1", "padded", "large_cache", "large_dt", "huge_dt", "tiny_dt", "strong_decay", "large_state",
-         "all_padded")
+CASES = ("batch1", "padded", "large_cache", "large_dt", "dt_extremes", "large_state", "all_padded")
 PAD_SLOT_ID = -1
 
 # (batch, state cache rows): medium keeps the float64 ground truth of a 128-head cache (2 MiB of bf16
@@ -68,9 +66,9 @@ REQUIRED = (STATE, X, DT, A, B, C)
 
 A_RANGE = (1.0, 16.0)  # -A
 DT0_LOG2 = (math.log2(1e-3), math.log2(1e-1))  # the time step softplus(dt_bias) lands in
-HUGE_DT = (90.0, 1000.0)  # huge_dt: past float32's exp overflow at 88.7
-TINY_STEP_X = (-30.0, -20.0)  # tiny_dt: dt + dt_bias here
-STRONG_A_LOG2 = (math.log2(1e4), math.log2(1e6))  # strong_decay: -A log-uniform here
+HUGE_DT = (90.0, 1000.0)  # dt_extremes: past float32's exp overflow at 88.7
+TINY_STEP_X = (-30.0, -20.0)  # dt_extremes: dt + dt_bias here
+STRONG_A_LOG2 = (math.log2(1e5), math.log2(1e7))  # dt_extremes: -A log-uniform here (step * A < -100)
 LARGE_STATE = 2.0**14  # large_state: the cache's scale
 
 
@@ -158,10 +156,13 @@ def generate(b: Builder) -> None:
         b.put_random(Z)
 
     # per-head parameters, tied across head_dim (and dstate for A)
-    if b.case == "strong_decay":
-        neg_a = log_uniform((heads,), b.rng(A), *STRONG_A_LOG2)
-    else:
-        neg_a = uniform((heads,), b.rng(A)).mul_(A_RANGE[1] - A_RANGE[0]).add_(A_RANGE[0])
+    neg_a = uniform((heads,), b.rng(A)).mul_(A_RANGE[1] - A_RANGE[0]).add_(A_RANGE[0])
+    if b.case == "dt_extremes":  # half the heads (head 0 among them) decay to nothing in one step
+        g = b.rng("strong")
+        strong = permutation(heads, g)[: max(1, heads // 2)]
+        if not bool((strong == 0).any()):
+            strong[0] = 0
+        neg_a[strong] = log_uniform((strong.numel(),), g, *STRONG_A_LOG2)
     _per_head(b, A, -neg_a)
     if b.has(D):
         _per_head(b, D, normal((heads,), b.rng(D), scale=0.1, mean=1.0))
@@ -174,14 +175,14 @@ def generate(b: Builder) -> None:
     if b.case == "large_dt":
         dt = normal((batch, heads), b.rng(DT), scale=6.0, mean=12.0)
         dt[0, 0], dt[-1, -1] = 40.0, -4.0  # both ends always present, whatever the draw
-    elif b.case == "huge_dt":
+    elif b.case == "dt_extremes":  # per (request, head): huge, tiny (dt + dt_bias in TINY_STEP_X) or usual
         g = b.rng(DT)
         huge = uniform((batch, heads), g).mul_(HUGE_DT[1] - HUGE_DT[0]).add_(HUGE_DT[0])
-        dt = torch.where(uniform((batch, heads), g) < 0.5, huge, normal((batch, heads), g, scale=0.5))
-        dt[0, 0] = HUGE_DT[1]  # at least one, whatever the draw
-    elif b.case == "tiny_dt":  # dt + dt_bias lands in TINY_STEP_X (dt_bias, about -7 .. 0, is subtracted)
-        x = uniform((batch, heads), b.rng(DT)).mul_(TINY_STEP_X[1] - TINY_STEP_X[0]).add_(TINY_STEP_X[0])
-        dt = x - bias[None, :]
+        tiny = uniform((batch, heads), g).mul_(TINY_STEP_X[1] - TINY_STEP_X[0]).add_(TINY_STEP_X[0]) - bias
+        regime = randint(0, 3, (batch, heads), g)
+        regime[0, 0], regime[-1, -1] = 1, 2  # both ends present, whatever the draw (one pair if batch 1)
+        dt = torch.where(regime == 1, huge, torch.where(regime == 2, tiny, normal((batch, heads), g, scale=0.5)))
+        dt[0, 0] = HUGE_DT[1]
     else:
         dt = normal((batch, heads), b.rng(DT), scale=0.5)
     _per_head(b, DT, dt)

@@ -91,8 +91,11 @@ BLOCK_SIZE = 128  # fp8 block scales: 1 x 128 for the activations, 128 x 128 for
 
 # boundary cases (see the module docstring)
 WINNER, TIE, LOW = 4.0, 1.0, -6.0  # plain top-k: winners ~ WINNER + 0.25 N, the tie pool exactly TIE, the rest LOW + N
-DS_WINNER, DS_TIE, DS_LOW = 6.0, 0.0, -8.0  # grouped: sigmoid 0.998+, exactly 0.5 (bias 0), < 0.02
-DS_BIAS_CLAMP = 0.3  # routing cases: |bias| <= this, so winner > 0.5 (tie) > the rest, whatever the draw
+DS_WINNER, DS_LOW = 6.0, -8.0  # grouped: sigmoid 0.998+ and < 0.02
+# the grouped tie: logit 6 with bias -0.5 (both exact) scores 0.4975, between the winners (>= 0.59) and the rest
+# (<= 0.32), while its unbiased weight is a winner's: the tied expert's share of the output is not small
+DS_TIE, DS_TIE_BIAS = 6.0, -0.5
+DS_BIAS_CLAMP = 0.3  # routing cases: |bias| <= this, so winner > tie > the rest, whatever the draw
 TIE_POOL = 3  # experts sharing the score at the last slot
 SPREAD = 100.0  # huge_logit_spread: +-this; exp(100) overflows float32
 LARGE_ACTIVATIONS = 256.0
@@ -507,26 +510,26 @@ def _deepseek_logits(b: Builder, lay: Layout, rows: int, offset: int,
         one, anchor = local[0], local[1]
         winners = _winner_groups(lay, k - 1, local_groups)
         logits[:, [one, *winners]] = DS_WINNER + 0.25 * normal((rows, k), g)
-        logits[:, anchor], bias[anchor] = DS_TIE, 0.0  # 0.5: keeps the group, below every winner
+        logits[:, anchor], bias[anchor] = DS_TIE, DS_TIE_BIAS  # keeps the group, below every winner
         return logits, bias
     if b.case == "tied_topk":  # k - 1 winners elsewhere; three local experts tie for the last slot
         winners = _winner_groups(lay, k - 1, local_groups)
         pool = local[:TIE_POOL]
         logits[:, winners] = DS_WINNER + 0.25 * normal((rows, k - 1), g)
-        logits[:, pool], bias[pool] = DS_TIE, 0.0
+        logits[:, pool], bias[pool] = DS_TIE, DS_TIE_BIAS
         return logits, bias
-    # tied_groups: the local group and group `other` score exactly 1.0 (two experts at 0.5 each) for the
+    # tied_groups: the local group and group `other` score exactly the same (two tie experts each) for the
     # last kept group; `other` below the local group for even tokens, above it for odd ones
     below = [x for x in range(local_groups[0]) if x not in local_groups][-1]
     above = local_groups[-1] + 1
     winners = _winner_groups(lay, k - 1, [*local_groups, below, above], lay.kept - 1)
     logits[:, winners] = DS_WINNER + 0.25 * normal((rows, k - 1), g)
     pair = local[:2]
-    logits[:, pair], bias[pair] = DS_TIE, 0.0
+    logits[:, pair], bias[pair] = DS_TIE, DS_TIE_BIAS
     for t in range(rows):
         other = below if t % 2 == 0 else above
         twins = [other * lay.size, other * lay.size + 1]
-        logits[t, twins], bias[twins] = DS_TIE, 0.0
+        logits[t, twins], bias[twins] = DS_TIE, DS_TIE_BIAS
     return logits, bias
 
 
