@@ -21,7 +21,9 @@ from .common import Builder, bind_rows, float_tensor_inputs, log_uniform, randin
 
 OP_TYPES = ("activation",)
 ROWS = {"small": 4, "medium": 64, "large": 2048}
-CASES = ("single_token", "large_values", "zero_rows", "saturated_gates")
+BOUNDARY_CASES = ("zero_rows", "saturated_gates")
+CASES = ("single_token", "large_values", *BOUNDARY_CASES)
+BOUNDARY_ROWS = {"small": 4, "medium": 16, "large": 2048}  # 16 at medium: the point is the values, not the rows
 LARGE = 100.0
 UP_SCALE = 8.0  # `saturated_gates`: the up half is N(0, 8^2), |up| <= 32 (the normal's tails are cut at 4 sigma)
 GATE_MIN_LOG2 = 3  # |gate| >= 8: past where float32's sigmoid rounds to 1 (g > 17) or exp(-g) overflows (g < -88.7)
@@ -60,7 +62,8 @@ def generate(b: Builder) -> None:
     other = [n for n in b.definition.inputs if n not in floats]
     if other or not floats:
         raise b.error(f"the activation generator makes float tensors only; cannot make {', '.join(other)}")
-    bind_rows(b, floats, 1 if b.case == "single_token" else ROWS[b.size])
+    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS if b.case in BOUNDARY_CASES else ROWS)[b.size]
+    bind_rows(b, floats, rows)
     for name in floats:
         if b.case == "saturated_gates":
             b.put(name, _saturated(b, name))

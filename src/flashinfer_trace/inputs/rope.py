@@ -22,7 +22,9 @@ from .common import Builder, bind_rows, log_uniform, randint
 OP_TYPES = ("rope",)
 ROWS = {"small": 4, "medium": 64, "large": 2048}
 MAX_POSITION = {"small": 256, "medium": 4096, "large": 32768}  # only when the definition leaves it var
+BOUNDARY_CASES = ("cache_ends", "large_positions", "partial_rotary")
 CASES = ("single_token", "large_values", "cache_ends", "large_positions")
+BOUNDARY_ROWS = {"small": 4, "medium": 16, "large": 2048}  # 16 at medium: the point is the positions and values
 LARGE = 100.0
 LONG_CONTEXT = 131072  # `large_positions`: a 128k-token cache (Llama-3.1's context) where max_position is var
 LATE = 4096  # `large_positions`: positions in the cache's last LATE rows
@@ -65,7 +67,7 @@ def generate(b: Builder) -> None:
     acts = [n for n in d.inputs if n in ACTIVATIONS]
     if pos is None or not acts:
         raise b.error("a rope definition needs positions and query/key inputs")
-    rows = 1 if b.case == "single_token" else ROWS[b.size]
+    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS if b.case in BOUNDARY_CASES else ROWS)[b.size]
     bind_rows(b, [pos, *acts], rows)
 
     if CACHE in d.inputs:
