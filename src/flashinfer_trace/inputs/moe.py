@@ -58,8 +58,17 @@ import torch
 
 from ..semantics import Routing, declared_routing, moe_quant, moe_routing, routing_params
 from ..status import GroundTruthUnavailable
-from .common import (FP8_CODE_RMS, Builder, log_uniform, normal, permutation, randint, random_tensor,
-                     random_words, uniform)
+from .common import (
+    FP8_CODE_RMS,
+    Builder,
+    log_uniform,
+    normal,
+    permutation,
+    randint,
+    random_tensor,
+    random_words,
+    uniform,
+)
 
 OP_TYPES = ("moe",)
 ROWS = {"small": 2, "medium": 8, "large": 64}
