@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from .definition import Definition
-from .groundtruth import SOURCES, GroundTruthUnavailable, PrebuildLookup, default_device, get_ground_truth
+from .groundtruth import SOURCES, GroundTruthUnavailable, PrebuildLookup, default_device, get_ground_truth, paths
 from .inputs import InputGenerationError, Inputs, UnsupportedOpType, edge_cases, generate_inputs
-from .inputs.common import MEMORY_FACTOR, CaseTooLarge, fixed_bytes, memory_budget
-from .options import DEFAULT_SEEDS, DEFAULT_SIZES, TOLERANCE_OPTIONS
+from .inputs.common import MEMORY_FACTOR, CaseTooLarge, EdgeCaseUnavailable, fixed_bytes, memory_budget
+from .options import DEFAULT_SEEDS, DEFAULT_SIZES, TOLERANCE_OPTIONS, fresh_seed
 from .reference import expected_dtypes, expected_shapes, output_dtypes, output_shapes, run_reference, shape_fits
 from .results.record import CaseRecord, Check, GroundTruthPath
 from .sandbox import ReferenceFailure, SandboxError
@@ -42,6 +42,8 @@ from .verdict.errormodel import error_scales
 from .verdict.samples import SamplingSettings
 
 SIZE_ORDER = {"small": 0, "medium": 1, "large": 2}
+DEFAULT_REPEATS = 5  # kernel runs per comparison on a GPU
+RACE_FACTOR = 4  # times more for kernels with atomics, split-K or multi-CTA reductions (Adapter.races)
 
 
 @dataclass
@@ -60,14 +62,50 @@ class CheckConfig:
     resume: bool = False  # reuse the records already in results_file
     jit_report: str | None = None  # the JIT prebuild's report (jit.jsonl): what it could not build is skipped
     environment: str | None = None  # the environment id the records carry
+    # this run's fresh seed, beside the fixed ones: a reference cannot be right for the fixed seeds only.
+    # None: none (config_from_options draws one unless told "off"); replayed with --seeds N
+    fresh_seed: int | None = None
+    repeats: int | None = None  # kernel runs per comparison on the same inputs; None: 1 on the CPU, 5 on a GPU
+    paths: bool = True  # every path of a source (call modes: groundtruth.paths); False: its plain path only
+    # where a comparison's ground truth comes from (get_ground_truth's signature): planted kernels replace it
+    resolve: Callable[..., Any] | None = None
+    # test processes sharing the device: a case whose point is a large tensor (Builder.require_bytes) may use
+    # 1/gpu_share of its memory (eight such cases at once ran the H100 out of memory)
+    gpu_share: int = 1
 
     @property
     def resolved_device(self) -> str:
         return default_device() if self.device in (None, "auto") else self.device
 
+    def memory(self) -> int | None:
+        """Bytes one case may use when several test processes share the device; None: all of it."""
+        if self.gpu_share <= 1:
+            return None
+        return memory_budget(self.resolved_device) // self.gpu_share
+
+    def repeats_for(self, gt) -> int:
+        """Runs of one comparison: a GPU kernel may race (wrong in some runs); more where it reduces across
+        CTAs (`Adapter.races`); a sampler's draws are its repeats; torch on the CPU is run once."""
+        if gt.kind == "sampler":
+            return 1
+        if self.repeats is not None:
+            return max(1, self.repeats) * (RACE_FACTOR if gt.adapter.races else 1)
+        if not str(gt.device).startswith("cuda"):
+            return 1
+        return DEFAULT_REPEATS * (RACE_FACTOR if gt.adapter.races else 1)
+
+    @property
+    def all_seeds(self) -> tuple[tuple[int, bool], ...]:
+        """(seed, fresh) of every comparison: the fixed seeds, then the fresh one."""
+        fixed = tuple((s, False) for s in self.seeds)
+        fresh = () if self.fresh_seed is None or self.fresh_seed in self.seeds else ((self.fresh_seed, True),)
+        return fixed + fresh
+
     def sampling(self) -> SamplingSettings:
-        draws = self.draws or (64 if self.resolved_device == "cpu" else 2000)
-        return SamplingSettings(draws=draws)
+        """Sampler checks: the draws follow from what must be seen (verdict/samples.py); --draws fixes them."""
+        if self.resolved_device == "cpu":
+            return SamplingSettings.cpu(self.draws)
+        return SamplingSettings.gpu(self.draws)
 
     def prebuild(self) -> PrebuildLookup | None:
         if not self.jit_report:
@@ -83,7 +121,10 @@ def config_from_options(get: Callable[[str], Any], **more: Any) -> CheckConfig:
     return CheckConfig(sizes=tuple(sizes) if sizes else DEFAULT_SIZES, seeds=tuple(seeds) if seeds else DEFAULT_SEEDS,
                        device=get("device"), draws=get("draws"), save_failures=get("save_failures"),
                        save_inputs=bool(get("save_inputs")), jit_report=get("jit_report"),
+                       fresh_seed=fresh_seed(get("fresh_seed")), repeats=get("repeats"), paths=not get("plain_path"),
+                       gpu_share=get("gpu_share") or 1,
                        tolerance={k: v for k in TOLERANCE_OPTIONS if (v := get(k)) is not None}, **more)
+
 
 
 def configure_sandbox(get: Callable[[str], Any]) -> None:
@@ -105,20 +146,25 @@ class Case:
     case: str | None = None
     source: str | None = None
     skip: tuple[Kind, str] | None = None  # decided at planning: the case cannot run here, and why
+    path: str | None = None  # the source's path (groundtruth.paths): None its plain call
+    fresh: bool = False  # `seed` is the run's fresh seed: the id says "fresh", the record the number
 
     @property
     def id(self) -> str:
-        parts = [self.definition.name, self.check.value, self.source, self.size, str(self.seed), self.case]
+        source = f"{self.source}:{self.path}" if self.source and self.path else self.source
+        parts = [self.definition.name, self.check.value, source, self.size, "fresh" if self.fresh else str(self.seed),
+                 self.case]
         return "-".join(p for p in parts if p)
 
     @property
     def key(self) -> tuple:
         """What identifies the case's record (CaseRecord.key)."""
-        return (self.definition.name, self.check.value, self.source, self.size, self.seed, self.case)
+        return (self.definition.name, self.check.value, self.source, self.path, self.size, self.seed, self.case)
 
     def record(self, status: Status, **kw: Any) -> CaseRecord:
         return CaseRecord(definition=self.definition.name, op_type=self.definition.op_type, check=self.check,
-                          size=self.size, seed=self.seed, case=self.case, source=self.source, status=status, **kw)
+                          size=self.size, seed=self.seed, case=self.case, source=self.source, path=self.path,
+                          fresh=self.fresh, status=status, **kw)
 
 
 @dataclass
@@ -182,37 +228,46 @@ def too_large(d: Definition, budget: int) -> str | None:
             f"the {budget / 2**30:.0f} GiB here")
 
 
-def _fi_trace_inputs_problem(d: Definition, device: str = "cpu") -> str | None:
-    """Our generators key on op_type and input names; FlashInfer's fi_trace files often name or lay out
-    an op's inputs otherwise (`input` for `hidden_states`, rope's `indptr`/`offsets`). Where the file
-    carries its template's `init`, generate_inputs falls back to it (confined, on `device`)."""
+def _fi_trace_inputs(d: Definition, device: str = "cpu") -> tuple[str | None, str | None]:
+    """(why no inputs can be made, where they come from) for a FlashInfer fi_trace definition; (None, None)
+    for others. Our generators key on op_type and input names; FlashInfer's fi_trace files often name or
+    lay out an op's inputs otherwise (`input` for `hidden_states`, rope's `indptr`/`offsets`). Where the
+    file carries its template's `init`, generate_inputs falls back to it (confined, on `device`), else to
+    the declaration (declared.py); one small case made here says which."""
     if not d.from_fi_trace:
-        return None
+        return None, None
     try:
-        generate_inputs(d, "small", 0, device=device)
+        return None, generate_inputs(d, "small", 0, device=device).source
+    except CaseTooLarge:
+        return None, None  # the case itself says so
     except InputGenerationError as e:
-        return f"our input generator does not fit this FlashInfer fi_trace definition: {e}"
-    return None
+        return f"our input generator does not fit this FlashInfer fi_trace definition: {e}", None
 
 
 def definition_cases(d: Definition, config: CheckConfig, budget: int | None = None) -> list[Case]:
     """A definition's cases, in the order they run (a case's checks together: they share its inputs;
     the edge cases of a size after its random ones).
-    Raises UnsupportedOpType when no generator knows the definition."""
+    A definition no family generator knows gets its inputs from its init or its declaration, and no edge cases."""
     edge = edge_cases(d)
     if config.cases is not None:
         edge = [c for c in edge if c in config.cases]
     skip = None
     if budget is not None and (why := too_large(d, budget)):
         skip = (Kind.TOO_LARGE, why)
-    elif why := _fi_trace_inputs_problem(d, config.resolved_device):
-        skip = (Kind.FI_TRACE_INPUTS, why)
+    else:
+        why, source = _fi_trace_inputs(d, config.resolved_device)
+        if why:
+            skip = (Kind.FI_TRACE_INPUTS, why)
+        elif source not in (None, "generator"):
+            edge = []  # the family's edge cases need its generator, which does not fit this file
     out: list[Case] = []
+    routes = [(s, p) for s in config.sources for p in (paths(s, d) if config.paths else [None])]
     for size in sorted(config.sizes, key=lambda s: SIZE_ORDER.get(s, 3)):
         out += [Case(d, Check.SHAPE, size, skip=skip), Case(d, Check.DTYPE, size, skip=skip)]
-        out += [Case(d, Check.MATCH, size, seed, source=s, skip=skip) for seed in config.seeds for s in config.sources]
+        out += [Case(d, Check.MATCH, size, seed, source=s, path=p, fresh=fresh, skip=skip)
+                for seed, fresh in config.all_seeds for s, p in routes]
         # boundary-seeking inputs at every size: an indexing bug may need the larger shapes to show
-        out += [Case(d, Check.EDGE, size, 0, c, s, skip=skip) for c in edge for s in config.sources]
+        out += [Case(d, Check.EDGE, size, 0, c, s, skip=skip, path=p) for c in edge for s, p in routes]
     out.append(Case(d, Check.DETERMINISTIC, skip=skip))
     return out
 
@@ -254,22 +309,30 @@ class Memo:
     sources share one generation. Every consumer gets its own copy of the inputs, so nothing one of
     them writes reaches another."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, memory: int | None = None):
         self.device = device
+        self.memory = memory  # bytes a case may use here (CaseTooLarge past it)
         self.key: tuple | None = None
         self.inputs: Inputs | None = None
         self.outputs: tuple | None = None
         self.mutated: list[str] = []  # inputs the reference wrote into that the definition does not let it
         self._scales: list | None = None
+        self.sampler_draws: dict = {}  # a sampler reference's draws, shared by the case's ground truths
 
     def pristine(self, case: Case, phases: Phases) -> Inputs:
         key = (case.definition.name, case.size, case.seed, case.case)
         if key != self.key:  # forgotten before generating: a failure must not leave another case's inputs
+            new_definition = self.key is not None and self.key[0] != key[0]
             self.key = self.inputs = self.outputs = self._scales = None
+            if new_definition and torch.cuda.is_initialized():
+                # what the last definition cached goes back to the GPU: the suite's test processes share it
+                # (two MoE processes held 26 GiB each and the others ran out of memory)
+                torch.cuda.empty_cache()
             self.mutated = []
+            self.sampler_draws = {}
             with phases("inputs"):
                 self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
-                                              case=case.case)
+                                              case=case.case, memory=self.memory)
             self.key = key
         return self.inputs
 
@@ -316,20 +379,58 @@ def _path(gt) -> GroundTruthPath:
 def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> CaseRecord:
     d = case.definition
     tol = tolerance_for(d, cli=config.tolerance)
-    gt = get_ground_truth(case.source, d, device=memo.device, prebuild=config.prebuild())
+    gt = (config.resolve or get_ground_truth)(case.source, d, device=memo.device, prebuild=config.prebuild(),
+                                              path=case.path)
     if d.is_sampler:
         settings = config.sampling()
         inputs = memo.copy(case, phases)
         with phases("compare"):
-            j = judge_sampler(d, inputs, gt, settings, case.seed)
-        return _judged(case, j, ground_truth=_path(gt), sampling=settings.as_dict(), kind=Kind.SAMPLES)
-    inputs = memo.copy(case, phases)
-    with phases("ground_truth"):
-        expected = gt(inputs)
+            j = judge_sampler(d, inputs, gt, settings, case.seed, cache=memo.sampler_draws)
+        plan = j.reports[0]["settings"] if j.reports else settings.as_dict()
+        return _judged(case, j, ground_truth=_path(gt), sampling=plan, kind=Kind.SAMPLES)
     actual = memo.reference(case, phases)
-    with phases("compare"):
-        j = judge(d, memo.inputs, actual, expected, tol, scales=lambda: memo.scales(case))
-    return _judged(case, j, ground_truth=_path(gt), tolerance=tol.as_dict(), kind=Kind.MISMATCH)
+    runs, judgements, first = config.repeats_for(gt), [], None
+    spread = Spread()
+    for _ in range(runs):  # the same inputs every time: a kernel right in some runs only is racing
+        inputs = memo.copy(case, phases)
+        with phases("ground_truth"):
+            expected = gt(inputs)
+        with phases("compare"):
+            judgements.append(judge(d, memo.inputs, actual, expected, tol, scales=lambda: memo.scales(case)))
+            first = spread.add(first, expected)
+    wrong = [j for j in judgements if not j.passed]
+    repeats = {"runs": runs, "wrong": len(wrong), **spread.as_dict()} if runs > 1 else None
+    record = _judged(case, wrong[0] if wrong else judgements[0], ground_truth=_path(gt), tolerance=tol.as_dict(),
+                     kind=Kind.MISMATCH, repeats=repeats)
+    if wrong and len(wrong) < runs:
+        record.kind = Kind.FLAKY_WRONG
+        record.detail = f"wrong in {len(wrong)}/{runs} runs on the same inputs: {wrong[0].summary}"
+    return record
+
+
+class Spread:
+    """How much repeated runs of a kernel on the same inputs differ from its first run: a nondeterministic
+    kernel that is always within tolerance passes, with this recorded."""
+
+    def __init__(self) -> None:
+        self.identical = True
+        self.max_abs = 0.0
+
+    def add(self, first: tuple | None, outputs: tuple) -> tuple:
+        if first is None:
+            return outputs
+        for a, b in zip(first, outputs, strict=False):
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+                continue
+            if not torch.equal(a, b):
+                self.identical = False
+                if a.is_floating_point():
+                    diff = (a.double() - b.double()).abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+                    self.max_abs = max(self.max_abs, float(diff.max()) if diff.numel() else 0.0)
+        return first
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"identical": self.identical, "max_abs_spread": self.max_abs}
 
 
 def _judged(case: Case, j: Judgement, *, kind: Kind, **kw: Any) -> CaseRecord:
@@ -370,6 +471,8 @@ def outcome_of(e: BaseException) -> tuple[Status, Kind, str]:
         return Status.SKIP, Kind(e.kind), str(e)
     if isinstance(e, CaseTooLarge):
         return Status.SKIP, Kind.TOO_LARGE, f"too-large: {e}"
+    if isinstance(e, EdgeCaseUnavailable):
+        return Status.SKIP, Kind.NO_GENERATOR, f"no-generator: {e}"
     if isinstance(e, InputGenerationError):
         return Status.ERROR, Kind.INPUTS, f"inputs: {e}"
     if isinstance(e, (ReferenceFailure, SandboxError)):
@@ -400,6 +503,7 @@ def run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
         if memo.mutated and record.status in (Status.PASS, Status.FAIL):  # whatever else it did, it may not do that
             record = case.record(Status.FAIL, kind=Kind.MUTATES_INPUTS, verdict=record.verdict,
                                  ground_truth=record.ground_truth, tolerance=record.tolerance, compared=record.compared,
+                                 repeats=record.repeats,
                                  detail=f"the reference wrote into {', '.join(memo.mutated)}, which the definition "
                                         f"does not declare as outputs")
     record.seconds = time.perf_counter() - start
@@ -432,7 +536,7 @@ def recorded(path: str | Path) -> dict[tuple, CaseRecord]:
 def run(cases: list[Case | CaseRecord], config: CheckConfig) -> Iterator[CaseRecord]:
     from .sweep.results import JsonlStream
 
-    memo = Memo(config.resolved_device)
+    memo = Memo(config.resolved_device, config.memory())
     done = recorded(config.results_file) if config.resume and config.results_file else {}
     stream = JsonlStream(config.results_file, append=config.resume) if config.results_file else None
     try:

@@ -8,6 +8,8 @@ reports every problem at once instead of stopping at the first.
 from __future__ import annotations
 
 import json
+import math
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -54,6 +56,35 @@ def implicit_axes(data: Any) -> list[str]:
                 if isinstance(a, str) and a and not is_literal_dim(a) and a not in axes and a not in found:
                     found.append(a)
     return found
+
+
+PARAM_TAG = "param:"
+_PARAM_TAG = re.compile(r"^param:([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def param_tag(tag: str) -> tuple[str, float | int | bool] | None:
+    """A `param:<name>=<value>` tag: a parameter the model fixes that the definition's inputs do not
+    carry (`param:eps=1e-05`, `param:dt_softplus=true`). The ground truths read parameters here or from
+    scalar inputs, never from the reference they judge. None for any other tag; ValueError, saying what
+    is wrong, for a malformed one. A value is a decimal number (an int without '.' or exponent) or
+    true / false."""
+    if not tag.startswith(PARAM_TAG):
+        return None
+    m = _PARAM_TAG.fullmatch(tag)
+    if m is None:
+        raise ValueError(f"tag {tag!r} is not param:<name>=<value> with <name> an identifier")
+    name, text = m.groups()
+    if text in ("true", "false"):
+        return name, text == "true"
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(f"tag {tag!r}: value {text!r} is not a decimal number nor true / false")
+    if re.fullmatch(r"[+-]?\d+", text):
+        return name, int(text)
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"tag {tag!r}: value {text!r} is not finite")
+    return name, value
 
 
 class ConstAxis(BaseModel):
@@ -212,6 +243,20 @@ class Definition(BaseModel):
         """Values of namespaced tags: `tag_values("model")` -> ["llama-3.1-8b"]."""
         prefix = namespace + ":"
         return [t[len(prefix):] for t in self.tags if t.startswith(prefix)]
+
+    @property
+    def declared_params(self) -> dict[str, float | int | bool]:
+        """The `param:<name>=<value>` tags (param_tag); ValueError on a malformed one or a name given
+        twice (validate reports both as `param-tag` problems)."""
+        out: dict[str, float | int | bool] = {}
+        for t in self.tags:
+            found = param_tag(t)
+            if found is None:
+                continue
+            if found[0] in out:
+                raise ValueError(f"tag {t!r}: parameter {found[0]!r} is declared twice")
+            out[found[0]] = found[1]
+        return out
 
     @property
     def models(self) -> list[str]:

@@ -14,16 +14,21 @@ of mutants caught: `flashinfer-trace mutants` (CPU: torch ground truth; a GPU: F
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import math
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+import torch
 
 from .dataset import load_definition
 from .definition import Definition
 from .groundtruth import GroundTruthUnavailable
 from .groundtruth.base import REASON_KINDS
 
-__all__ = ["MUTANTS", "Kill", "Margin", "Mutant", "baseline", "first_failure", "kill", "kill_rate", "kills", "mutate",
-           "run_plan"]
+__all__ = ["KERNELS", "MUTANTS", "Kill", "Margin", "Mutant", "PlantedKernel", "baseline", "first_failure", "kill",
+           "kill_kernel", "kill_rate", "kills", "mutate", "rates_by_class", "run_plan"]
 
 
 @dataclass(frozen=True)
@@ -33,37 +38,83 @@ class Mutant:
     bug: str
     edits: tuple[tuple[str, str], ...]  # (text in the reference, its replacement); each must occur
     survives: str | None = None  # why the checks cannot see this bug yet (kept, so the gap stays visible)
+    cls: str = "wrong-math"  # the class of bug, for the kill rate per class (rates_by_class)
+    gpu_only: str | None = None  # why only a GPU's settings can judge it (a bug planted at their thresholds)
 
     @property
     def name(self) -> str:
         return f"{self.definition}:{self.id}"
 
 
-def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: str | None = None) -> Mutant:
-    return Mutant(definition, id, bug, tuple(edits), survives)
+def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: str | None = None,
+       cls: str = "wrong-math", gpu_only: str | None = None) -> Mutant:
+    return Mutant(definition, id, bug, tuple(edits), survives, cls, gpu_only)
+
+
+_DRAW = "    choice = torch.multinomial(kept.to(torch.float64), 1)"
+
+
+def _leak(rate: float) -> str:
+    """The sampler's final distribution with `rate` of its mass spread over the tokens it had removed."""
+    return (f"    outside = (kept == 0).to(kept.dtype)\n"
+            f"    kept = kept * (1 - {rate}) + {rate} * outside / outside.sum(dim=-1, keepdim=True).clamp(min=1)\n"
+            f"{_DRAW}")
+
+
+def _move(mass: float) -> str:
+    """`mass` of probability (at most all of it) moved from the most probable kept token to the second."""
+    return (f"    moved = kept[:, 0].clamp(max={mass}) * (kept[:, 1] > 0)\n"
+            f"    kept[:, 0] -= moved\n    kept[:, 1] += moved\n{_DRAW}")
 
 
 MUTANTS: tuple[Mutant, ...] = (
     # norms
-    # (the ground truths read EPS from the reference, so the planted bug is the expression not using it)
+    # (eps is an input: the ground truths read its value from the call, never from the reference, so a
+    # reference that brings its own EPS, or a literal, computes another function and is caught)
     _m("rmsnorm_h4096", "writes-weight", "right output, but the weight is halved in place afterwards (the caller's "
        "tensor: a ground truth reusing it would compute on the changed weight)",
        ("    return y.to(hidden_states.dtype)",
-        "    out = y.to(hidden_states.dtype)\n    weight.mul_(0.5)\n    return out")),
-    _m("rmsnorm_h4096", "eps", "eps 1e-6 in the expression, 1e-5 declared",
-       ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
+        "    out = y.to(hidden_states.dtype)\n    weight.mul_(0.5)\n    return out"), cls="mutates-inputs"),
+    _m("rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the eps input",
+       ("keepdim=True) + eps)", "keepdim=True) + 1e-6)")),
+    _m("rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the eps input (a ground truth that read EPS "
+       "from the reference would agree with it)",
+       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)")),
     _m("rmsnorm_h4096", "no-weight", "the weight is not applied", ("y = x * inv_rms * weight.to(torch.float32)",
                                                                     "y = x * inv_rms")),
     _m("rmsnorm_h4096", "rms-not-mean", "sum of squares instead of their mean",
        ("x.pow(2).mean(dim=-1, keepdim=True)", "x.pow(2).sum(dim=-1, keepdim=True)")),
+    _m("rmsnorm_h4096", "rescale-no-zero-guard", "rows pre-scaled by their max |x| (an overflow guard) with no "
+       "guard for a zero row: 0 / 0",
+       ("    inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)\n",
+        "    m = x.abs().amax(dim=-1, keepdim=True)\n    xs = x / m\n"
+        "    inv_rms = torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + eps / (m * m)) / m\n"),
+       cls="boundary-magnitude"),
+    _m("rmsnorm_h4096", "tail-dropped", "the sum of squares misses each row's last 32 columns (a reduction "
+       "without its tail), divided by the full width",
+       ("x.pow(2).mean(dim=-1, keepdim=True)", "x[..., :-32].pow(2).sum(dim=-1, keepdim=True) / x.shape[-1]"),
+       cls="boundary-structure"),
+    _m("rmsnorm_h4096_fp16", "weight-first-fp16", "x * weight multiplied in float16 before the normalisation "
+       "(overflows where |x * w| > 65504)",
+       ("y = x * inv_rms * weight.to(torch.float32)",
+        "y = (hidden_states * weight).to(torch.float32) * inv_rms"), cls="boundary-magnitude"),
+    _m("rmsnorm_h4096_fp16", "subnormal-ftz", "float16 subnormal inputs flushed to zero",
+       ("    x = hidden_states.to(torch.float32)\n",
+        "    x = hidden_states.to(torch.float32)\n    x = torch.where(x.abs() < 2.0 ** -14, 0.0, x)\n"),
+       cls="boundary-magnitude"),
+    _m("rmsnorm_h4096_fp16", "eps-in-fp16", "eps rounded to the activations' float16 (1e-6 is subnormal there)",
+       ("keepdim=True) + eps)", "keepdim=True) + torch.tensor(eps, dtype=hidden_states.dtype).item())"),
+       cls="boundary-magnitude"),
     _m("fused_add_rmsnorm_h4096", "norm-of-rounded", "the norm reads the bf16-rounded sum",
        ("inv_rms = torch.rsqrt(s.pow(2)", "s = residual_out.to(torch.float32)\n    inv_rms = torch.rsqrt(s.pow(2)"),
        survives="rounding the sum to bf16 changes the output by < 2**-8 relative: inside the bf16 tolerance "
                 "by design; only a kernel-specific check could tell the two conventions apart"),
     _m("fused_add_rmsnorm_h4096", "stale-residual", "the residual output is not updated",
        ("residual_out = s.to(residual.dtype)", "residual_out = residual.clone()")),
-    _m("fused_add_rmsnorm_h4096", "eps", "eps 1e-6 in the expression, 1e-5 declared",
-       ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
+    _m("fused_add_rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the eps input",
+       ("keepdim=True) + eps)", "keepdim=True) + 1e-6)")),
+    _m("fused_add_rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the eps input",
+       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)")),
     # gemm
     _m("gemm_n4096_k4096", "transposed-weight", "B used as [K, N] (a square gemm keeps the shape)",
        ("B.to(torch.float32).T", "B.to(torch.float32)")),
@@ -73,6 +124,21 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("gemm_n4096_k4096", "negated", "the output's sign is flipped (a swapped operand order in a - b)",
        ("torch.matmul(A.to(torch.float32), B.to(torch.float32).T)",
         "-torch.matmul(A.to(torch.float32), B.to(torch.float32).T)")),
+    _m("gemm_n4096_k4096", "row-scaled", "A's rows divided by their max |a| and C scaled back (dynamic per-token "
+       "scaling) with no guard for a zero row: 0 / 0",
+       ("C = torch.matmul(A.to(torch.float32), B.to(torch.float32).T)",
+        "a = A.to(torch.float32)\n    s = a.abs().amax(dim=-1, keepdim=True)\n"
+        "    C = torch.matmul(a / s, B.to(torch.float32).T) * s"), cls="boundary-magnitude"),
+    _m("gemm_n4096_k4096", "b-in-bf16", "B rounded to bfloat16 inside the float16 gemm (a reduced-precision math "
+       "mode): within the operand-scale error model on random rows, 2^-9 relative on a one-hot row",
+       ("B.to(torch.float32).T", "B.to(torch.bfloat16).to(torch.float32).T"), cls="boundary-structure"),
+    _m("gemm_n4096_k4096", "split-k-fp16", "split-K with each half's partial sum stored in float16 (overflows "
+       "where the running sum passes 65504, though C itself is representable)",
+       ("C = torch.matmul(A.to(torch.float32), B.to(torch.float32).T)",
+        "h = A.shape[1] // 2\n"
+        "    C = (torch.matmul(A[:, :h].to(torch.float32), B[:, :h].to(torch.float32).T).to(torch.float16)\n"
+        "         + torch.matmul(A[:, h:].to(torch.float32), B[:, h:].to(torch.float32).T).to(torch.float16))"),
+       cls="boundary-magnitude"),
     # attention: paged decode, paged prefill, ragged prefill, MLA
     _m("gqa_paged_decode_h32_kv8_d128_ps1", "no-sm-scale", "sm_scale dropped",
        ("logits = torch.matmul(qb, k) * sm_scale", "logits = torch.matmul(qb, k)")),
@@ -107,6 +173,55 @@ MUTANTS: tuple[Mutant, ...] = (
        ("logits = (qn @ ckv.T + qp @ kpe.T) * sm_scale", "logits = (qn @ ckv.T + qp @ kpe.T)")),
     _m("mla_paged_decode_h16_ckv512_kpe64_ps1", "lse-natural", "lse in natural log, not base 2",
        ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.logsumexp(logits, dim=-1)")),
+    # attention at its boundaries: each is right on ordinary inputs and wrong only where a boundary case
+    # (inputs/attention.py, docs/boundary/attention.md) puts the arithmetic or the structure at its limit
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "no-max-subtraction", "softmax and lse without subtracting the row max "
+       "(exp overflows at scores_large, underflows to 0/0 at scores_far_negative)",
+       ("probs = torch.softmax(logits, dim=-1)",
+        "probs = torch.exp(logits) / torch.exp(logits).sum(dim=-1, keepdim=True)"),
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.log(torch.exp(logits).sum(dim=-1)) / math.log(2.0)")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "score-floor", "raw scores below -5e4 taken for the mask sentinel "
+       "(clamped to it)", ("logits = torch.matmul(qb, k) * sm_scale",
+                           "logits = torch.matmul(qb, k).clamp(min=-5e4) * sm_scale")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "flush-subnormal-q", "subnormal query elements flushed to zero (FTZ)",
+       ("qb = q[b].to(torch.float32).view(num_kv_heads, group_size, head_dim)",
+        "qb = torch.where(q[b].abs() < 2.0**-126, 0.0, q[b].to(torch.float32)).view(num_kv_heads, group_size, "
+        "head_dim)")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1", "int32-offsets", "a page's element offset computed in int32 (wraps past "
+       "2**31)", ("pages = kv_indices[start:end].long()",
+                  "pages = (kv_indices[start:end] * (num_kv_heads * head_dim) // (num_kv_heads * head_dim)).long()"),
+       survives="only large_offsets reaches 2**31 elements, a GPU case (a too-large skip on every CPU: its 8 GiB "
+                "cache copied four times takes minutes there); on an H200, torch ground truth: killed at edge small "
+                "seed 0 large_offsets (96.7% of the output off, cosine 0.18)"),
+    _m("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "finite-mask", "masked logits set to -5e4, not -inf (a fully "
+       "masked row's lse comes out finite)", ("logits = logits.masked_fill(~allowed, -math.inf)",
+                                             "logits = logits.masked_fill(~allowed, -5e4)")),
+    _m("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "masked-rows-nan", "a query with no visible key keeps "
+       "softmax's NaN", ("probs = torch.where(allowed.any(dim=-1)[:, None], probs, 0.0)", "probs = probs")),
+    _m("gqa_ragged_prefill_causal_h32_kv8_d128", "lse-zero-init", "lse starts at 0: rows of a request without kv "
+       "keep 0, not -inf", ("lse = torch.full((total_q, num_qo_heads), -math.inf, dtype=torch.float32, "
+                            "device=q.device)",
+                            "lse = torch.zeros(total_q, num_qo_heads, dtype=torch.float32, device=q.device)")),
+    _m("mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "finite-mask", "masked logits set to -5e4, not -inf",
+       ("logits = logits.masked_fill(~allowed, -math.inf)", "logits = logits.masked_fill(~allowed, -5e4)")),
+    _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps1", "no-max-subtraction", "softmax and lse without "
+       "subtracting the row max", ("torch.softmax(logits, dim=-1) @ ckv",
+                                   "(torch.exp(logits) / torch.exp(logits).sum(dim=-1, keepdim=True)) @ ckv"),
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.log(torch.exp(logits).sum(dim=-1)) / math.log(2.0)")),
+    # the coverage definitions (GQA group sizes, fp16, page sizes): bugs the shipped shapes could not show
+    _m("gqa_paged_decode_h6_kv2_d128_ps1", "group-pow2", "query head h reads kv head h // (group rounded up to a "
+       "power of two): right for groups 1, 2, 4, 8",
+       ("qb = q[b].to(torch.float32).view(num_kv_heads, group_size, head_dim)",
+        "padded = 1 << (group_size - 1).bit_length()\n"
+        "        kv_of = (torch.arange(num_qo_heads, device=q.device) // padded).clamp(max=num_kv_heads - 1)\n"
+        "        k, v = k[kv_of], v[kv_of]  # one kv head per query head\n"
+        "        qb = q[b].to(torch.float32)[:, None, :]  # [num_qo_heads, 1, head_dim]")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps1_fp16", "bf16-output", "the output rounded through bfloat16 (right for "
+       "the bf16 definitions)",
+       ("return output.to(q.dtype), lse", "return output.to(torch.bfloat16).to(q.dtype), lse")),
+    _m("gqa_paged_decode_h32_kv8_d128_ps16", "whole-last-page", "every page read whole: kv_last_page_len ignored",
+       ("kv_len = (end - start - 1) * page_size + int(kv_last_page_len[b].item())",
+        "kv_len = (end - start) * page_size")),
     # mamba
     _m("mamba_ssu_decode_h128_d64_s128_ng8", "no-softplus", "dt + dt_bias used as the step without softplus",
        ("step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32))",
@@ -179,6 +294,18 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "cos-sin-swapped", "cos and sin halves swapped",
        ("cos = cos_sin[:, None, :half]", "cos = cos_sin[:, None, half:]"),
        ("sin = cos_sin[:, None, half:]", "sin = cos_sin[:, None, :half]")),
+    _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "last-row-clamped", "positions clamped to "
+       "max_position - 2 (an off-by-one bound): the cache's last row is never read",
+       ("cos_sin = cos_sin_cache[positions.long()]",
+        "cos_sin = cos_sin_cache[positions.long().clamp(max=cos_sin_cache.shape[0] - 2)]"), cls="boundary-structure"),
+    _m("rope_with_cos_sin_cache_neox_style_h32_kv8_d128_rd128", "positions-clamped-64k", "positions clamped to "
+       "65535 (a 64k-row table assumed): wrong past a 64k context",
+       ("cos_sin = cos_sin_cache[positions.long()]", "cos_sin = cos_sin_cache[positions.long().clamp(max=65535)]"),
+       cls="boundary-structure"),
+    _m("rope_with_cos_sin_cache_neox_style_h16_kv2_d256_rd64", "tail-through-fp16", "the pass-through dimensions "
+       "copied through a float16 buffer (exact for bf16 values up to 65504, inf past it)",
+       ("rest = x[..., rotary_dim:]", "rest = x[..., rotary_dim:].to(torch.float16).to(torch.float32)"),
+       cls="boundary-magnitude"),
     # activation
     _m("silu_and_mul_i14336", "silu-on-up", "silu applied to the up half",
        ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = up * torch.sigmoid(up)"),
@@ -187,6 +314,20 @@ MUTANTS: tuple[Mutant, ...] = (
        ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = torch.sigmoid(gate)")),
     _m("silu_and_mul_i14336", "gelu", "tanh-GELU instead of SiLU",
        ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = gate * torch.sigmoid(1.702 * gate)")),
+    _m("silu_and_mul_i14336", "sigmoid-exp-ratio", "sigmoid(g) as exp(g) / (1 + exp(g)): inf / inf = nan once "
+       "exp(g) overflows float32 (g > 88.7)",
+       ("silu_gate = gate * torch.sigmoid(gate)", "silu_gate = gate * (torch.exp(gate) / (1 + torch.exp(gate)))"),
+       cls="boundary-magnitude"),
+    _m("silu_and_mul_i14336", "row-scaled", "each output row divided by its max |y| and scaled back (a fused "
+       "per-token quantisation scale) with no guard for a zero row: 0 / 0",
+       ("return (silu_gate * up).to(input.dtype)",
+        "y = silu_gate * up\n    s = y.abs().amax(dim=-1, keepdim=True)\n    return (y / s * s).to(input.dtype)"),
+       cls="boundary-magnitude"),
+    _m("silu_and_mul_i14336_fp16", "gate-times-up-first", "gate * up multiplied first, in float16, then times "
+       "sigmoid(gate): a large negative gate overflows it to inf, and inf * 0 = nan",
+       ("return (silu_gate * up).to(input.dtype)",
+        "gate_up = (gate.to(input.dtype) * up.to(input.dtype)).to(torch.float32)\n"
+        "    return (gate_up * torch.sigmoid(gate)).to(input.dtype)"), cls="boundary-magnitude"),
     # moe
     # caught by the fp8 cosine floor only (definitions/tolerances.toml): element by element it is fp8 rounding
     _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "biased-weights",
@@ -229,13 +370,45 @@ MUTANTS: tuple[Mutant, ...] = (
        ("x = hidden_states.to(torch.float32).view(seq_len, hidden_size // BLOCK, BLOCK)",
         "x = hidden_states.to(torch.float32)\n"
         "    x = torch.where(x.abs() < 2.0**-6, 0.0, x).view(seq_len, hidden_size // BLOCK, BLOCK)")),
-    # sampling
-    _m("top_k_sampling_from_probs_v128256", "k-plus-one", "keeps k + 1 tokens",
-       ("kept = sorted_probs * (rank < k[:, None])", "kept = sorted_probs * (rank <= k[:, None])")),
+    # sampling (the power and boundary mutants: docs/boundary/sampling.md, docs/ground-truth.md "Sampling")
+    _m("top_k_sampling_from_probs_v128256", "k-plus-one", "the (k+1)-th probability as the threshold: k + 1 kept",
+       ("kth = sorted_probs.gather(1, (k - 1)[:, None])",
+        "kth = sorted_probs.gather(1, k.clamp(max=vocab_size - 1)[:, None])")),
     _m("top_k_sampling_from_probs_v128256", "no-top-k", "samples from the whole vocabulary",
-       ("kept = sorted_probs * (rank < k[:, None])", "kept = sorted_probs")),
-    _m("top_k_sampling_from_probs_v128256", "ascending", "keeps the k least likely tokens",
+       ("kept = sorted_probs * (sorted_probs >= kth)", "kept = sorted_probs")),
+    _m("top_k_sampling_from_probs_v128256", "ascending", "sorted ascending: the k-th least likely is the threshold",
        ("descending=True", "descending=False")),
+    _m("top_k_sampling_from_probs_v32000", "ties-by-rank", "a tie at the k-th probability broken by sort order "
+       "(exactly k kept), not kept whole", ("kept = sorted_probs * (sorted_probs >= kth)",
+                                            "kept = sorted_probs * (torch.arange(vocab_size, device=probs.device)"
+                                            "[None, :] < k[:, None])")),
+    _m("top_k_sampling_from_probs_v32000", "k-past-vocab", "top_k > vocab_size not recognised as 'keep all' "
+       "(only <= 0 is)", ("k = torch.where((k <= 0) | (k >= vocab_size), vocab_size, k)",
+                          "k = torch.where(k <= 0, vocab_size, k)")),
+    _m("top_p_sampling_from_probs_v32000", "ties-by-rank", "top-p reads each token's own mass before it in sort "
+       "order: a tie at the cut is split", ("mass_greater = mass_before.gather(1, first)",
+                                            "mass_greater = mass_before")),
+    _m("top_p_sampling_from_probs_v32000", "le-top-p", "a token kept when the mass before it is <= top_p, not <",
+       ("keep = (mass_greater < p)", "keep = (mass_greater <= p)")),
+    _m("top_k_top_p_sampling_from_probs_v32000", "last-id-clamped", "token ids clamped to vocab_size - 2 "
+       "(a bound off by one)", ("return sorted_ids.gather(1, choice).squeeze(1).to(torch.int64)",
+                                "return sorted_ids.gather(1, choice).squeeze(1).clamp(max=vocab_size - 2)"
+                                ".to(torch.int64)")),
+    _m("top_k_top_p_sampling_from_probs_v32000", "probs-as-logits", "a softmax over the probabilities (read as "
+       "logits)", ("torch.sort(probs.to(torch.float32), dim=-1", "torch.sort(torch.softmax(probs.to(torch.float32), "
+                   "dim=-1), dim=-1")),
+    _m("top_k_top_p_sampling_from_probs_v32000", "leak-cpu", "10% of the mass leaks to the tokens the filters "
+       "removed (a draw outside the set at rate 0.1: above the CPU settings' 0.05)", (_DRAW, _leak(0.1))),
+    _m("top_k_top_p_sampling_from_probs_v32000", "top-to-second-cpu", "0.6 of the probability moves from the most "
+       "probable token to the second (all of it where it holds less): above the CPU settings' 0.45",
+       (_DRAW, _move(0.6))),
+    _m("top_k_top_p_sampling_from_probs_v32000", "leak-gpu", "3e-4 of the mass leaks to the tokens the filters "
+       "removed (a draw outside the set at rate 3e-4: above the GPU settings' 1e-4)", (_DRAW, _leak(3e-4)),
+       gpu_only="a rate of 3e-4 needs ~15000 draws in filtering rows, the CPU settings draw ~100 a check: "
+                "caught or not by chance there"),
+    _m("top_k_top_p_sampling_from_probs_v32000", "top-to-second-gpu", "1% of the probability moves from the most "
+       "probable token to the second (above the GPU settings' 0.5%)", (_DRAW, _move(0.01)),
+       gpu_only="0.01 of mass moved needs ~200000 draws a check; the CPU settings see 0.45"),
     # dsa_paged: sparse attention (page sizes 1 and 64) and the fp8 top-k indexer
     _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps1", "padding-read", "the -1 entries are not masked "
        "(they read the cache's last slot)", ("slots = slots[slots >= 0].long()", "slots = slots.long()")),
@@ -260,6 +433,133 @@ MUTANTS: tuple[Mutant, ...] = (
        "not global token ids", ("topk_indices[b, :k] = slots[best].to(torch.int32)",
                                 "topk_indices[b, :k] = best.to(torch.int32)")),
 )
+
+
+# -- planted kernels -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlantedKernel:
+    """A kernel with one planted bug, the way real kernels go wrong: the torch ground truth's computation
+    wrapped so it is right on typical inputs and wrong at a boundary, or wrong in some of its calls. The
+    true reference is judged against it as against FlashInfer (repeats as on a GPU); the checks must fail."""
+    definition: str
+    id: str
+    bug: str
+    wrap: Callable[[Callable], Callable]  # the torch adapter's function -> the planted kernel's
+    cls: str
+    races: bool = False  # run as a kernel with atomics (RACE_FACTOR times the repeats)
+    survives: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"kernel:{self.definition}:{self.id}"
+
+
+def _flaky(rate: float):
+    """Wrong (first output x1.5 + 0.5) in about `rate` of its calls, from its own stream: a race."""
+    def wrap(fn):
+        draws = random.Random(0x5EED)
+
+        def kernel(call):
+            out = fn(call)
+            return (out[0] * 1.5 + 0.5, *out[1:]) if draws.random() < rate else out
+        return kernel
+    return wrap
+
+
+def _overflowing_sum_of_squares(fn):
+    """rmsnorm accumulating x^2 in fp16: a row whose sum of squares passes 65504 comes out 0."""
+    def kernel(call):
+        out = fn(call)
+        x = call.inputs.values["hidden_states"].double()
+        overflow = x.pow(2).sum(dim=-1) > 65504.0
+        return (out[0].masked_fill(overflow[:, None], 0.0), *out[1:])
+    return kernel
+
+
+SENTINEL = -5e4  # a finite "-inf" a kernel's running max starts from
+
+
+def _sentinel_sdpa(q, k, v, scale, causal_offset):
+    """Attention whose running max over the raw scores q . k starts at SENTINEL and whose exponentials are
+    float32: a row whose every raw score is far below the sentinel underflows to output 0, and a row that sees
+    no key (causal, more queries than keys) gets a finite lse."""
+    hq, lq, _ = q.shape
+    hk, lk, dv = v.shape
+    if lk == 0:  # a request with no keys at all: 0 and -inf, as FlashInfer's adapter reports it
+        return (torch.zeros(lq, hq, dv, dtype=q.dtype, device=q.device),
+                torch.full((lq, hq), -math.inf, dtype=q.dtype, device=q.device))
+    group = hq // max(hk, 1)
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    raw = torch.einsum("hqd,hkd->hqk", q, k)
+    if causal_offset is not None:
+        i = torch.arange(lq, device=q.device)[:, None]
+        raw = raw.masked_fill(torch.arange(lk, device=q.device)[None, :] > i + causal_offset, -math.inf)
+    peak = raw.amax(dim=-1, keepdim=True).clamp(min=SENTINEL)
+    p = torch.exp(((raw - peak) * scale).float()).double()
+    total = p.sum(dim=-1)
+    out = torch.einsum("hqk,hkd->hqd", p, v) / total.clamp(min=1e-300)[..., None]
+    out = torch.where((total > 0)[..., None], out, 0.0)
+    lse = peak.squeeze(-1) * scale + torch.log(total.clamp(min=1e-300))
+    lse = torch.where(total > 0, lse, peak.squeeze(-1) * scale)
+    return out.transpose(0, 1), (lse / math.log(2.0)).transpose(0, 1)
+
+
+def _sentinel_softmax(fn):
+    def kernel(call):
+        from .groundtruth import torch_ref
+
+        original, torch_ref._sdpa_with_lse = torch_ref._sdpa_with_lse, _sentinel_sdpa
+        try:
+            return fn(call)
+        finally:
+            torch_ref._sdpa_with_lse = original
+    return kernel
+
+
+KERNELS: tuple[PlantedKernel, ...] = (
+    PlantedKernel("rmsnorm_h4096", "flaky-1-in-10", "wrong in one call of ten (a race)", _flaky(0.1), "flaky",
+                  races=True),
+    PlantedKernel("gqa_paged_decode_h32_kv8_d128_ps1", "flaky-1-in-10", "wrong in one call of ten (split-kv race)",
+                  _flaky(0.1), "flaky", races=True),
+    PlantedKernel("rmsnorm_h4096", "fp16-sum-of-squares", "x^2 summed in fp16: rows past 65504 come out 0",
+                  _overflowing_sum_of_squares, "boundary-magnitude"),
+    PlantedKernel("gqa_paged_decode_h32_kv8_d128_ps1", "sentinel-softmax", "the running max starts at -5e4: rows "
+                  "whose scores are all far below it come out 0", _sentinel_softmax, "boundary-magnitude"),
+    PlantedKernel("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "masked-row-lse", "a query that sees no key gets "
+                  "the sentinel as its lse, not -inf", _sentinel_softmax, "boundary-structure"),
+)
+
+
+def kill_kernel(planted: PlantedKernel, *, device: str = "cpu", **kw) -> Kill:
+    """Whether the checks catch a planted kernel: the true reference against it, repeats as on a GPU."""
+    from .check import DEFAULT_REPEATS
+    from .groundtruth import GroundTruth, adapters_for
+
+    runs, why, base = baseline(planted.definition, "torch", device=device, **kw)
+    if not runs:
+        return Kill(planted.name, "planted", None, why or "not judged", baseline_margin=base)
+    d = load_definition(planted.definition)
+    adapter = next(a for a in adapters_for(d.op_type, "torch") if a.applies(d) is None)
+    buggy = dataclasses.replace(adapter, fn=planted.wrap(adapter.fn), races=planted.races,
+                                api=f"planted kernel {planted.id}")
+
+    def resolve(source, definition, *, device=None, prebuild=None, path=None):
+        return GroundTruth(buggy, definition, device or "cpu", None, None)
+
+    r = run_plan(d, "torch", device=device, resolve=resolve, repeats=DEFAULT_REPEATS, **kw)
+    return Kill(planted.name, "planted", r.failure is not None, r.failure or "survived: every check passed", r.margin,
+                base)
+
+
+def rates_by_class(pairs: Iterable[tuple[Mutant | PlantedKernel, Kill]]) -> dict[str, tuple[int, int]]:
+    """(killed, judged) per class of bug."""
+    out: dict[str, list[int]] = {}
+    for m, k in pairs:
+        if k.killed is not None:
+            tally = out.setdefault(m.cls, [0, 0])
+            tally[0] += int(k.killed)
+            tally[1] += 1
+    return {c: (a, b) for c, (a, b) in sorted(out.items())}
 
 
 def mutate(definition: Definition, mutant: Mutant) -> Definition:
@@ -308,14 +608,15 @@ class PlanRun:
 
 
 def run_plan(d: Definition, source: str, *, device: str = "cpu", sizes=("small", "medium"), seeds=(0, 1),
-             draws: int | None = None, tolerance: dict[str, float] | None = None) -> PlanRun:
+             draws: int | None = None, tolerance: dict[str, float] | None = None, resolve=None,
+             repeats: int | None = None) -> PlanRun:
     """`check`'s plan (shape, dtype, every size x seed, determinism, edge cases) for `d` against `source`,
     up to its first failure or error (`tolerance`: command-line overrides). Raises GroundTruthUnavailable
     when the ground truth could not run any comparison here."""
     from .check import CheckConfig, Discovered, plan, run
 
     config = CheckConfig(sources=(source,), sizes=tuple(sizes), seeds=tuple(seeds), device=device, draws=draws,
-                         tolerance=dict(tolerance or {}))
+                         tolerance=dict(tolerance or {}), resolve=resolve, repeats=repeats, paths=resolve is None)
     compared, reports = [], []
     for r in run(plan(Discovered([d], []), config), config):
         if r.check in ("match", "edge"):
@@ -356,7 +657,10 @@ def baseline(definition: str, source: str, *, device: str = "cpu", **kw) -> tupl
 
 
 def kill(mutant: Mutant, source: str = "torch", *, device: str = "cpu", **kw) -> Kill:
-    """Whether the checks catch the mutant; None (with why) when its true reference does not pass."""
+    """Whether the checks catch the mutant; None (with why) when its true reference does not pass, or when it
+    is planted at the GPU settings' thresholds and this is a CPU."""
+    if mutant.gpu_only and device == "cpu":
+        return Kill(mutant.name, source, None, f"not judged on the CPU: {mutant.gpu_only}")
     runs, why, base = baseline(mutant.definition, source, device=device, **kw)
     if not runs:
         return Kill(mutant.name, source, None, why or "not judged", baseline_margin=base)

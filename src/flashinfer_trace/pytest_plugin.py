@@ -145,7 +145,8 @@ def _cuda_available() -> bool:
 
 @pytest.fixture(scope="session")
 def reference_memo(pytestconfig: pytest.Config) -> Memo:
-    return Memo(_check_config(pytestconfig).resolved_device)
+    config = _check_config(pytestconfig)
+    return Memo(config.resolved_device, config.memory())
 
 
 @pytest.fixture

@@ -1,9 +1,16 @@
-"""What every ground truth reads off a definition besides its tensors: the parameters that the
-format leaves inside the reference (EPS, routing constants), the stage, the page layout.
+"""What every ground truth reads off a definition besides its tensors: the parameters the kernel is
+called with (eps, Neox or interleaved RoPE, the MoE block size, Mamba's dt softplus), the stage, the
+page layout.
 
-They are read, never executed: constants come from `reference_constants` (an AST walk), the
-rest from axes, input names, tags and the name, so a definition is interpreted the same way by
-the torch, FlashInfer and SGLang adapters.
+A parameter comes from the definition, never from its reference: the reference is what the checks
+judge, so a ground truth that read EPS = 9e-3 out of it would agree with it. In order:
+(a) a scalar input of that name (shape null: `"eps": {"shape": null, "dtype": "float32"}`, as the public
+format and FlashInfer's fi_trace declare it), given per call, so its value is in the call's `values`;
+(b) a `param:<name>=<value>` tag (`param:eps=1e-05`), for a value the model fixes (definition.param_tag);
+(c) structure: the MoE block size from the weights' and their scales' shapes, Neox from the name.
+A definition that declares none of these is `unsupported`, with the reason. The rest comes from axes,
+input names, tags and the name, so a definition is interpreted the same way by the torch, FlashInfer and
+SGLang adapters.
 """
 
 from __future__ import annotations
@@ -15,36 +22,42 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .sandbox import reference_constants
-from .sandbox.constants import literal_epsilon
 from .status import GroundTruthUnavailable
 
 if TYPE_CHECKING:
     from .definition import Definition
 
-EPS_NAMES = ("EPS", "EPSILON", "eps", "epsilon", "VARIANCE_EPSILON")
+EPS_INPUTS = ("eps", "epsilon")  # FlashInfer's and SGLang's norms take `eps`
 
 
-def constant(definition: Definition, names: tuple[str, ...], what: str) -> float | int:
-    consts = reference_constants(definition.reference)
-    for n in names:
-        if n in consts and isinstance(consts[n], (int, float)) and not isinstance(consts[n], bool):
-            return consts[n]
-    raise GroundTruthUnavailable("unsupported", f"{definition.name}: the reference defines no {what} "
-                                                f"constant ({' / '.join(names)} = <number>)")
-
-
-def eps(definition: Definition) -> float:
-    """A named constant (top level or in run's body), else the one literal added in the norm."""
+def declared_param(definition: Definition, name: str):
+    """The value of a `param:<name>=` tag, or None; a malformed tag is `unsupported`, naming it."""
     try:
-        return float(constant(definition, EPS_NAMES, "epsilon"))
-    except GroundTruthUnavailable:
-        found = literal_epsilon(definition.reference)
-        if found is None:
-            raise GroundTruthUnavailable("unsupported", f"{definition.name}: the reference defines no epsilon: no "
-                                         f"{' / '.join(EPS_NAMES)} = <number>, and no single number in (0, 1e-2) "
-                                         "added to a mean / variance / power") from None
-        return found
+        return definition.declared_params.get(name)
+    except ValueError as e:
+        raise GroundTruthUnavailable("unsupported", f"{definition.name}: {e}") from None
+
+
+def scalar_input(definition: Definition, names: tuple[str, ...]) -> str | None:
+    """The first of `names` that the definition declares as a scalar input (shape null, or [] for a 0-d tensor)."""
+    return next((n for n in names if n in definition.inputs and definition.inputs[n].shape in (None, [])), None)
+
+
+def eps(definition: Definition, values: dict | None = None) -> float | None:
+    """The norm's epsilon: the `eps` scalar input's value in this call (None when no call's `values` are
+    given: the definition declares it, each call brings it), else a `param:eps=` tag. Never the reference's
+    EPS: a definition that declares neither is `unsupported`."""
+    name = scalar_input(definition, EPS_INPUTS)
+    if name is not None:
+        return None if values is None else float(values[name])
+    tagged = declared_param(definition, "eps")
+    if isinstance(tagged, (int, float)) and not isinstance(tagged, bool) and tagged > 0:
+        return float(tagged)
+    if tagged is not None:
+        raise GroundTruthUnavailable("unsupported", f"{definition.name}: param:eps={tagged!r} is no positive number")
+    raise GroundTruthUnavailable("unsupported", f"{definition.name} declares no eps: no scalar input "
+                                                f"{' / '.join(EPS_INPUTS)} (shape null) and no param:eps=<number> "
+                                                "tag (the reference's own EPS is never read: it is what is judged)")
 
 
 def missing_inputs(definition: Definition, names: tuple[str, ...]) -> str | None:
@@ -142,17 +155,19 @@ def rope_rotated(definition: Definition) -> list[str]:
 
 
 def rope_is_neox(definition: Definition) -> bool:
+    """Neox (pairs i, i + rd/2) or interleaved GPT-J (pairs 2i, 2i+1) RoPE: from the name (`neox`, or
+    `interleave` / `gptj`), else a `param:is_neox=true|false` tag; never from the reference."""
     name = definition.name
     if "neox" in name:
         return True
     if re.search(r"interleave|gptj|gpt_j", name):
         return False
-    consts = reference_constants(definition.reference)
-    for key in ("IS_NEOX", "NEOX", "is_neox"):
-        if isinstance(consts.get(key), bool):
-            return bool(consts[key])
-    raise GroundTruthUnavailable("unsupported", f"{definition.name}: cannot tell Neox from interleaved "
-                                                f"RoPE (no 'neox'/'interleave' in the name, no IS_NEOX)")
+    tagged = declared_param(definition, "is_neox")
+    if isinstance(tagged, bool):
+        return tagged
+    raise GroundTruthUnavailable("unsupported", f"{definition.name}: cannot tell Neox from interleaved RoPE (no "
+                                                "'neox' / 'interleave' / 'gptj' in the name, no "
+                                                "param:is_neox=true|false tag)")
 
 
 # -- moe --------------------------------------------------------------------------------------------
@@ -294,10 +309,38 @@ def fp8_moe_applies(definition: Definition) -> str | None:
     return None if quant == "fp8-block" else f"{quant} experts: only the fp8 block-scale kernels are wired up"
 
 
-def moe_block(definition: Definition) -> int:
-    consts = reference_constants(definition.reference)
-    block = consts.get("BLOCK", consts.get("BLOCK_SIZE", 128))
-    return int(block) if isinstance(block, int) else 128
+def moe_block(definition: Definition, values: dict | None = None) -> int | None:
+    """The side of the fp8 scale blocks: each weight dimension over its scale's (gemm1 [E, 2I, H] with
+    scales [E, 2I/b, H/b], gemm2 [E, H, I] with [E, H/b, I/b], hidden_states [T, H] with [H/b, T]), from
+    the call's tensors where given, else the const axes. None when the definition has no block scales;
+    `unsupported` when the shapes disagree on one block size or do not divide: the structure, not the
+    reference, says what a block is."""
+    def dims(name: str) -> list[int | None]:
+        if values is not None and isinstance(values.get(name), torch.Tensor):
+            return list(values[name].shape)
+        consts = definition.const_axes
+        return [consts.get(a) for a in definition.inputs[name].shape or ()]
+
+    pairs = []  # (full size, blocks, what)
+    for w, s in (("gemm1_weights", "gemm1_weights_scale"), ("gemm2_weights", "gemm2_weights_scale")):
+        if w in definition.inputs and s in definition.inputs:
+            pairs += [(f, n, f"{w} / {s}") for f, n in zip(dims(w)[-2:], dims(s)[-2:], strict=False)]
+    if "hidden_states" in definition.inputs and "hidden_states_scale" in definition.inputs:
+        pairs.append((dims("hidden_states")[-1], dims("hidden_states_scale")[0], "hidden_states / hidden_states_scale"))
+    if not pairs:
+        return None
+    found: set[int] = set()
+    for full, blocks, what in pairs:
+        if full is None or blocks is None:
+            continue
+        if blocks <= 0 or full % blocks:
+            raise GroundTruthUnavailable("unsupported", f"{definition.name}: {what}: {full} is not a multiple of "
+                                                        f"{blocks} blocks")
+        found.add(full // blocks)
+    if len(found) != 1:
+        raise GroundTruthUnavailable("unsupported", f"{definition.name}: cannot tell the scale block size from "
+                                                    f"the tensors and their scales (found {sorted(found) or 'none'})")
+    return found.pop()
 
 
 # -- mamba ------------------------------------------------------------------------------------------
@@ -318,24 +361,16 @@ def mamba_applies(definition: Definition) -> str | None:
 
 
 def mamba_dt_softplus(definition: Definition, values: dict | None = None) -> bool:
-    """Whether dt (+ dt_bias) goes through softplus. A `dt_softplus` input decides per call (its value in
-    `values`); without one, the reference says so by calling `softplus` (F.softplus,
-    torch.nn.functional.softplus): read from its syntax tree, never by running it."""
-    import ast
-
+    """Whether dt (+ dt_bias) goes through softplus: a `dt_softplus` input decides per call (its value in
+    `values`; True when none are given, to plan), else a `param:dt_softplus=true|false` tag; never whether
+    the reference happens to call softplus."""
     if "dt_softplus" in definition.inputs:
         return True if values is None else bool(values["dt_softplus"])
-    try:
-        tree = ast.parse(definition.reference)
-    except SyntaxError as e:
-        raise GroundTruthUnavailable("unsupported", f"{definition.name}: reference does not parse: {e}") from None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            fn = node.func
-            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
-            if name == "softplus":
-                return True
-    return False
+    tagged = declared_param(definition, "dt_softplus")
+    if isinstance(tagged, bool):
+        return tagged
+    raise GroundTruthUnavailable("unsupported", f"{definition.name} declares no dt_softplus: no dt_softplus input "
+                                                "and no param:dt_softplus=true|false tag")
 
 
 def sm_scale(values: dict, head_dim: int) -> float:

@@ -51,6 +51,7 @@ class Kind(str, enum.Enum):
     KNOWN_ISSUE = "known-issue"
     # the case ran and was wrong
     MISMATCH = "mismatch"  # element-wise, beyond tolerance
+    FLAKY_WRONG = "flaky-wrong"  # wrong in some of the repeated runs on the same inputs, right in others
     SAMPLES = "samples"  # a sampler's statistics differ
     SHAPE = "shape"
     DTYPE = "dtype"
@@ -117,6 +118,7 @@ class CellState(str, enum.Enum):
 
     PASS = "pass"
     FAIL = "fail"
+    FLAKY_WRONG = "flaky-wrong"
     MUTATES_INPUTS = "mutates-inputs"
     ERROR = "error"
     TIMEOUT = "timeout"
@@ -138,6 +140,7 @@ class CellState(str, enum.Enum):
 _SKIP_STATES = {Kind.ARCH_UNSUPPORTED: CellState.SKIP_ARCH, Kind.API_MISSING: CellState.SKIP_API_MISSING,
                 Kind.NOT_INSTALLED: CellState.SKIP_NOT_INSTALLED, Kind.BUILD_FAILED: CellState.BUILD_FAILED,
                 Kind.BUILD_TIMEOUT: CellState.BUILD_TIMEOUT}
+_FAIL_STATES = {Kind.MUTATES_INPUTS: CellState.MUTATES_INPUTS, Kind.FLAKY_WRONG: CellState.FLAKY_WRONG}
 _DIRECT = {Status.PASS: CellState.PASS, Status.FAIL: CellState.FAIL, Status.ERROR: CellState.ERROR,
            Status.TIMEOUT: CellState.TIMEOUT, Status.XFAIL: CellState.XFAIL, Status.XPASS: CellState.XPASS,
            Status.NOT_RUN: CellState.NOT_RUN}
@@ -147,8 +150,8 @@ def cell_state(status: Status, kind: Kind | None) -> CellState:
     """The matrix state of one case: its status, a skip or a failure refined by its kind."""
     if status is Status.SKIP:
         return _SKIP_STATES.get(kind, CellState.SKIP_OTHER) if kind is not None else CellState.SKIP_OTHER
-    if status is Status.FAIL and kind is Kind.MUTATES_INPUTS:
-        return CellState.MUTATES_INPUTS
+    if status is Status.FAIL and kind in _FAIL_STATES:
+        return _FAIL_STATES[kind]
     return _DIRECT[status]
 
 
@@ -156,6 +159,7 @@ def cell_state(status: Status, kind: Kind | None) -> CellState:
 MEANING = {
     CellState.PASS: "the reference agrees with the kernel's ground truth",
     CellState.FAIL: "outputs differ beyond tolerance (numerical)",
+    CellState.FLAKY_WRONG: "wrong in k of N runs on the same inputs (a race): never a pass",
     CellState.MUTATES_INPUTS: "the reference writes into inputs it does not declare as outputs",
     CellState.ERROR: "a runtime or compile error (or a crash)",
     CellState.TIMEOUT: "a test ran past its time limit and was killed",
@@ -170,15 +174,16 @@ MEANING = {
     CellState.XPASS: "a known issue now passing: the entry should go",
     CellState.NOT_RUN: "no result for this cell",
 }
-SYMBOL = {CellState.PASS: "✅", CellState.FAIL: "❌", CellState.MUTATES_INPUTS: "✍", CellState.ERROR: "💥",
-          CellState.TIMEOUT: "⏱", CellState.SKIP_ARCH: "🚫", CellState.SKIP_API_MISSING: "➖",
+SYMBOL = {CellState.PASS: "✅", CellState.FAIL: "❌", CellState.FLAKY_WRONG: "🎲", CellState.MUTATES_INPUTS: "✍",
+          CellState.ERROR: "💥", CellState.TIMEOUT: "⏱", CellState.SKIP_ARCH: "🚫", CellState.SKIP_API_MISSING: "➖",
           CellState.SKIP_NOT_INSTALLED: "⬜", CellState.SKIP_OTHER: "⏭", CellState.BUILD_FAILED: "🔨",
           CellState.BUILD_TIMEOUT: "⌛", CellState.INSTALL_FAILED: "📦", CellState.XFAIL: "🟡", CellState.XPASS: "⭐",
           CellState.NOT_RUN: "·"}
 # the states a cell shows before any other, worst first (a cell is its worst case)
-WORST_FIRST = (CellState.ERROR, CellState.TIMEOUT, CellState.MUTATES_INPUTS, CellState.FAIL, CellState.XPASS)
+WORST_FIRST = (CellState.ERROR, CellState.TIMEOUT, CellState.MUTATES_INPUTS, CellState.FAIL, CellState.FLAKY_WRONG,
+               CellState.XPASS)
 # how an environment's column sorts, most severe first
-SEVERITY = (CellState.ERROR, CellState.FAIL, CellState.MUTATES_INPUTS, CellState.TIMEOUT, CellState.BUILD_FAILED,
-            CellState.BUILD_TIMEOUT, CellState.INSTALL_FAILED, CellState.XFAIL, CellState.XPASS,
+SEVERITY = (CellState.ERROR, CellState.FAIL, CellState.FLAKY_WRONG, CellState.MUTATES_INPUTS, CellState.TIMEOUT,
+            CellState.BUILD_FAILED, CellState.BUILD_TIMEOUT, CellState.INSTALL_FAILED, CellState.XFAIL, CellState.XPASS,
             CellState.SKIP_API_MISSING, CellState.SKIP_ARCH, CellState.SKIP_OTHER, CellState.SKIP_NOT_INSTALLED,
             CellState.PASS, CellState.NOT_RUN)

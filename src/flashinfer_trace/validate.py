@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import constraints as _constraints
-from .definition import UNKNOWN_DTYPE, Definition, implicit_axes, is_literal_dim
+from .definition import UNKNOWN_DTYPE, Definition, implicit_axes, is_literal_dim, param_tag
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,7 @@ def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder
         out.append(Problem(file, "$.op_type", "op-type-folder",
                            f"op_type {_snippet(op_type)} disagrees with the folder {_snippet(folder)} the file is in"))
 
+    out += _param_tag_problems(data, file)
     axes = data.get("axes") if isinstance(data.get("axes"), dict) else {}
     implicit = implicit_axes(data)
     if implicit:
@@ -289,6 +290,32 @@ def _semantic_problems(data: dict[str, Any], file: str, stem: str | None, folder
             if unknown:
                 out.append(Problem(file, json_path("constraints", i), "constraint-name", f"{_snippet(text)} "
                                    f"mentions {', '.join(unknown)}, which are neither axes nor inputs"))
+    return out
+
+
+def _param_tag_problems(data: dict[str, Any], file: str) -> list[Problem]:
+    """`param:<name>=<value>` tags (definition.param_tag): the syntax, one tag per name, and no name that
+    is also an input (a parameter comes from one place: the call's input, or the model's tag)."""
+    tags = data.get("tags") if isinstance(data.get("tags"), list) else []
+    inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
+    out, seen = [], set()
+    for i, tag in enumerate(tags):
+        if not isinstance(tag, str):
+            continue  # a type problem already
+        try:
+            found = param_tag(tag)
+        except ValueError as e:
+            out.append(Problem(file, json_path("tags", i), "param-tag", str(e)))
+            continue
+        if found is None:
+            continue
+        name = found[0]
+        if name in seen:
+            out.append(Problem(file, json_path("tags", i), "param-tag", f"parameter {name!r} is declared twice"))
+        elif name in inputs:
+            out.append(Problem(file, json_path("tags", i), "param-tag", f"parameter {name!r} is also an input: "
+                               "declare it once (the input, given per call, or the tag, fixed by the model)"))
+        seen.add(name)
     return out
 
 

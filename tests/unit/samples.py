@@ -4,7 +4,7 @@ VALID = {
     "name": "rmsnorm_h8",
     "op_type": "rmsnorm",
     "description": "A tiny RMSNorm used by the unit tests.",
-    "tags": ["status:reference", "model:toy"],
+    "tags": ["status:reference", "model:toy", "param:eps=1e-05"],  # the reference's EPS, declared
     "axes": {
         "batch_size": {"type": "var"},
         "hidden_size": {"type": "const", "value": 8},

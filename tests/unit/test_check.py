@@ -24,6 +24,8 @@ from flashinfer_trace.check import (
 from flashinfer_trace.cli import main
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.failures import replay_command
+from flashinfer_trace.groundtruth import paths
+from flashinfer_trace.inputs import norm as norm_inputs
 from flashinfer_trace.results.record import CaseRecord
 
 # The weight multiply is missing: right shape and dtype, wrong values.
@@ -88,11 +90,17 @@ def test_discover_deduplicates_by_name(tmp_path):
 
 
 # -- plan -------------------------------------------------------------------------------------------
-def test_plan_without_a_generator_is_one_skip():
+def test_an_op_type_without_a_generator_is_checked_from_its_declaration():
     d = Definition.model_validate({**VALID, "name": "conv_h8", "op_type": "conv2d"})
-    (only,) = plan(Discovered([d], []), CheckConfig(**CONFIG))
-    assert isinstance(only, CaseRecord) and only.status == "skip" and only.definition == "conv_h8"
-    assert only.detail.startswith("no-generator:")
+    config = CheckConfig(**{**CONFIG, "cases": None})
+    cases = plan(Discovered([d], []), config)
+    assert all(isinstance(c, Case) for c in cases)  # every check, no edge cases (they need a family)
+    assert [c.check.value for c in cases] == ["shape", "dtype", "match", "match", "deterministic"]
+    records = {(r.check.value, r.source): r for r in run(cases, config)}
+    for key in (("shape", None), ("dtype", None), ("deterministic", None)):  # the reference's own checks
+        assert records[key].status == "pass" and records[key].inputs == "declared"
+    assert records[("match", "torch")].status == "skip"  # no torch ground truth for conv2d: says so
+    assert "unsupported" in records[("match", "torch")].detail
 
 
 def test_plan_lists_every_check():
@@ -105,10 +113,11 @@ def test_plan_lists_every_check():
                        "rmsnorm_h8-match-torch-small-1"]
     assert "rmsnorm_h8-deterministic-small-0" in ids
     edges = [(c.size, c.case) for c in cases if c.check == "edge"]  # every edge case at every size
-    assert sorted(edges) == [(s, c) for s in ("medium", "small") for c in ("large_values", "single_token", "tiny_values")]
+    assert sorted(edges) == [(s, c) for s in ("medium", "small") for c in sorted(norm_inputs.CASES)]
     assert ids.index("rmsnorm_h8-edge-torch-small-0-single_token") < ids.index("rmsnorm_h8-shape-medium-0")
     only = plan(Discovered([d], []), CheckConfig(**{**CONFIG, "cases": ("single_token",)}))
-    assert [c.case for c in only if c.check == "edge"] == ["single_token"] * 2 * len(CONFIG["sizes"])  # x 2 sources
+    routes = sum(len(paths(s, d)) for s in CONFIG["sources"])  # every path of each source (rmsnorm: out=, pdl)
+    assert [c.case for c in only if c.check == "edge"] == ["single_token"] * routes * len(CONFIG["sizes"])
 
 
 # -- run / summarise --------------------------------------------------------------------------------
@@ -127,10 +136,10 @@ def test_run_good_definition(tmp_path):
     assert match.compared[0]["output"] == "output" and match.compared[0]["tolerance_used"] <= 1 and not match.reports
     assert not (tmp_path / "failures").exists()
 
-    summary = summarise(results)
-    assert summary.total == 5 and summary.ok
-    assert summary.by_status == {"pass": 4, "skip": 1}
-    assert summary.skip_reasons == {skipped.detail: 1}
+    summary = summarise(results)  # flashinfer's three paths (plain, out=, pdl) each skip: not installed
+    assert summary.total == 7 and summary.ok
+    assert summary.by_status == {"pass": 4, "skip": 3}
+    assert summary.skip_reasons == {skipped.detail: 3}
     assert summary.failures == []
 
 
@@ -156,7 +165,7 @@ def test_run_wrong_reference_fails_and_saves_a_replayable_record(tmp_path):
     assert replay[replay.index("--ground-truth") + 1] == "torch"
 
     summary = summarise(results)
-    assert not summary.ok and summary.by_status == {"pass": 3, "fail": 1, "skip": 1}
+    assert not summary.ok and summary.by_status == {"pass": 3, "fail": 1, "skip": 3}  # flashinfer: 3 paths
     (line,) = summary.failures
     assert line.startswith("rmsnorm_h8 match torch small seed=0: ")
 
@@ -180,15 +189,15 @@ def test_reference_that_raises_is_an_error_result():
 
 
 def test_ground_truth_that_cannot_read_the_definition_is_a_skip():
-    # The torch rmsnorm reads EPS off the reference; without one it raises GroundTruthUnavailable
-    # ("unsupported: ... no epsilon constant"), a skip reason like any other, not an error of the run.
-    data = {**copy.deepcopy(VALID), "reference": VALID["reference"].replace("EPS = 1e-5", "TINY = 1e-5")
-            .replace("+ EPS", "+ TINY")}
+    # The torch rmsnorm reads eps from the definition (an input or a param:eps tag), never from the reference;
+    # without either it raises GroundTruthUnavailable ("unsupported: ... declares no eps"), a skip reason like
+    # any other, not an error of the run.
+    data = {**copy.deepcopy(VALID), "tags": [t for t in VALID["tags"] if not t.startswith("param:")]}
     config = CheckConfig(**{**CONFIG, "sources": ("torch",)})
     results = list(run(plan(Discovered([Definition.model_validate(data)], []), config), config))
     match = by_check(results)[("match", "torch")]
     assert match.status == "skip", match
-    assert match.detail.startswith("unsupported: ") and "epsilon" in match.detail
+    assert match.detail.startswith("unsupported: ") and "declares no eps" in match.detail
     assert summarise(results).ok
 
 
@@ -196,7 +205,7 @@ def test_check_runs_the_whole_pipeline(tmp_path):
     folder = definitions_folder(tmp_path, VALID)
     results, summary = check([str(folder)], CheckConfig(**{**CONFIG, "sources": ("torch",), "cases": None}))
     assert summary.ok and summary.by_status == {"pass": len(results)}
-    assert {r.case for r in results if r.check == "edge"} == {"single_token", "large_values", "tiny_values"}
+    assert {r.case for r in results if r.check == "edge"} == set(norm_inputs.CASES)
 
 
 # -- the CLI ----------------------------------------------------------------------------------------
@@ -216,8 +225,11 @@ def test_cli_check_good_definition_exits_zero(capsys, tmp_path, write_def, valid
     code, out, _ = check_cli(capsys, path, tmp_path / "failures")
     report = json.loads(out)
     assert code == 0 and report["device"] == "cpu"
-    assert report["summary"]["by_status"] == {"pass": 5} and report["summary"]["total"] == 5  # seeds 0 and 1
+    # seeds 0 and 1, and the run's fresh one (recorded as a number, marked fresh)
+    assert report["summary"]["by_status"] == {"pass": 6} and report["summary"]["total"] == 6
     assert {r["check"] for r in report["results"]} == {"shape", "dtype", "match", "deterministic"}
+    matches = [r for r in report["results"] if r["check"] == "match"]
+    assert [r["fresh"] for r in matches] == [False, False, True] and matches[2]["seed"] not in (0, 1)
     assert not (tmp_path / "failures").exists()
 
 
@@ -226,7 +238,7 @@ def test_cli_check_bad_definition_exits_one(capsys, tmp_path, write_def):
     code, out, _ = check_cli(capsys, path, tmp_path / "failures")
     report = json.loads(out)
     assert code == 1
-    assert report["summary"]["by_status"] == {"pass": 3, "fail": 2}  # seeds 0 and 1
+    assert report["summary"]["by_status"] == {"pass": 3, "fail": 3}  # seeds 0 and 1 and the fresh one
     fail = next(r for r in report["results"] if r["status"] == "fail")
     assert fail["check"] == "match" and fail["source"] == "torch"
     saved = json.loads(open(fail["failure_file"]).read())
@@ -392,14 +404,14 @@ def test_a_definition_whose_inputs_fail_never_runs_on_the_previous_ones():
     broken = copy.deepcopy(VALID)
     broken["name"] = "rmsnorm_h64"
     broken["axes"]["hidden_size"]["value"] = 64
-    broken["inputs"]["scale"] = {"shape": None, "dtype": "float32"}
+    broken["inputs"]["mode"] = {"shape": None, "dtype": "str"}  # no generator knows a string's value
     broken["reference"] = broken["reference"].replace("def run(hidden_states, weight)",
-                                                      "def run(hidden_states, weight, scale)")
+                                                      "def run(hidden_states, weight, mode)")
     config = CheckConfig(**{**CONFIG, "sources": ("torch",)})
     defs = [Definition.model_validate(VALID), Definition.model_validate(broken)]
     results = [r for r in run(plan(Discovered(defs, []), config), config) if r.definition == "rmsnorm_h64"]
     assert results and {r.status for r in results} == {"error"}
-    assert all(r.detail.startswith("inputs: ") and "scale" in r.detail for r in results), [r.detail for r in results]
+    assert all(r.detail.startswith("inputs: ") and "'mode'" in r.detail for r in results), [r.detail for r in results]
 
 
 def test_a_reference_only_failure_saves_a_replay_of_every_ground_truth(tmp_path):

@@ -61,6 +61,7 @@ def test_list_show_inputs_run(capsys, valid, write_def):
     code, out, _ = run_cli(capsys, "inputs", "rmsnorm_h8", "--json", "--seed", "3", "--definitions", str(folder))
     info = json.loads(out)
     assert code == 0 and info["inputs"]["weight"]["shape"] == [8] and info["seed"] == 3
+    assert info["source"] == "generator"
     code, out, _ = run_cli(capsys, "run", "rmsnorm_h8", "--json", "--definitions", str(folder))
     (result,) = json.loads(out)["results"]
     assert code == 0 and result["status"] == "ok" and result["outputs"]["output"]["dtype"] == "bfloat16"

@@ -1,5 +1,6 @@
-"""compare_samples.py: the chi-square machinery, the support and distribution verdicts, row repetition,
-and a whole sampler check on a tiny vocabulary against the torch ground truth."""
+"""verdict/samples.py: the chi-square machinery of the logits fallback, the support and frequency verdicts
+against a target, row repetition, and a whole sampler check on a tiny vocabulary against the torch ground
+truth. The power and false-alarm rate are measured in test_sampler_power.py."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from flashinfer_trace.inputs.sampling import repeat_rows
 from flashinfer_trace.verdict.samples import (
     SamplingMismatch,
     SamplingSettings,
+    Target,
     assert_samples_match,
     chi2_sf,
-    compare_samples,
+    compare_to_target,
     two_sample_chi2,
 )
 
@@ -82,65 +84,106 @@ def test_a_single_bin_is_no_evidence():
     assert two_sample_chi2(a, a.clone(), 5) == (0.0, 0, 1.0, 1)
 
 
-# -- compare_samples --------------------------------------------------------------------------------
-def allowed_first(batch: int, vocab: int, n: int) -> torch.Tensor:
-    ok = torch.zeros(batch, vocab, dtype=torch.bool)
-    ok[:, :n] = True
-    return ok
+# -- compare_to_target ------------------------------------------------------------------------------
+P = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0], dtype=torch.float64)
 
 
-def test_compare_samples_passes_on_same_distribution():
-    p = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
-    ref = torch.stack([draws(p, 500, 1), draws(p, 500, 3)])
-    gt = torch.stack([draws(p, 500, 2), draws(p, 500, 4)])
-    report = compare_samples(ref, gt, 5, allowed_first(2, 5, 3), SamplingSettings(draws=500))
+def target_first(batch: int, q: torch.Tensor = P) -> Target:
+    """Rows of q; the allowed set (and the core) is where q > 0."""
+    q = q.expand(batch, -1).clone()
+    ok = q > 0
+    return Target(q, ok, ok.clone(), torch.zeros(batch, dtype=torch.bool), torch.ones(batch, dtype=torch.bool))
+
+
+PLAN = SamplingSettings(row_draws=500).plan(2, 5)
+
+
+def test_compare_to_target_passes_on_the_same_distribution():
+    ref = torch.stack([draws(P, 500, 1), draws(P, 500, 3)])
+    gt = torch.stack([draws(P, 500, 2), draws(P, 500, 4)])
+    report = compare_to_target(ref, gt, target_first(2), PLAN)
     assert report.verdict == "pass" and report.passed
-    assert [r.row for r in report.rows] == [0, 1]
-    assert all(r.outside_reference == r.outside_ground_truth == 0 for r in report.rows)
-    assert all(0 <= r.tvd < 0.2 for r in report.rows)
+    assert [s.side for s in report.sides] == ["reference", "ground truth"]
+    assert all(s.outside == 0 and s.p_value > 1e-3 and s.tvd_max < 0.2 for s in report.sides)
+    assert report.settings["row_draws"] == 500 and report.settings["draws"] == 1000
+    assert [r["allowed"] for r in report.rows] == [3, 3]
 
 
 @pytest.mark.parametrize("side", ["reference", "ground_truth"])
 def test_a_draw_outside_the_allowed_set_is_a_bug(side):
-    p = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
-    ref = torch.stack([draws(p, 500, 1), draws(p, 500, 3)])
-    gt = torch.stack([draws(p, 500, 2), draws(p, 500, 4)])
+    ref = torch.stack([draws(P, 500, 1), draws(P, 500, 3)])
+    gt = torch.stack([draws(P, 500, 2), draws(P, 500, 4)])
     bad = ref if side == "reference" else gt
     bad[1, 17] = 4  # one draw of a token the filters remove
-    report = compare_samples(ref, gt, 5, allowed_first(2, 5, 3), SamplingSettings(draws=500))
+    report = compare_to_target(ref, gt, target_first(2), PLAN)
     assert report.verdict == "bug" and not report.passed
-    row = report.rows[1]
-    assert (row.outside_reference, row.outside_ground_truth) == ((1, 0) if side == "reference" else (0, 1))
-    assert report.rows[0].outside_reference == report.rows[0].outside_ground_truth == 0
-    assert "reference 1" in report.summary() if side == "reference" else "ground truth 1" in report.summary()
+    got = {s.side: (s.outside, s.outside_rows) for s in report.sides}
+    want_ref = (1, [1]) if side == "reference" else (0, [])
+    assert got["reference"] == want_ref and got["ground truth"] == ((0, []) if side == "reference" else (1, [1]))
+    assert "outside the allowed set (rows 1)" in report.summary()
+
+
+def test_a_token_id_outside_the_vocabulary_is_a_bug():
+    ref = torch.stack([draws(P, 500, 1)])
+    ref[0, 3], ref[0, 4] = -1, 5
+    report = compare_to_target(ref, None, target_first(1), PLAN)
+    assert report.verdict == "bug" and report.sides[0].outside == 2
 
 
 def test_distribution_difference_is_flagged_as_distribution():
-    p = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
-    q = torch.tensor([0.2, 0.3, 0.5, 0.0, 0.0])
-    ref = torch.stack([draws(p, 1000, 1)])
-    gt = torch.stack([draws(q, 1000, 2)])
-    report = compare_samples(ref, gt, 5, allowed_first(1, 5, 3), SamplingSettings(draws=1000))
+    q = torch.tensor([0.2, 0.3, 0.5, 0.0, 0.0], dtype=torch.float64)
+    report = compare_to_target(torch.stack([draws(q, 1000, 1)]), None, target_first(1),
+                               SamplingSettings(row_draws=1000).plan(1, 5))
     assert report.verdict == "distribution"
-    assert report.rows[0].p_value < 1e-6 and report.rows[0].tvd > 0.2
+    assert report.sides[0].p_value < 1e-6 and report.sides[0].tvd_max > 0.2
 
 
 def test_support_bug_outranks_a_distribution_difference():
-    p = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
-    q = torch.tensor([0.2, 0.3, 0.5, 0.0, 0.0])
-    ref = torch.stack([draws(p, 1000, 1), draws(p, 1000, 3)])
-    gt = torch.stack([draws(q, 1000, 2), draws(p, 1000, 4)])
+    q = torch.tensor([0.2, 0.3, 0.5, 0.0, 0.0], dtype=torch.float64)
+    ref = torch.stack([draws(q, 1000, 1), draws(P, 1000, 3)])
     ref[1, 0] = 3
-    report = compare_samples(ref, gt, 5, allowed_first(2, 5, 3), SamplingSettings(draws=1000))
+    report = compare_to_target(ref, None, target_first(2), SamplingSettings(row_draws=1000).plan(2, 5))
     assert report.verdict == "bug"
 
 
-def test_without_allowed_only_the_distribution_is_checked():
-    p = torch.tensor([0.5, 0.5, 0.0])
-    ref = torch.stack([draws(p, 200, 1)])
-    ref[0, 0] = 2
-    report = compare_samples(ref, torch.stack([draws(p, 200, 2)]), 3, None, SamplingSettings(draws=200))
-    assert report.rows[0].outside_reference == 0 and report.verdict == "pass"
+def test_draws_in_the_boundary_band_are_allowed_but_not_counted():
+    """A token inside the slack of the top-p cut (allowed, not core): drawing it is no bug, and the
+    frequencies are tested on the other draws, against the core renormalised."""
+    t = target_first(1)
+    t = Target(t.q, t.allowed | (torch.arange(5) == 3), t.core, t.exact, t.filtering)
+    ref = torch.stack([draws(P, 1000, 1)])
+    ref[0, :100] = 3  # 10% of the draws on the band token
+    report = compare_to_target(ref, None, t, SamplingSettings(row_draws=1000).plan(1, 5))
+    assert report.passed and report.rows[0]["band"] == 1
+
+
+def test_an_id_range_never_drawn_shows_in_the_id_order_test():
+    """A flat row of many tokens in no id order: a sampler that never returns the upper half of the ids fails,
+    though every draw is allowed and the probability-order KS sees little."""
+    v = 4000
+    q = 0.5 + torch.rand(v, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    q = q / q.sum()
+    half = q.clone()
+    half[v // 2:] = 0
+    half = half / half.sum()
+    report = compare_to_target(torch.stack([draws(half, 400, 1)]), None, target_first(1, q),
+                               SamplingSettings(row_draws=400).plan(1, v))
+    assert report.verdict == "distribution" and "id order" in report.sides[0].test
+
+
+def test_a_rare_token_drawn_too_often_shows_in_the_bins():
+    """1e-3 of probability drawn at 5e-2: a total variation of 0.05, below what the KS tests see in 1000 draws,
+    but 50 draws where 1 is expected."""
+    v = 200
+    q = torch.full((v,), 1.0, dtype=torch.float64)
+    q[0] = 200.0
+    q = q / q.sum()
+    rare = int(q.argmin())
+    bad = q * 0.95 / (1 - q[rare])
+    bad[rare] = 0.05
+    report = compare_to_target(torch.stack([draws(bad, 1000, 2)]), None, target_first(1, q),
+                               SamplingSettings(row_draws=1000).plan(1, v))
+    assert report.verdict == "distribution" and report.sides[0].test.startswith("row 0 tokens")
 
 
 # -- repeat_rows ------------------------------------------------------------------------------------
@@ -225,7 +268,7 @@ def sampler(reference: str) -> Definition:
     })
 
 
-SETTINGS = SamplingSettings(draws=300)
+SETTINGS = SamplingSettings(row_draws=300)
 
 
 def test_correct_sampler_matches_torch_ground_truth():
@@ -237,7 +280,7 @@ def test_correct_sampler_matches_torch_ground_truth():
         assert x.values["probs"].shape == (2, VOCAB)
         report = assert_samples_match(d, x, gt, settings=SETTINGS, seed=seed)
         assert report.passed and len(report.rows) == 2
-        assert report.settings["draws"] == 300
+        assert report.settings["row_draws"] == 300
 
 
 def test_correct_sampler_with_a_tight_top_k():
@@ -256,7 +299,8 @@ def test_sampler_that_ignores_top_k_draws_outside_the_allowed_set():
         assert_samples_match(d, x, get_ground_truth("torch", d, device="cpu"), settings=SETTINGS)
     report = exc.value.report
     assert report.verdict == "bug"
-    assert all(r.outside_reference > 0 and r.outside_ground_truth == 0 for r in report.rows)
+    ref, gt = report.sides
+    assert ref.outside > 0 and ref.outside_rows == [0, 1] and gt.outside == 0
     assert "[bug]" in str(exc.value)
 
 
@@ -268,8 +312,7 @@ def test_sampler_with_wrong_weights_is_a_distribution_failure():
         assert_samples_match(d, x, get_ground_truth("torch", d, device="cpu"), settings=SETTINGS)
     report = exc.value.report
     assert report.verdict == "distribution"
-    assert all(r.outside_reference == 0 for r in report.rows)
-    assert min(r.p_value for r in report.rows) < SETTINGS.alpha / 2
+    assert all(s.outside == 0 for s in report.sides) and report.sides[0].p_value < SETTINGS.alpha
 
 
 def test_sampler_check_replays_with_the_same_seed():
@@ -288,7 +331,7 @@ def test_reference_draws_in_several_calls_are_independent(monkeypatch):
 
     d = load_definition("top_k_sampling_from_probs_v32000")
     inputs = generate_inputs(d, "small", seed=0)
-    monkeypatch.setattr(compare_samples, "CHUNK_ELEMENTS", 32000 * 16)  # 16 rows per call
+    monkeypatch.setitem(compare_samples.CHUNK_ELEMENTS, "cpu", 32000 * 16)  # 16 rows per call
     draws = compare_samples.draw_reference(d, inputs, 64, seed=3)
     assert draws.shape == (inputs.values["probs"].shape[0], 64)
     chunks = draws[0].reshape(4, 16)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from flashinfer_trace.mutants import MUTANTS, first_failure, kill, kill_rate, mutate
+from flashinfer_trace.check import Case, CheckConfig, Discovered, plan, run
+from flashinfer_trace.definition import Definition
+from flashinfer_trace.mutants import KERNELS, MUTANTS, first_failure, kill, kill_kernel, kill_rate, mutate
 from flashinfer_trace.testing import (
     assert_matches,
     generate_inputs,
@@ -15,8 +18,8 @@ from flashinfer_trace.testing import (
     load_definition,
     run_reference,
 )
-from flashinfer_trace.verdict.compare import Mismatch, assert_close, diff, tolerance_for
-from flashinfer_trace.verdict.errormodel import MODELS, error_models, error_scales
+from flashinfer_trace.verdict.compare import Mismatch, Tolerance, assert_close, diff, tolerance_for
+from flashinfer_trace.verdict.errormodel import MODELS, compare_with_model, error_models, error_scales
 
 
 def _split_k_fp16(a: torch.Tensor, b: torch.Tensor, chunk: int = 256) -> torch.Tensor:
@@ -88,7 +91,7 @@ def test_a_scale_of_the_wrong_shape_is_ignored():
 def test_every_family_has_three_mutants_the_cpu_kills():
     families: dict[str, int] = {}
     for m in MUTANTS:
-        if m.survives is None:
+        if m.survives is None and m.gpu_only is None:
             family = load_definition(m.definition).op_type
             families[family] = families.get(family, 0) + 1
     assert set(families) >= {"rmsnorm", "gemm", "gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged", "rope",
@@ -105,8 +108,10 @@ def test_edits_apply_to_the_current_references():
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_planted_bug_is_caught_against_torch(mutant):
-    k = kill(mutant, "torch")
-    if mutant.survives:  # a known gap, kept visible; when something starts catching it, update the entry
+    k = kill(mutant, "torch", device="cpu")
+    if mutant.gpu_only:  # planted at the GPU settings' thresholds: judged on a GPU only
+        assert k.killed is None and k.how.startswith("not judged on the CPU")
+    elif mutant.survives:  # a known gap, kept visible; when something starts catching it, update the entry
         assert k.killed is False, f"{mutant.name} is now caught ({k.how}): drop its `survives`"
     else:
         assert k.killed, f"{mutant.name} ({mutant.bug}) passed every check"
@@ -183,3 +188,51 @@ def test_the_fp8_cosine_floor_catches_what_the_element_tolerance_cannot():
     assert k.baseline_margin.cosine > 0.998 and k.baseline_margin.tolerance_used < 1
     # without the floor the element tolerance alone lets it through
     assert first_failure(mutate(load_definition(m.definition), m), "torch", tolerance={"min_cosine": 0.0}) is None
+
+
+@pytest.mark.parametrize("planted", KERNELS, ids=[k.name for k in KERNELS])
+def test_planted_kernel_is_caught(planted):
+    """Kernels right on typical inputs and wrong at a boundary, or wrong in one call of ten: the true reference
+    judged against them (repeats as on a GPU) must fail somewhere."""
+    k = kill_kernel(planted)
+    if planted.survives:
+        assert k.killed is False, f"{planted.name} is now caught ({k.how}): drop its `survives`"
+    else:
+        assert k.killed, f"{planted.name} ({planted.bug}) passed every check"
+
+
+def test_kill_rates_are_kept_per_class():
+    from flashinfer_trace.mutants import Kill, PlantedKernel, rates_by_class
+
+    a, b = MUTANTS[0], PlantedKernel("x", "y", "z", lambda fn: fn, "flaky")
+    pairs = [(a, Kill("a", "t", True, "")), (b, Kill("b", "t", False, "")), (b, Kill("c", "t", None, ""))]
+    assert rates_by_class(pairs) == {a.cls: (1, 1), "flaky": (0, 1)}
+
+
+# -- the error model's zip() bug: a ground truth with more outputs than the definition declares --------------
+FP8_RAGGED = Path(__file__).parent / "fixtures" / "wild" / "gqa_ragged_prefill_causal_fp8_h4_kv2_d16.json"
+
+
+def fp8_ragged() -> Definition:
+    return Definition.model_validate(json.loads(FP8_RAGGED.read_text()))
+
+
+def test_a_missing_output_is_reported_not_widened_by_the_error_model():
+    """The error model used to run on a count mismatch (the reference's 1 output, the ground truth's 2) and
+    zip the definition's 1 output with the ground truth's 2: ValueError. A count mismatch is no rounding."""
+    d = fp8_ragged()
+    x = generate_inputs(d, "small", 0)
+    out = torch.zeros(x.axes["total_q"], 4, 16)
+    reports = compare_with_model(d, x, (out,), (out, torch.zeros(x.axes["total_q"], 4)), Tolerance(0.1, 0.2))
+    assert len(reports) == 1 and not reports[0].passed and "1 output(s) vs 2 expected" in reports[0].problem
+
+
+def test_the_attention_ground_truth_returns_the_declared_outputs_only():
+    d = fp8_ragged()
+    x = generate_inputs(d, "small", 0)
+    assert x.source == "generator" and x.values["q"].dtype == torch.float8_e4m3fn
+    (out,) = get_ground_truth("torch", d, device="cpu")(x)  # no lse: the file declares none
+    assert out.shape == (x.axes["total_q"], 4, 16)
+    config = CheckConfig(sources=("torch",), sizes=("small",), seeds=(0,), cases=(), device="cpu")
+    records = list(run([c for c in plan(Discovered([d], []), config) if isinstance(c, Case)], config))
+    assert records and all(r.status == "pass" for r in records), [r.detail for r in records]

@@ -202,14 +202,20 @@ def dataset_copy(tmp_path):
     return tmp_path / "definitions"
 
 
+def _coverage(path) -> bool:
+    """A hand-written file that fills a gap of the bundled models (docs/boundary/attention.md): tagged coverage:..."""
+    return any(t.startswith("coverage:") for t in json.loads(path.read_text())["tags"])
+
+
 def test_the_dataset_is_what_the_bundled_models_extract(dataset_copy):
-    """Every shipped definition comes from a bundled model, and extracting them all again changes nothing."""
+    """Every shipped definition but the coverage ones comes from a bundled model, and extracting them all
+    again changes nothing."""
     configs = [c for name in bundled() for c in select_models(name)]
     configs += select_models("nemotron-h-8b", tp=2)  # the tp 2 shard of the hybrid (h64 ng4) as well
     configs += select_models("qwen3-next-80b-a3b", tp=2) + select_models("qwen3-next-80b-a3b", tp=4)  # gdn qk8/qk4
     ex = extract(configs, dataset_copy)
     assert ex.written == [] and {o.status for o in ex.outcomes} == {"unchanged"}
-    assert {o.name for o in ex.outcomes} == {p.stem for p in dataset_copy.rglob("*.json")}
+    assert {o.name for o in ex.outcomes} == {p.stem for p in dataset_copy.rglob("*.json") if not _coverage(p)}
     assert len({o.name for o in ex.outcomes}) >= 40
 
 

@@ -111,9 +111,11 @@ def fake_flashinfer(tmp_path, monkeypatch):
     clean()
 
 
-def definition(name: str, op_type: str, api: str, inputs: dict, outputs: dict, reference: str = "") -> Definition:
+def definition(name: str, op_type: str, api: str, inputs: dict, outputs: dict, reference: str = "",
+               eps: float | None = 1e-6) -> Definition:
+    """`eps`: declared by a param tag (the norm APIs take eps=; an undeclared one is unsupported)."""
     return Definition.model_validate({
-        "name": name, "op_type": op_type, "tags": [f"fi_api:{api}"],
+        "name": name, "op_type": op_type, "tags": [f"fi_api:{api}", *([f"param:eps={eps!r}"] if eps else [])],
         "axes": {"rows": {"type": "var"}, "hidden": {"type": "const", "value": 8}},
         "inputs": inputs, "outputs": outputs,
         "reference": reference or "import torch\n\ndef run(*args):\n    return args[0]\n"})
@@ -268,17 +270,26 @@ def test_hand_written_adapter_is_preferred(fake_flashinfer):
     assert reason(d32).kind == "dtype-unsupported"
 
 
-def test_fallback_where_no_hand_written_adapter_applies_passes_the_reference_eps(fake_flashinfer):
+def test_fallback_where_no_hand_written_adapter_applies_passes_the_declared_eps(fake_flashinfer):
     """Upstream's names (input, not hidden_states): the hand-written rmsnorm adapter does not apply, the
-    tag's API does, and the reference's EPS reaches it as eps= (not the API's 1e-6 default)."""
+    tag's API does, and the declared param:eps=1e-05 reaches it as eps= (not the API's 1e-6 default)."""
     fake_flashinfer("0.7.2")
     d = definition("rmsnorm_h8", "rmsnorm", "flashinfer.norm.rmsnorm",
-                   {"input": tensor(), "weight": tensor(["hidden"])}, {"output": tensor()}, RMS_REF)
+                   {"input": tensor(), "weight": tensor(["hidden"])}, {"output": tensor()}, RMS_REF, eps=1e-5)
     x = inputs_for(d)
     gt, (out,) = run_on_cpu(d, x)
     assert gt.api == "fi_api:flashinfer.norm.rmsnorm"
     assert sys.modules["flashinfer.norm"].calls == [("rmsnorm", 1e-5)]
     torch.testing.assert_close(out, ref_norm(x.values["input"], x.values["weight"], 1e-5))
+
+
+def test_an_eps_nothing_declares_is_unsupported_whatever_the_reference_says(fake_flashinfer):
+    """RMS_REF sets EPS = 1e-5: that is the code under judgement, so it is not passed; neither is the API's
+    default taken for the model's."""
+    fake_flashinfer("0.7.2")
+    d = definition("rmsnorm_h8", "rmsnorm", "flashinfer.norm.rmsnorm",
+                   {"input": tensor(), "weight": tensor(["hidden"])}, {"output": tensor()}, RMS_REF, eps=None)
+    assert "declares no eps: flashinfer.norm.rmsnorm takes eps=" in str(reason(d))
 
 
 # -- outputs ----------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import torch
 from flashinfer_trace.check import CheckConfig, Discovered, plan, run, summarise
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.inputs import InputGenerationError, edge_cases, generate_inputs
-from flashinfer_trace.inputs.fitrace_init import INIT_SOURCE, init_entry, init_source
+from flashinfer_trace.inputs import norm as norm_inputs
+from flashinfer_trace.inputs.fitrace_init import INIT_SOURCE, generate_from_init, init_entry, init_source
 from flashinfer_trace.sandbox import configure, settings, shutdown
 from flashinfer_trace.testing import run_reference
 
@@ -50,6 +51,11 @@ def definition(data: dict, name: str = "fi_norm_h2048.json") -> Definition:
     return d
 
 
+def from_init(d: Definition, size: str = "small", seed: int = 0):
+    """The init's case alone: generate_inputs would fall back to the declared generator where it fails."""
+    return generate_from_init(d, size, seed, device=torch.device("cpu"))
+
+
 def with_init(fi: dict, body: str) -> Definition:
     """The fixture with its init replaced by one whose body is `body`."""
     data = copy.deepcopy(fi)
@@ -72,7 +78,7 @@ def test_our_generator_does_not_fit_so_the_init_makes_the_inputs(fi):
     assert inputs.axes == {"batch_size": 4, "hidden_size": 2048}
     assert 0.5 < float(x.float().std()) < 1.5 and float((w.float() - 1).abs().max()) < 1.0  # randn, as drawn
     assert generate_inputs(d, "medium", 0).values["hidden_states"].shape == (64, 2048)
-    assert edge_cases(d) == ["single_token", "large_values", "tiny_values"]  # the family still lists its own
+    assert edge_cases(d) == list(norm_inputs.CASES)  # the family still lists its own
 
 
 def test_init_inputs_are_deterministic_and_follow_the_seed(fi):
@@ -122,12 +128,25 @@ def test_missing_input_names_the_file_the_input_and_the_unmatched_keys(fi):
     data = copy.deepcopy(fi)
     del data["inputs"]["hidden_states"]["param"]
     with pytest.raises(InputGenerationError) as info:
-        generate_inputs(definition(data), "small", 0)
+        from_init(definition(data))
     message = str(info.value)
     assert "/defs/fi_norm_h2048.json: $.init:" in message
     assert "no value for input(s) 'hidden_states'" in message and "match no input: 'input', 'out'" in message
-    assert "our generator does not fit" in message and "enable_pdl" in message  # why the init was tried
     assert info.value.definition == "fi_norm_h2048"
+    assert generate_inputs(definition(data), "small", 0).source == "declared"  # where the init fails: the declaration
+
+
+def test_where_the_declaration_fails_too_the_error_says_why_each_was_tried(fi):
+    data = copy.deepcopy(fi)
+    del data["inputs"]["hidden_states"]["param"]
+    data["constraints"] = ["hidden_states.min().item() > 100.0"]  # no generator meets it
+    with pytest.raises(InputGenerationError) as info:
+        generate_inputs(definition(data), "small", 0)
+    message = str(info.value)
+    assert "the declared generator" in message and "hidden_states.min().item() > 100.0" in message
+    assert "our generator does not fit" in message and "enable_pdl" in message  # why the init was tried
+    assert "its init: /defs/fi_norm_h2048.json: $.init:" in message  # why the declaration was tried
+    assert message.startswith("fi_norm_h2048: ") and message.count("fi_norm_h2048: ") == 1
 
 
 @pytest.mark.parametrize("body, match", [
@@ -144,14 +163,14 @@ def test_missing_input_names_the_file_the_input_and_the_unmatched_keys(fi):
 ])
 def test_init_results_are_checked_like_generated_inputs(fi, body, match):
     with pytest.raises(InputGenerationError, match=match):
-        generate_inputs(with_init(fi, body), "small", 0)
+        from_init(with_init(fi, body))
 
 
 def test_an_init_parameter_that_is_no_axis_is_an_error(fi):
     data = copy.deepcopy(fi)
     data["init"] = "def _norm_init(*, batch_size, num_pages, device='cpu', seed=0):\n    return {}\n"
     with pytest.raises(InputGenerationError, match=r"requires parameter 'num_pages', which is no axis"):
-        generate_inputs(definition(data), "small", 0)
+        from_init(definition(data))
 
 
 # -- confined like a reference ------------------------------------------------------------------------------
@@ -162,19 +181,20 @@ def test_an_init_parameter_that_is_no_axis_is_an_error(fi):
 ])
 def test_a_hostile_init_is_refused(fi, body, match):
     with pytest.raises(InputGenerationError, match=match):
-        generate_inputs(with_init(fi, body), "small", 0)
+        from_init(with_init(fi, body))
+    assert generate_inputs(with_init(fi, body), "small", 0).source == "declared"  # nothing of it ran here
 
 
 def test_an_init_that_never_returns_is_killed(fi, fresh_settings):
     configure(timeout=2)
     with pytest.raises(InputGenerationError, match=r"_norm_init\(batch_size=4.*timeout: no result after 2 s"):
-        generate_inputs(with_init(fi, "while True:\n    pass"), "small", 0)
+        from_init(with_init(fi, "while True:\n    pass"))
 
 
 def test_an_init_past_the_memory_limit_fails_in_its_worker(fi, fresh_settings):
     configure(memory_gb=1)
     with pytest.raises(InputGenerationError, match=r"raised for every var-axis size tried.*RuntimeError.*allocate"):
-        generate_inputs(with_init(fi, "return {'input': torch.empty(2 ** 31)}"), "small", 0)
+        from_init(with_init(fi, "return {'input': torch.empty(2 ** 31)}"))
 
 
 # -- check ------------------------------------------------------------------------------------------------
@@ -245,6 +265,7 @@ def test_the_emit_task_runs_on_the_requested_device(monkeypatch, tmp_path):
 
 def test_an_optional_scalar_the_init_leaves_out_gets_the_references_default(fi):
     data = copy.deepcopy(fi)
+    data["tags"] = [t for t in data["tags"] if not t.startswith("param:")]  # eps is an input here
     data["inputs"]["eps"] = {"shape": None, "dtype": "float32", "optional": True}
     data["reference"] = data["reference"].replace("enable_pdl=None):", "enable_pdl=None, eps: float = 1e-5):")
     d = definition(data)
@@ -262,7 +283,7 @@ def test_a_var_axis_only_an_output_has_needs_no_value_from_the_init(fi):
     assert inputs.source == INIT_SOURCE and "groups" not in inputs.axes
     data["constraints"] = ["groups <= batch_size"]  # named by a constraint: it must get a value
     with pytest.raises(InputGenerationError, match="axis value.* not determined: groups"):
-        generate_inputs(definition(data), "small", 0)
+        from_init(definition(data))
 
 
 @pytest.mark.parametrize("constraint, want", [("hidden_size == 2 * half", 1024), ("half == hidden_size // 2", 1024),
@@ -274,6 +295,6 @@ def test_an_output_only_axis_a_constraint_ties_to_the_inputs_is_derived(fi, cons
     data["constraints"] = [constraint]
     if want is None:  # 2048 / 3 is no integer: nothing is derived, and the axis is reported
         with pytest.raises(InputGenerationError, match="not determined: half"):
-            generate_inputs(definition(data), "small", 0)
+            from_init(definition(data))
     else:
         assert generate_inputs(definition(data), "small", 0).axes["half"] == want

@@ -38,7 +38,9 @@ SHIPPED = ROOT / "definitions"
 
 # -- small definitions ------------------------------------------------------------------------------
 def rmsnorm(eps: float = 1e-5, dtype: str = "bfloat16") -> Definition:
+    """VALID with `eps` declared by its param tag (the ground truths' source) and written in its reference."""
     data = {**VALID, "reference": VALID["reference"].replace("EPS = 1e-5", f"EPS = {eps!r}")}
+    data["tags"] = [t for t in VALID["tags"] if not t.startswith("param:")] + [f"param:eps={eps!r}"]
     data["inputs"] = {k: {**v, "dtype": dtype} for k, v in VALID["inputs"].items()}
     data["outputs"] = {k: {**v, "dtype": dtype} for k, v in VALID["outputs"].items()}
     return Definition.model_validate(data)
@@ -61,7 +63,7 @@ def run(hidden_states, residual, weight):
 def fused_rmsnorm(eps: float = 1e-5) -> Definition:
     row = {"shape": ["batch_size", "hidden_size"], "dtype": "bfloat16"}
     return Definition.model_validate({
-        "name": "fused_add_rmsnorm_h8", "op_type": "rmsnorm",
+        "name": "fused_add_rmsnorm_h8", "op_type": "rmsnorm", "tags": [f"param:eps={eps!r}"],
         "axes": {"batch_size": {"type": "var"}, "hidden_size": {"type": "const", "value": 8}},
         "inputs": {"hidden_states": row, "residual": row, "weight": {"shape": ["hidden_size"], "dtype": "bfloat16"}},
         "outputs": {"output": row, "residual_out": row},
@@ -293,7 +295,7 @@ def fake_sgl_kernel(monkeypatch, rec: Recorder):
     ("flashinfer", fake_flashinfer, "flashinfer.norm.rmsnorm"),
     ("sglang", fake_sgl_kernel, "sgl_kernel.rmsnorm"),
 ])
-def test_rmsnorm_adapter_passes_the_reference_eps(monkeypatch, sm90, source, fake, api):
+def test_rmsnorm_adapter_passes_the_declared_eps(monkeypatch, sm90, source, fake, api):
     rec = Recorder()
     fake(monkeypatch, rec)
     d = rmsnorm(eps=1e-3)
@@ -464,9 +466,10 @@ def mutated(d: Definition, old: str, new: str) -> Definition:
     return Definition.model_validate({**d.as_dict, "reference": d.reference.replace(old, new)})
 
 
-def test_changed_eps_constant_is_detected_by_the_original_ground_truth():
+def test_a_reference_with_its_own_eps_is_detected_by_the_ground_truth():
+    """The reference brings EPS = 1e-1 instead of using the eps input: the ground truth reads the input."""
     d = load_definition(SHIPPED / "rmsnorm" / "rmsnorm_h4096.json")
-    bad = mutated(d, "EPS = 1e-5", "EPS = 1e-1")
+    bad = mutated(mutated(d, "+ eps)", "+ EPS)"), "import torch\n", "import torch\n\nEPS = 1e-1\n")
     x = generate_inputs(d, "small", seed=3)
     expected = get_ground_truth("torch", d, device="cpu")(x)
     with pytest.raises(Mismatch):
@@ -474,7 +477,7 @@ def test_changed_eps_constant_is_detected_by_the_original_ground_truth():
 
 
 @pytest.mark.parametrize("path, old, new", [
-    ("rmsnorm/rmsnorm_h4096.json", "+ EPS)", "+ 1e-1)"),
+    ("rmsnorm/rmsnorm_h4096.json", "+ eps)", "+ 1e-1)"),
     ("rmsnorm/rmsnorm_h4096.json", "* weight.to(torch.float32)", ""),
     ("gqa_paged/gqa_paged_decode_h32_kv8_d128_ps1.json", "* sm_scale", "* sm_scale * 2"),
     ("rmsnorm/fused_add_rmsnorm_h4096.json", "inv_rms = torch.rsqrt(s.pow(2)",
@@ -518,10 +521,10 @@ def test_rope_is_neox():
     assert sem.rope_is_neox(named("rope_with_cos_sin_cache_neox_style_d8")) is True
     assert sem.rope_is_neox(named("rope_interleave_d8")) is False
     assert sem.rope_is_neox(named("rope_gptj_d8")) is False
-    assert sem.rope_is_neox(named("rope_d8", reference="IS_NEOX = False\n\ndef run(x):\n    return x\n")) is False
-    assert sem.rope_is_neox(named("rope_d8", reference="NEOX = True\n\ndef run(x):\n    return x\n")) is True
-    with pytest.raises(GroundTruthUnavailable) as exc:
-        sem.rope_is_neox(named("rope_d8"))
+    assert sem.rope_is_neox(named("rope_d8", tags=("param:is_neox=false",))) is False
+    assert sem.rope_is_neox(named("rope_d8", tags=("param:is_neox=true",))) is True
+    with pytest.raises(GroundTruthUnavailable) as exc:  # the reference's own IS_NEOX is what is judged, not read
+        sem.rope_is_neox(named("rope_d8", reference="IS_NEOX = True\n\ndef run(x):\n    return x\n"))
     assert exc.value.kind == "unsupported" and "rope_d8" in str(exc.value)
 
 
@@ -536,14 +539,17 @@ def test_stage_and_is_causal():
 
 
 def test_eps_and_page_size():
-    assert sem.eps(rmsnorm(eps=3e-4)) == 3e-4
-    with pytest.raises(GroundTruthUnavailable, match="defines no epsilon: no EPS"):
+    assert sem.eps(rmsnorm(eps=3e-4)) == 3e-4  # its param:eps tag
+    with pytest.raises(GroundTruthUnavailable, match="declares no eps"):
         sem.eps(named("norm"))
-    assert sem.eps(named("norm", reference="VARIANCE_EPSILON = 1e-6\n\ndef run(x):\n    return x\n")) == 1e-6
+    # the public dataset's forms, EPS in run() or a literal in the norm: the reference's, never read
     inside = "def run(x):\n    EPS = 1e-6\n    return x * (x.pow(2).mean(-1, keepdim=True) + EPS).rsqrt()\n"
-    assert sem.eps(named("norm", reference=inside)) == 1e-6  # the public dataset's form
     literal = "def run(x):\n    return x * (x.pow(2).mean(-1, keepdim=True) + 3e-6).rsqrt()\n"
-    assert sem.eps(named("norm", reference=literal)) == 3e-6
+    for reference in (inside, literal, "VARIANCE_EPSILON = 1e-6\n\ndef run(x):\n    return x\n"):
+        with pytest.raises(GroundTruthUnavailable, match="declares no eps"):
+            sem.eps(named("norm", reference=reference))
+    with pytest.raises(GroundTruthUnavailable, match="is not a decimal number"):
+        sem.eps(named("norm", tags=("param:eps=small",)))
     assert sem.page_size(named("p", const={"page_size": 16})) == 16
     assert sem.page_size(named("p")) == 1
 
@@ -555,18 +561,23 @@ def test_eps_constant_controls_the_torch_ground_truth():
     assert not torch.allclose(a, b, atol=1e-3)
 
 
-def test_decode_group_sizes_the_cuda_core_kernel_lacks_go_to_the_tensor_core_path():
+def test_decode_is_checked_on_cuda_cores_and_tensor_cores_where_both_apply():
     from flashinfer_trace.groundtruth import flashinfer as fgt
+    from flashinfer_trace.groundtruth import paths
 
     cuda_core, tensor_core = [a for a in fgt.ADAPTERS if a.api.startswith("flashinfer.decode.")]
-    assert tensor_core.api.endswith("(use_tensor_cores=True)")
+    assert tensor_core.api.endswith("(use_tensor_cores=True)") and tensor_core.path == "tensor-cores"
     group8 = load_definition("gqa_paged_decode_h32_kv4_d128_ps1")
-    assert cuda_core.applies(group8) is None and "group size 8 runs on the CUDA-core" in tensor_core.applies(group8)
+    assert cuda_core.applies(group8) is None and tensor_core.applies(group8) is None
+    assert paths("flashinfer", group8) == [None, "plan-reuse", "graph", "tensor-cores", "tensor-cores+plan-reuse",
+                                           "tensor-cores+graph"]
     for heads, kv in ((20, 4), (24, 4), (5, 1), (6, 1), (48, 8)):  # the public dataset's group sizes 5 and 6
         data = group8.model_dump(mode="json")
         data["axes"]["num_qo_heads"]["value"], data["axes"]["num_kv_heads"]["value"] = heads, kv
         d = type(group8).model_validate(data)
         assert f"no group size {heads // kv}" in cuda_core.applies(d) and tensor_core.applies(d) is None
+        assert paths("flashinfer", d)[0] == "tensor-cores"  # only the tensor-core path runs it
+    assert paths("torch", group8) == [None]
 
 
 def _ragged_wrapper(with_vo: bool, seen: dict):

@@ -128,12 +128,16 @@ def test_torch_agrees_with_a_per_element_loop():
     torch.testing.assert_close(new_state, want_state, rtol=1e-12, atol=1e-12)
 
 
-def test_softplus_is_read_from_the_reference():
+def test_softplus_is_declared_by_the_definition_not_read_from_the_reference():
     d = _tiny()
-    assert sem.mamba_dt_softplus(d) is True
+    assert "param:dt_softplus=true" in d.tags and sem.mamba_dt_softplus(d) is True
     code = d.reference.replace("F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32))",
                                "dt.to(torch.float32) + dt_bias.to(torch.float32)")
-    plain = d.model_copy(update={"reference": code})
+    tags = [t for t in d.tags if not t.startswith("param:")]
+    assert sem.mamba_dt_softplus(d.model_copy(update={"reference": code})) is True  # the reference is judged
+    with pytest.raises(GroundTruthUnavailable, match="declares no dt_softplus"):
+        sem.mamba_dt_softplus(d.model_copy(update={"tags": tags}))
+    plain = d.model_copy(update={"reference": code, "tags": [*tags, "param:dt_softplus=false"]})
     assert sem.mamba_dt_softplus(plain) is False
     # the ground truth follows it: without softplus, a dt that already holds softplus(dt + bias) - bias
     # gives the same step, and so the same results

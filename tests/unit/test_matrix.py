@@ -493,3 +493,26 @@ def test_a_multi_line_reason_stays_in_its_table_row(results):
     md = render_diff_md(diff_matrices(old, new))
     row = next(line for line in md.splitlines() if line.startswith("| new_def"))
     assert row.endswith("| Mismatch: 2 of 2 differ query_out: 99% \\| out key_out: 98% |")
+
+
+def test_a_cell_shows_each_path_checked_and_which_failed():
+    """Decode on CUDA cores passes, on tensor cores it fails at an edge case, its CUDA-graph path is flaky."""
+    from flashinfer_trace.matrix.build import Environment, cell
+    from flashinfer_trace.matrix.render_html import _cell_title
+    from flashinfer_trace.results.record import CaseRecord
+
+    def r(path, status, kind=None, detail=None):
+        return CaseRecord(definition="dec", check="match", source="flashinfer", path=path, status=status, kind=kind,
+                          detail=detail, size="small", seed=0)
+
+    tests = [r(None, "pass"), r("tensor-cores", "pass"), r("tensor-cores", "fail", "mismatch", "lse off by 2.9e4"),
+             r("graph", "fail", "flaky-wrong", "wrong in 2/5 runs"),
+             CaseRecord(definition="dec", check="match", source="torch", status="pass")]
+    c = cell("dec", Environment(id="e", combination="c", arch="sm90"), tests)
+    paths = c["sources"]["flashinfer"]["paths"]
+    assert {k: v["state"] for k, v in paths.items()} == {"plain": "pass", "tensor-cores": "fail",
+                                                          "graph": "flaky-wrong"}
+    assert paths["tensor-cores"]["reason"] == "lse off by 2.9e4" and c["state"] == "fail"
+    assert "paths" not in c["sources"]["torch"]
+    title = _cell_title("dec", {}, c, {})
+    assert "path tensor-cores: fail — lse off by 2.9e4" in title and "path graph: flaky-wrong" in title

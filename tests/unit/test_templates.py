@@ -71,7 +71,7 @@ SIGNATURES = {
            "topk_group: 'int | None' = None)",
 }
 
-FAMILY_TAGS = {"status", "fi_api", "stage", "fused", "quantization"}
+FAMILY_TAGS = {"status", "fi_api", "stage", "fused", "quantization", "param"}
 EXTRACTOR_TAGS = {"model", "tp", "ep"}
 
 
@@ -187,8 +187,12 @@ def test_float_formatting():
     assert format_float(1e-6) == "1e-6"
     assert format_float(1.5e-06) == "1.5e-6"
     assert format_float(0.001) == "0.001"
-    assert "EPS = 1e-6\n" in FAMILIES["rmsnorm"](hidden_size=8, eps=1e-6)["reference"]
-    assert "EPS = 1e-6" in FAMILIES["fused_add_rmsnorm"](hidden_size=8, eps=1e-06)["description"]
+    # the norms take eps per call: the model's value is checked, never written into the reference
+    for family in ("rmsnorm", "fused_add_rmsnorm"):
+        d = FAMILIES[family](hidden_size=8, eps=1e-6)
+        assert d["inputs"]["eps"]["shape"] is None and "EPS" not in d["reference"] and ", eps):" in d["reference"]
+        with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+            FAMILIES[family](hidden_size=8, eps=0.0)
 
 
 # -- 1. the shipped definitions -------------------------------------------------------------------------

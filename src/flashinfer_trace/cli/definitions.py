@@ -184,10 +184,11 @@ def cmd_inputs(args: argparse.Namespace) -> int:
     described = {k: describe(v) for k, v in inputs.values.items()}
     if args.json:
         print_json({"definition": d.name, "size": args.size, "seed": args.seed, "case": args.case,
-                    "axes": inputs.axes, "inputs": described})
+                    "source": inputs.source, "axes": inputs.axes, "inputs": described})
         return 0
     out.print("axes: " + safe_text(", ".join(f"{k}={v}" for k, v in inputs.axes.items())), highlight=False)
-    t = Table(title=safe_text(f"{d.name} inputs (size={args.size}, seed={args.seed}, case={args.case})"))
+    t = Table(title=safe_text(f"{d.name} inputs (size={args.size}, seed={args.seed}, case={args.case}, "
+                              f"from: {inputs.source})"))
     for col in ("name", "shape", "dtype", "value"):
         t.add_column(col)
     for k, info in described.items():

@@ -257,11 +257,11 @@ def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> tu
 def cmd_mutants(args: argparse.Namespace) -> int:
     """The planted-bug suite against one ground truth: which bugs each comparison catches."""
     from ..groundtruth import default_device
-    from ..mutants import MUTANTS, kill, kill_rate
+    from ..mutants import KERNELS, MUTANTS, PlantedKernel, kill, kill_kernel, kill_rate, rates_by_class
 
     configure_sandbox(args)
     device = args.device or default_device()
-    chosen = [m for m in MUTANTS if not args.only or any(o in m.name for o in args.only)]
+    chosen = [m for m in (*MUTANTS, *KERNELS) if not args.only or any(o in m.name for o in args.only)]
     stream = None
     if args.stream:
         from ..sweep.results import JsonlStream
@@ -269,16 +269,19 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         stream = JsonlStream(args.stream)
     kills = []
     for m in chosen:  # each verdict streamed as it comes: a run cut short keeps what it judged
-        kills.append(kill(m, args.ground_truth, device=device))
+        kills.append(kill_kernel(m, device=device) if isinstance(m, PlantedKernel) else
+                     kill(m, args.ground_truth, device=device))
         if stream:
             stream.write(asdict(kills[-1]) | {"bug": m.bug, "known_gap": m.survives, "ground_truth": args.ground_truth,
-                                              "device": device})
+                                              "device": device, "class": m.cls})
     if stream:
         stream.close()
     killed, ran = kill_rate(kills)
+    by_class = rates_by_class(zip(chosen, kills, strict=True))
     unexpected = [k for m, k in zip(chosen, kills, strict=True) if k.killed is False and not m.survives]
     if args.json:
         print_json({"ground_truth": args.ground_truth, "device": device, "killed": killed, "ran": ran,
+                    "by_class": {c: {"killed": a, "ran": b} for c, (a, b) in by_class.items()},
                     "mutants": [asdict(k) | {"bug": m.bug, "known_gap": m.survives}
                                 for m, k in zip(chosen, kills, strict=True)]})
     else:
@@ -291,6 +294,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
                       safe_text(k.how if k.killed is not False or not m.survives else m.survives),
                       f"{_margin(k.margin)} / {_margin(k.baseline_margin)}")
         out.print(t)
+        out.print("by class: " + ", ".join(f"{c} {a}/{b}" for c, (a, b) in by_class.items()), highlight=False)
     return 1 if unexpected else 0
 
 

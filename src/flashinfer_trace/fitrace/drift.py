@@ -21,8 +21,10 @@ Pairing (each of ours with at most one of theirs; one of theirs may pair with se
 
 Compared per pair: op_type; output names (in order) and count; input names; each common input's and
 output's dtype and shape; const axes (names, values) and var axis names; the reference's epsilon
-(`semantics.eps`'s reading: a named EPS constant, else the one literal added in a norm, else a parameter
-default) and every other constant both references define (`sandbox/constants.py`, never executed); and
+(declared as `semantics.eps` reads it: "input" for an eps scalar input, a `param:eps=` tag; for a file that
+declares neither, its reference's named EPS constant, else the one literal added in a norm, else a parameter
+default: drift compares definitions and judges neither, so it may read references) and every other
+constant both references define (`sandbox/constants.py`, never executed); and
 the results: inputs generated once from OUR definition, both references run in the confined sandbox,
 compared with `compare.py` at our definition's tolerance, only where every parameter of their reference
 maps to one of our inputs by name and the shapes bind to their axes (otherwise `not-compared`, and why).
@@ -247,11 +249,30 @@ def constants(entry: Entry) -> dict[str, Any]:
     return out
 
 
-def epsilon(entry: Entry, consts: dict[str, Any]) -> float | None:
-    """What `semantics.eps` reads: a named constant, else the one literal added in a norm."""
-    from ..sandbox.constants import literal_epsilon
-    from ..semantics import EPS_NAMES
+EPS_NAMES = ("EPS", "EPSILON", "eps", "epsilon", "VARIANCE_EPSILON")  # constants a reference may name it by
 
+
+def epsilon(entry: Entry, consts: dict[str, Any]) -> float | str | None:
+    """The epsilon a definition declares, as `semantics.eps` reads it: "input" where an `eps` scalar input
+    brings it per call, else its `param:eps=` tag; for a file that declares none (the public dataset, fi_trace
+    files that keep EPS in the reference), the reference's named constant, else the one literal added in a
+    norm. Reading a reference is right here and only here: drift compares two definitions and judges
+    neither, while a ground truth must never take a parameter from the code it judges."""
+    from ..definition import param_tag
+    from ..sandbox.constants import literal_epsilon
+    from ..semantics import EPS_INPUTS
+
+    inputs = entry.section("inputs")
+    if any(isinstance(inputs.get(n), dict) and inputs[n].get("shape") in (None, []) for n in EPS_INPUTS):
+        return "input"
+    tags = entry.data.get("tags")
+    for tag in tags if isinstance(tags, list) else []:
+        try:
+            found = param_tag(tag) if isinstance(tag, str) else None
+        except ValueError:
+            continue
+        if found and found[0] == "eps" and isinstance(found[1], (int, float)) and not isinstance(found[1], bool):
+            return float(found[1])
     for n in EPS_NAMES:
         v = consts.get(n)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -289,8 +310,6 @@ def compare_fields(o: Entry, t: Entry) -> tuple[list[str], list[dict[str, Any]]]
     check("axes.var.names", sorted(o.var_axes), sorted(t.var_axes))
     ok, tk = constants(o), constants(t)
     check("eps", epsilon(o, ok), epsilon(t, tk))
-    from ..semantics import EPS_NAMES
-
     for n in sorted(set(ok) & set(tk) - set(EPS_NAMES)):
         check(f"constants.{n}", ok[n], tk[n])
     return matched, diffs

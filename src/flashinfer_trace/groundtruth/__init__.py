@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
-from . import fi_api, flashinfer, flashinfer_dsa, sglang, torch_ref
+from . import fi_api, flashinfer, flashinfer_dsa, modes, sglang, torch_ref
 from .base import SOURCES, Adapter, Call, GroundTruthUnavailable, PrebuildLookup, arch_gate, availability
 
 if TYPE_CHECKING:
@@ -23,13 +23,17 @@ if TYPE_CHECKING:
     from ..inputs import Inputs
 
 __all__ = ["SOURCES", "Adapter", "GroundTruth", "GroundTruthUnavailable", "adapters_for", "get_ground_truth",
-           "ground_truths", "default_device"]
+           "ground_truths", "default_device", "paths", "split_path"]
 
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS,
     "sglang": sglang.ADAPTERS,
     "torch": torch_ref.ADAPTERS,
 }
+
+
+# every mode some adapter declares: a path named by a mode alone is a mode of the plain path
+_ALL_MODES = frozenset(m for adapters in ADAPTERS.values() for a in adapters for m in a.modes)
 
 
 def default_device() -> str:
@@ -56,6 +60,12 @@ class GroundTruth:
     # the source's adapters for this definition tried first that cannot run here, (api, reason): on sm90
     # trtllm-gen's fp8 MoE is arch-unsupported and the cutlass kernel runs; the record keeps the gate visible
     passed_over: tuple[tuple[str, str], ...] = ()
+    mode: str | None = None  # the call mode of the path (Adapter.modes); None: the adapter's plain call
+
+    @property
+    def path(self) -> str | None:
+        """The path's name as `paths` lists it: None for the source's plain path."""
+        return join_path(self.adapter.path, self.mode)
 
     @property
     def source(self) -> str:
@@ -72,14 +82,17 @@ class GroundTruth:
     def describe(self) -> dict:
         out = {"source": self.source, "api": self.api, "version": str(self.version) if self.version else None,
                "device": self.device}
+        if self.path:
+            out["path"] = self.path
         if self.passed_over:
             out["passed_over"] = [{"api": api, "reason": reason} for api, reason in self.passed_over]
         return out
 
     def __call__(self, inputs: Inputs, *, draws: int = 1) -> tuple:
         """Outputs in the definition's order (for a sampler: samples [batch, draws] per output)."""
+        call = Call(self.definition, inputs.on(self.device), self.module, self.version, draws, self.mode)
         try:
-            out = self.adapter.fn(Call(self.definition, inputs.on(self.device), self.module, self.version, draws))
+            out = modes.run(self.adapter, call) if self.mode in modes.GENERIC else self.adapter.fn(call)
         except GroundTruthUnavailable:
             raise
         except Exception as e:  # a kernel refusing this GPU in its own words is a skip, whatever the adapter
@@ -90,12 +103,49 @@ class GroundTruth:
         return out if isinstance(out, tuple) else (out,)
 
 
+def join_path(path: str, mode: str | None) -> str | None:
+    return "+".join(p for p in (path, mode) if p) or None
+
+
+def split_path(path: str | None) -> tuple[str, str | None]:
+    """"tensor-cores+graph" -> ("tensor-cores", "graph"); "graph" -> ("", "graph") when it is a mode."""
+    if not path:
+        return "", None
+    head, plus, mode = path.partition("+")
+    if plus:
+        return head, mode
+    return ("", path) if path in modes.GENERIC or path in _ALL_MODES else (path, None)
+
+
+def _candidates(source: str, definition: Definition) -> list[Adapter]:
+    hand_written = adapters_for(definition.op_type, source)
+    if source == "flashinfer" and not any(a.applies(definition) is None for a in hand_written):
+        # fallback: the definition's `fi_api:` tag says what to call (fi_api.py); a hand-written adapter
+        # that applies knows layouts, clones and parameters the tag cannot say, so it always goes first
+        return hand_written + fi_api.adapters(definition)
+    return hand_written
+
+
+def paths(source: str, definition: Definition) -> list[str | None]:
+    """The ground-truth paths of a source for a definition, each checked on its own: one per `Adapter.path`
+    among the adapters that apply to it, then each call mode of those. Decided from the definition alone
+    (nothing imported): whether the installed release has a path is the case's to find out (api-missing)."""
+    out: list[str | None] = []
+    applying = [a for a in _candidates(source, definition) if a.applies(definition) is None]
+    for path in dict.fromkeys(a.path for a in applying):
+        out.append(path or None)
+        for mode in dict.fromkeys(m for a in applying if a.path == path for m in a.modes):
+            out.append(join_path(path, mode))
+    return out or [None]
+
+
 def get_ground_truth(source: str, definition: Definition | str, *, device: str | None = None,
-                     prebuild: PrebuildLookup | None = None) -> GroundTruth:
-    """The first adapter of `source` that can run `definition` on `device`; otherwise raises
-    GroundTruthUnavailable with the most telling reason among the source's adapters. For FlashInfer,
-    a definition no hand-written adapter applies to is tried with the API its `fi_api:` tag names. With
-    `prebuild` (the JIT prebuild's report), a module it failed to build makes the adapter unavailable."""
+                     prebuild: PrebuildLookup | None = None, path: str | None = None) -> GroundTruth:
+    """The first adapter of `source` on `path` (None: the plain path, `paths`) that can run `definition` on
+    `device`; otherwise raises GroundTruthUnavailable with the most telling reason among the source's
+    adapters. For FlashInfer, a definition no hand-written adapter applies to is tried with the API its
+    `fi_api:` tag names. With `prebuild` (the JIT prebuild's report), a module it failed to build makes the
+    adapter unavailable."""
     if source not in SOURCES:
         raise ValueError(f"unknown ground-truth source {source!r}; expected one of {', '.join(SOURCES)}")
     if isinstance(definition, str):
@@ -104,25 +154,30 @@ def get_ground_truth(source: str, definition: Definition | str, *, device: str |
         definition = load_definition(definition)
     device = device or default_device()
     hand_written = adapters_for(definition.op_type, source)
-    fallback: list[Adapter] = []
-    if source == "flashinfer" and not any(a.applies(definition) is None for a in hand_written):
-        # fallback: the definition's `fi_api:` tag says what to call (fi_api.py); a hand-written adapter
-        # that applies knows layouts, clones and parameters the tag cannot say, so it always goes first
-        fallback = fi_api.adapters(definition)
-    candidates = hand_written + fallback
-    if not candidates:
+    every = _candidates(source, definition)
+    fallback = every[len(hand_written):]
+    if not every:
         raise GroundTruthUnavailable("unsupported", f"no {source} ground truth for op_type "
                                                     f"{definition.op_type!r}")
+    on_path, mode = split_path(path)
+    candidates = [a for a in every if a.path == on_path]
+    if not candidates:
+        raise GroundTruthUnavailable("unsupported", f"no {source} ground truth has a path {path!r} for "
+                                                    f"{definition.name}")
+    hand_written = [a for a in hand_written if a.path == on_path]
+    fallback = [a for a in fallback if a.path == on_path]
     reasons: list[GroundTruthUnavailable] = []
     for adapter in candidates:
         try:
+            if mode is not None and mode not in adapter.modes:
+                raise GroundTruthUnavailable("unsupported", f"{adapter.api}: no call mode {mode!r}")
             module, version = availability(adapter, definition, device, prebuild=prebuild)
         except GroundTruthUnavailable as e:
             reasons.append(e)
             continue
         passed_over = tuple((a.api, str(e)) for a, e in zip(candidates, reasons, strict=False)
                             if e.kind != "unsupported")  # an adapter for other definitions says nothing here
-        return GroundTruth(adapter, definition, device, module, version, passed_over)
+        return GroundTruth(adapter, definition, device, module, version, passed_over, mode)
     if hand_written and fallback:  # why the op type's own adapters do not apply says more; the tag's reason follows
         best = max(reasons[:len(hand_written)], key=lambda e: e.progress)
         tag = max(reasons[len(hand_written):], key=lambda e: e.progress)

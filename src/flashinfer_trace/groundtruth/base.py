@@ -55,6 +55,7 @@ class Call:
     module: ModuleType | None  # the imported package (None for torch-only adapters)
     version: Version | None
     draws: int = 1  # samplers: samples per row to return, as [batch, draws]
+    mode: str | None = None  # the call mode the path asks for (an adapter's `modes`); None: its plain call
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,20 @@ class Adapter:
     # A last check against the imported package, after `requires` (fi_api.py resolves the tag's dotted
     # path there and checks the call against its signature): raises GroundTruthUnavailable.
     resolve: Callable[[ModuleType, Version | None, Definition], None] | None = None
+    # Which ground-truth path of its source this adapter serves: adapters with the same `path` are
+    # alternatives (versions, arches: the first that can run is taken), different paths are each checked
+    # (decode on CUDA cores and on tensor cores). "" is the source's plain path.
+    path: str = ""
+    # Further ways to call the same kernel, each its own path "<path>+<mode>" (or "<mode>" on the plain
+    # path): modes.py's generic ones (plan once and run again on new data, CUDA-graph replay) need `plan`;
+    # any other (a backend) is read by `fn` from `Call.mode`.
+    modes: tuple[str, ...] = ()
+    # The launch split from its setup: plan(call) -> a closure launching the kernel on call's tensors
+    # (what a benchmark times and a CUDA graph captures); finish(call, raw) -> the definition's outputs.
+    plan: Callable[[Call], Callable[[], Any]] | None = None
+    finish: Callable[[Call, tuple], tuple] | None = None
+    # Atomics, split-K or multi-CTA reductions: a race shows only in some runs, so it is run more often
+    races: bool = False
 
     def __post_init__(self):
         if self.source not in SOURCES:

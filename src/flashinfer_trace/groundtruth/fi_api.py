@@ -10,8 +10,9 @@ definition can say how to call its kernel, and this module turns the tag into an
 - the call is checked against `inspect.signature` before anything runs: every input must name a
   parameter (an input's `param` field overrides its name, `tuple_idx` packs several inputs into one
   tuple parameter such as `paged_kv_cache=(k, v)`), and every required parameter must be given;
-  otherwise `api-missing` says which names do not fit and what the API takes. Constants of the
-  reference named like an optional parameter (`EPS = 1e-5` -> `eps=1e-5`) are passed too;
+  otherwise `api-missing` says which names do not fit and what the API takes. A `param:<name>=<value>`
+  tag naming an optional parameter (`param:eps=1e-05` -> `eps=1e-05`) is passed too; the reference's
+  own constants never are (they are what is judged: semantics.py);
 - it is called with every argument by keyword, on clones of the inputs (kernels write in place);
 - outputs are read in the definition's order: an output named like an input, or whose `param` names
   an input's parameter, is that input after the call (in place); every other output takes the next
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from packaging.version import Version
 
-from ..sandbox import reference_constants
+from ..semantics import EPS_INPUTS
 from .base import Adapter, Call, GroundTruthUnavailable
 from .flashinfer import PACKAGE
 
@@ -160,7 +161,11 @@ def plan(module: ModuleType, version: Version | None, definition: Definition, pa
         raise GroundTruthUnavailable("api-missing", f"signature mismatch: {where} needs {', '.join(required)}, "
                                                     f"which no input of {definition.name} gives")
     constants = {}
-    for name, value in reference_constants(definition.reference).items():
+    try:
+        declared = definition.declared_params
+    except ValueError as e:
+        raise GroundTruthUnavailable("unsupported", f"{definition.name}: {e}") from None
+    for name, value in declared.items():
         key = name.lower()
         if key in keywords and key not in arguments and keywords[key].default is not inspect.Parameter.empty \
                 and isinstance(value, (int, float, bool, str)):
@@ -184,6 +189,11 @@ def plan(module: ModuleType, version: Version | None, definition: Definition, pa
             in_place[name] = name
         else:
             returned.append(name)
+    undeclared = [k for k in EPS_INPUTS if k in keywords and k not in arguments and k not in constants]
+    if undeclared:  # the API's default would be a guess at the model's epsilon
+        raise GroundTruthUnavailable("unsupported", f"{definition.name} declares no {undeclared[0]}: {path} takes "
+                                                    f"{undeclared[0]}=, and no input or param:{undeclared[0]}= tag "
+                                                    "gives it")
     return Plan(path, obj, arguments, constants, in_place, tuple(returned))
 
 

@@ -44,30 +44,79 @@ def _fa2(cls) -> dict[str, Any]:
     return keywords(cls.__init__, backend="fa2")
 
 
+def _backend(cls, call: Call) -> dict[str, Any]:
+    """fa2 pinned (the default "auto" picks by arch), or FA3 when the path asks for it: Hopper only."""
+    if call.mode != "fa3":
+        return _fa2(cls)
+    if not accepts(cls.__init__, "backend"):
+        raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} {cls.__name__} has no backend")
+    device = next(v.device for v in call.inputs.values.values() if isinstance(v, torch.Tensor))
+    cc = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if cc != (9, 0):
+        raise GroundTruthUnavailable("arch-unsupported", f"{cls.__name__}(backend='fa3') needs sm90, have "
+                                                         f"{f'sm{cc[0]}{cc[1]}' if cc else device.type}")
+    return {"backend": "fa3"}
+
+
 # -- norms / activation / rope ----------------------------------------------------------------------
+def _mode_keywords(fn, call: Call) -> dict[str, Any]:
+    """The keywords a path's mode adds: `pdl` launches with programmatic dependent launch (sm90+)."""
+    if call.mode != "pdl":
+        return {}
+    if not accepts(fn, "enable_pdl"):
+        raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} {fn.__name__} has no enable_pdl")
+    return {"enable_pdl": True}
+
+
+def _out(fn, call: Call, like: torch.Tensor) -> dict[str, Any]:
+    """`out` mode: the result written into a buffer the caller gives (dirty, as a reused one is)."""
+    if call.mode != "out":
+        return {}
+    if not accepts(fn, "out"):
+        raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} {fn.__name__} has no out")
+    return {"out": torch.full_like(like, float("nan"))}
+
+
 def rmsnorm(call: Call) -> tuple:
     fi, x = call.module, call.inputs.values
-    out = fi.norm.rmsnorm(x["hidden_states"], x["weight"], eps=sem.eps(call.definition))
-    return (out,)
+    fn = fi.norm.rmsnorm
+    extra = {**_mode_keywords(fn, call), **_out(fn, call, x["hidden_states"])}
+    out = fn(x["hidden_states"], x["weight"], eps=sem.eps(call.definition, x), **extra)
+    return (extra.get("out", out),)
 
 
 def fused_add_rmsnorm(call: Call) -> tuple:
     """In place: the normalised result lands in `input`, the sum in `residual`; both are outputs."""
     fi, x = call.module, call.inputs.values
     hidden, residual = x["hidden_states"].clone(), x["residual"].clone()
-    fi.norm.fused_add_rmsnorm(hidden, residual, x["weight"], eps=sem.eps(call.definition))
+    fn = fi.norm.fused_add_rmsnorm
+    fn(hidden, residual, x["weight"], eps=sem.eps(call.definition, x), **_mode_keywords(fn, call))
     return sem.norm_outputs(call.definition, hidden, residual)
 
 
 def silu_and_mul(call: Call) -> tuple:
-    return (call.module.activation.silu_and_mul(call.inputs.values["input"]),)
+    fn, x = call.module.activation.silu_and_mul, call.inputs.values["input"]
+    like = x.new_empty(*x.shape[:-1], x.shape[-1] // 2) if call.mode == "out" else x
+    extra = {**_mode_keywords(fn, call), **_out(fn, call, like)}
+    out = fn(x, **extra)
+    return (extra.get("out", out),)
 
 
 def rope(call: Call) -> tuple:
-    """Takes query/key flattened to [tokens, heads * head_dim] and returns rotated copies."""
+    """Takes query/key flattened to [tokens, heads * head_dim] and returns rotated copies (mode `inplace`:
+    the in-place form rotates copies of them where they are)."""
     fi, x = call.module, call.inputs.values
     q, k = (x[n] for n in sem.rope_rotated(call.definition))
     tokens, _, head_dim = q.shape
+    if call.mode == "inplace":
+        fn = getattr(fi.rope, "apply_rope_with_cos_sin_cache_inplace", None)
+        if fn is None:
+            raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} has no "
+                                                        "apply_rope_with_cos_sin_cache_inplace")
+        q_out, k_out = q.clone(), k.clone()
+        fn(x["positions"], q_out.view(tokens, -1), k_out.view(tokens, -1), head_dim, x["cos_sin_cache"],
+           is_neox=sem.rope_is_neox(call.definition))
+        return q_out, k_out
     fn = fi.rope.apply_rope_with_cos_sin_cache
     q_out, k_out = fn(x["positions"], q.reshape(tokens, -1), k.reshape(tokens, -1), head_dim,
                       x["cos_sin_cache"], is_neox=sem.rope_is_neox(call.definition))
@@ -91,23 +140,6 @@ def _kv_layout(call: Call):
     indptr = x["kv_indptr"].to(torch.int32)
     last = sem.last_page_lens(indptr, page, x.get("kv_last_page_len"))
     return page, indptr, x["kv_indices"].to(torch.int32), last
-
-
-# FlashInfer's softmax state starts from a finite "-inf" (about -5e4), so a decode request with no
-# keys comes back with output 0 and that sentinel as its lse (seen on 0.5.3 and 0.6.6 on sm90:
-# -49998.4 and -49999). The definitions say -inf; the sentinel is translated for exactly those rows.
-EMPTY_LSE_SENTINEL = -1e4
-
-
-def _empty_requests_lse(lse: torch.Tensor, kv_indptr: torch.Tensor, rows_per_request: torch.Tensor | None = None
-                        ) -> torch.Tensor:
-    empty = (kv_indptr[1:] - kv_indptr[:-1]) == 0
-    if rows_per_request is not None:
-        empty = empty.repeat_interleave(rows_per_request)
-    if not bool(empty.any()):
-        return lse
-    sentinel = empty[:, None] & (lse < EMPTY_LSE_SENTINEL)
-    return lse.masked_fill(sentinel, float("-inf"))
 
 
 def _lse_base2(run_fn) -> dict[str, Any]:
@@ -145,9 +177,12 @@ def plan_gqa_decode(call: Call, buffer: torch.Tensor | None = None, *, tensor_co
     return lambda: w.run(q, (kc, vc), return_lse=True, **extra)
 
 
+def finish_decode(call: Call, raw: tuple) -> tuple:
+    return tuple(raw)
+
+
 def gqa_decode(call: Call) -> tuple:
-    out, lse = plan_gqa_decode(call)()
-    return out, _empty_requests_lse(lse, call.inputs.values["kv_indptr"])
+    return finish_decode(call, plan_gqa_decode(call)())
 
 
 def plan_gqa_decode_tc(call: Call, buffer: torch.Tensor | None = None):
@@ -155,8 +190,7 @@ def plan_gqa_decode_tc(call: Call, buffer: torch.Tensor | None = None):
 
 
 def gqa_decode_tc(call: Call) -> tuple:
-    out, lse = plan_gqa_decode_tc(call)()
-    return out, _empty_requests_lse(lse, call.inputs.values["kv_indptr"])
+    return finish_decode(call, plan_gqa_decode_tc(call)())
 
 
 def plan_gqa_prefill_paged(call: Call, buffer: torch.Tensor | None = None):
@@ -164,7 +198,7 @@ def plan_gqa_prefill_paged(call: Call, buffer: torch.Tensor | None = None):
     q, kc, vc = x["q"], x["k_cache"], x["v_cache"]
     page, indptr, indices, last = _kv_layout(call)
     cls = fi.prefill.BatchPrefillWithPagedKVCacheWrapper
-    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
+    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_backend(cls, call))
     # head_dim is passed positionally: its keyword was renamed head_dim_qk in 0.2.1
     w.plan(x["qo_indptr"].to(torch.int32), indptr, indices, last, q.shape[1], kc.shape[2], q.shape[2], page,
            causal=sem.is_causal(call.definition), sm_scale=sem.sm_scale(x, q.shape[-1]),
@@ -187,7 +221,7 @@ def plan_gqa_prefill_ragged(call: Call, buffer: torch.Tensor | None = None):
             raise GroundTruthUnavailable("api-missing", f"flashinfer {call.version} ragged prefill plan() has no "
                                                         "head_dim_vo (a value head dim unlike the key's)")
         vo = {"head_dim_vo": v.shape[-1]}
-    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_fa2(cls))
+    w = cls(workspace(q.device) if buffer is None else buffer, "NHD", **_backend(cls, call))
     w.plan(x["qo_indptr"].to(torch.int32), x["kv_indptr"].to(torch.int32), q.shape[1], k.shape[1], q.shape[2],
            causal=sem.is_causal(call.definition), sm_scale=sem.sm_scale(x, q.shape[-1]),
            q_data_type=q.dtype, kv_data_type=k.dtype, **vo)
@@ -215,7 +249,7 @@ def plan_mla(call: Call, buffer: torch.Tensor | None = None):
     pages = (indptr[1:] - indptr[:-1]).to(torch.int32)
     kv_len = torch.where(pages > 0, (pages - 1) * page + last, 0).to(torch.int32)
     cls = fi.mla.BatchMLAPagedAttentionWrapper
-    w = cls(workspace(q_nope.device) if buffer is None else buffer, **_fa2(cls))
+    w = cls(workspace(q_nope.device) if buffer is None else buffer, **_backend(cls, call))
     w.plan(_mla_qo_indptr(call, indptr), indptr, indices, kv_len, q_nope.shape[1], ckv.shape[-1], kpe.shape[-1],
            page, sem.is_causal(call.definition), sem.sm_scale(x, q_nope.shape[-1] + q_pe.shape[-1]), q_nope.dtype,
            ckv.dtype)
@@ -224,10 +258,11 @@ def plan_mla(call: Call, buffer: torch.Tensor | None = None):
 
 
 def mla(call: Call) -> tuple:
-    out, lse = plan_mla(call)()
-    indptr = call.inputs.values["kv_indptr"].to(torch.int32)
-    qo_indptr = _mla_qo_indptr(call, indptr)
-    return out, _empty_requests_lse(lse, indptr, qo_indptr[1:] - qo_indptr[:-1])
+    return finish_mla(call, plan_mla(call)())
+
+
+def finish_mla(call: Call, raw: tuple) -> tuple:
+    return tuple(raw)
 
 
 # -- sampling ---------------------------------------------------------------------------------------
@@ -426,10 +461,7 @@ def _decode_applies(tensor_cores: bool):
         if why:
             return why
         g = group_size(d)
-        cuda_core = g in CUDA_CORE_GROUP_SIZES
-        if tensor_cores and cuda_core:
-            return f"group size {g} runs on the CUDA-core decode kernel"
-        if not tensor_cores and not cuda_core:
+        if not tensor_cores and g not in CUDA_CORE_GROUP_SIZES:
             return f"the CUDA-core decode kernel has no group size {g} (the tensor-core path runs it)"
         return None
 
@@ -456,12 +488,15 @@ def _sampler_applies(d) -> str | None:
 
 
 _ATTN = dict(package=PACKAGE, dtypes=HALF, needs_cuda=True)
+_REUSE = ("plan-reuse", "graph")  # modes.py: plan once, run on new data; CUDA-graph replay
+_PREFILL = dict(_ATTN, modes=("fa3", *_REUSE), finish=lambda call, raw: tuple(raw))
 ADAPTERS = [
     Adapter("flashinfer", "rmsnorm", "flashinfer.norm.rmsnorm", rmsnorm, package=PACKAGE,
-            requires=("norm.rmsnorm",), applies=sem.plain_rmsnorm, dtypes=HALF, needs_cuda=True, params=(sem.eps,)),
+            requires=("norm.rmsnorm",), applies=sem.plain_rmsnorm, dtypes=HALF, needs_cuda=True, params=(sem.eps,),
+            modes=("out", "pdl")),
     Adapter("flashinfer", "rmsnorm", "flashinfer.norm.fused_add_rmsnorm", fused_add_rmsnorm, package=PACKAGE,
             requires=("norm.fused_add_rmsnorm",), applies=sem.fused_add_rmsnorm, dtypes=HALF, needs_cuda=True,
-            params=(sem.eps,)),
+            params=(sem.eps,), modes=("pdl",)),
     # mm_bf16: 0.6.1-0.6.17 only through cudnn/cutlass/tgv on sm100/103; cublaslt on sm80+ from 0.6.18
     Adapter("flashinfer", "gemm", "flashinfer.mm_bf16(backend=cublaslt)", mm_bf16("cublaslt"), package=PACKAGE,
             versions=SpecifierSet(">=0.6.18"), requires=("mm_bf16",), dtypes=frozenset({"bfloat16"}),
@@ -472,43 +507,49 @@ ADAPTERS = [
     Adapter("flashinfer", "gemm", "flashinfer.gemm.SegmentGEMMWrapper", segment_gemm, package=PACKAGE,
             requires=("gemm.SegmentGEMMWrapper",), applies=lambda d: sem.missing_inputs(d, ("A", "B")),
             dtypes=HALF, needs_cuda=True, min_cc=(8, 0)),
+    # decode: the CUDA-core kernel (group sizes it is instantiated for) and the tensor-core path (every
+    # group size; what engines run for the others) are two paths, both checked where both apply
     Adapter("flashinfer", "gqa_paged", "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper", gqa_decode,
-            requires=("decode.BatchDecodeWithPagedKVCacheWrapper",), applies=_decode_applies(False), **_ATTN),
+            requires=("decode.BatchDecodeWithPagedKVCacheWrapper",), applies=_decode_applies(False), modes=_REUSE,
+            plan=plan_gqa_decode, finish=finish_decode, races=True, **_ATTN),
     Adapter("flashinfer", "gqa_paged", "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)",
             gqa_decode_tc, requires=("decode.BatchDecodeWithPagedKVCacheWrapper",), applies=_decode_applies(True),
-            **_ATTN),
+            path="tensor-cores", modes=_REUSE, plan=plan_gqa_decode_tc, finish=finish_decode, races=True, **_ATTN),
     Adapter("flashinfer", "gqa_paged", "flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper",
             gqa_prefill_paged, requires=("prefill.BatchPrefillWithPagedKVCacheWrapper",),
             applies=_stage("prefill", "q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices",
-                           "sm_scale"), **_ATTN),
+                           "sm_scale"), plan=plan_gqa_prefill_paged, races=True, **_PREFILL),
     Adapter("flashinfer", "gqa_ragged", "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper",
             gqa_prefill_ragged, requires=("prefill.BatchPrefillWithRaggedKVCacheWrapper",),
-            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"), **_ATTN),
+            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"),
+            plan=plan_gqa_prefill_ragged, races=True, **_PREFILL),
     Adapter("flashinfer", "mla_ragged", "flashinfer.prefill.BatchPrefillWithRaggedKVCacheWrapper(head_dim_vo)",
             gqa_prefill_ragged, requires=("prefill.BatchPrefillWithRaggedKVCacheWrapper",),
-            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"), **_ATTN),
+            applies=_stage("prefill", "q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale"),
+            plan=plan_gqa_prefill_ragged, races=True, **_PREFILL),
     Adapter("flashinfer", "mla_paged", "flashinfer.mla.BatchMLAPagedAttentionWrapper", mla,
             requires=("mla.BatchMLAPagedAttentionWrapper",),
             applies=lambda d: sem.missing_inputs(d, ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr",
-                                                     "kv_indices", "sm_scale")), **_ATTN),
+                                                     "kv_indices", "sm_scale")),
+            plan=plan_mla, races=True, **dict(_PREFILL, finish=finish_mla)),
     Adapter("flashinfer", "rope", "flashinfer.rope.apply_rope_with_cos_sin_cache", rope, package=PACKAGE,
             requires=("rope.apply_rope_with_cos_sin_cache",), versions=SpecifierSet(">=0.2.1"),
             applies=_rope_applies, dtypes=frozenset({"bfloat16", "float16", "float32"}), needs_cuda=True,
-            params=(sem.rope_is_neox,)),
+            params=(sem.rope_is_neox,), modes=("inplace",)),
     Adapter("flashinfer", "activation", "flashinfer.activation.silu_and_mul", silu_and_mul, package=PACKAGE,
             requires=("activation.silu_and_mul",),
             applies=lambda d: None if "silu" in d.name and "input" in d.inputs else "only silu_and_mul",
-            dtypes=HALF, needs_cuda=True),
+            dtypes=HALF, needs_cuda=True, modes=("out", "pdl")),
     Adapter("flashinfer", "sampling", "flashinfer.sampling.*_sampling_from_probs", sampling, package=PACKAGE,
             versions=SpecifierSet(">=0.2.3"), requires=("sampling.top_k_top_p_sampling_from_probs",),
             applies=_sampler_applies, needs_cuda=True, kind="sampler"),
     Adapter("flashinfer", "moe", "flashinfer.fused_moe.trtllm_fp8_block_scale_moe", trtllm_moe,
             package=PACKAGE, requires=("fused_moe.trtllm_fp8_block_scale_moe",), applies=sem.fp8_moe_applies,
-            params=(sem.moe_routing,), needs_cuda=True, min_cc=(10, 0), max_cc=(10, 3)),
+            params=(sem.moe_routing,), needs_cuda=True, races=True, min_cc=(10, 0), max_cc=(10, 3)),
     Adapter("flashinfer", "moe", "flashinfer.fused_moe.cutlass_fused_moe(use_deepseek_fp8_block_scale)",
             cutlass_moe, package=PACKAGE, versions=SpecifierSet(">=0.4"),
             requires=("fused_moe.cutlass_fused_moe",), applies=sem.fp8_moe_applies,
-            params=(sem.moe_routing,), needs_cuda=True, min_cc=(9, 0), max_cc=(9, 0)),
+            params=(sem.moe_routing,), needs_cuda=True, races=True, min_cc=(9, 0), max_cc=(9, 0)),
     Adapter("flashinfer", "mamba_ssu", "flashinfer.mamba.selective_state_update", mamba_ssu, package=PACKAGE,
             requires=("mamba.selective_state_update",), applies=sem.mamba_applies,
             params=(sem.mamba_dt_softplus,), dtypes=frozenset({"bfloat16", "float16", "float32"}),

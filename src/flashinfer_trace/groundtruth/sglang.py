@@ -28,14 +28,14 @@ HALF = frozenset({"bfloat16", "float16"})
 
 def rmsnorm(call: Call) -> tuple:
     sk, x = call.module, call.inputs.values
-    return (sk.rmsnorm(x["hidden_states"], x["weight"], eps=sem.eps(call.definition)),)
+    return (sk.rmsnorm(x["hidden_states"], x["weight"], eps=sem.eps(call.definition, x)),)
 
 
 def fused_add_rmsnorm(call: Call) -> tuple:
     """In place, FlashInfer's semantics: input <- norm(input + residual) * w, residual <- the sum."""
     sk, x = call.module, call.inputs.values
     hidden, residual = x["hidden_states"].clone(), x["residual"].clone()
-    sk.fused_add_rmsnorm(hidden, residual, x["weight"], eps=sem.eps(call.definition))
+    sk.fused_add_rmsnorm(hidden, residual, x["weight"], eps=sem.eps(call.definition, x))
     return sem.norm_outputs(call.definition, hidden, residual)
 
 
@@ -71,6 +71,9 @@ def rope_jit(call: Call) -> tuple:
     return _rope_in_place(ROPE.get(call.version), call, cache_in_query_dtype=True)
 
 
+SAMPLER_ROWS_PER_CALL = 4096
+
+
 def sampling(call: Call) -> tuple:
     """top_k_top_p_sampling_from_probs serves all three: a disabled filter is top_k = vocab or top_p = 1."""
     from ..inputs.sampling import repeat_rows
@@ -81,12 +84,15 @@ def sampling(call: Call) -> tuple:
     g = torch.Generator(device=probs.device).manual_seed(call.inputs.seed + 0x56)
     out = torch.empty(batch, call.draws, dtype=torch.int64, device=probs.device)
     for row in range(batch):
-        named = dict(zip(x, repeat_rows(d, call.inputs, call.draws, slice(row, row + 1)), strict=True))
-        n = named["probs"].shape[0]
-        top_k = named.get("top_k", torch.full((n,), vocab, dtype=torch.int32, device=probs.device))
-        top_p = named.get("top_p", torch.ones(n, dtype=torch.float32, device=probs.device))
-        out[row] = sk.top_k_top_p_sampling_from_probs(named["probs"], top_k, top_p, deterministic=True,
-                                                      generator=g).to(torch.int64)
+        done = 0
+        while done < call.draws:  # in chunks: a check's draws would not fit as one batch of repeated rows
+            n = min(call.draws - done, SAMPLER_ROWS_PER_CALL)
+            named = dict(zip(x, repeat_rows(d, call.inputs, n, slice(row, row + 1)), strict=True))
+            top_k = named.get("top_k", torch.full((n,), vocab, dtype=torch.int32, device=probs.device))
+            top_p = named.get("top_p", torch.ones(n, dtype=torch.float32, device=probs.device))
+            out[row, done:done + n] = sk.top_k_top_p_sampling_from_probs(
+                named["probs"], top_k, top_p, deterministic=True, generator=g).to(torch.int64)
+            done += n
     return (out,)
 
 
@@ -124,7 +130,7 @@ def triton_moe(call: Call) -> tuple:
     d, x, v = call.definition, call.inputs.values, call.version
     fused_experts, topk_output, runner_config = (loc.get(v) for loc in (FUSED_EXPERTS, TOPK_OUTPUT, RUNNER_CONFIG))
     publish_server_args()
-    block = sem.moe_block(d)
+    block = sem.moe_block(d, x)
     act = dequantized_activations(d, x).to(torch.bfloat16, copy=True).contiguous()  # overwritten in place
     scaling = float(x.get("routed_scaling_factor", 1.0))
     ids, weights = route(d, {**x, "routed_scaling_factor": 1.0})

@@ -39,8 +39,8 @@ def _flat_slots(x: torch.Tensor) -> torch.Tensor:
 def sparse_attention(call: Call) -> tuple:
     x = call.inputs.values
     q = torch.cat([x["q_nope"], x["q_pe"]], dim=-1).to(F64)  # [T, H, ckv + kpe]
-    ckv = _flat_slots(x["ckv_cache"]).to(F64)  # [slots, ckv]: one row per cached token
-    key = torch.cat([ckv, _flat_slots(x["kpe_cache"]).to(F64)], dim=-1)
+    # one row per cached token (views); a token's rows are gathered before they are widened to float64
+    ckv, kpe = _flat_slots(x["ckv_cache"]), _flat_slots(x["kpe_cache"])
     scale = float(x["sm_scale"])
     idx = x["sparse_indices"].to(torch.int64)
     slots = ckv.shape[0]
@@ -55,7 +55,8 @@ def sparse_attention(call: Call) -> tuple:
         chosen = idx[t][idx[t] >= 0]
         if chosen.numel() == 0:
             continue
-        k, v = key[chosen], ckv[chosen]  # [n, 576], [n, 512]
+        v = ckv[chosen].to(F64)  # [n, 512]
+        k = torch.cat([v, kpe[chosen].to(F64)], dim=-1)  # [n, 576]
         out[t] = F.scaled_dot_product_attention(q[t][None], k[None], v[None], scale=scale)[0]
         lse[t] = torch.logsumexp((q[t] @ k.T) * scale, dim=-1) / math.log(2.0)
     return out, lse

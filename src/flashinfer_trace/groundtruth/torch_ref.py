@@ -28,7 +28,7 @@ def _values(call: Call) -> dict:
 # -- norms ------------------------------------------------------------------------------------------
 def rmsnorm(call: Call) -> tuple:
     d, x = call.definition, _values(call)
-    eps = sem.eps(d)
+    eps = sem.eps(d, x)
     h = x["hidden_states"].to(F64)
     if sem.is_fused_add(d):
         h = h + x["residual"].to(F64)  # the norm reads the unrounded sum
@@ -105,23 +105,39 @@ def _attention(call: Call, queries, keys, values, num_rows: int, heads: int, dv:
         offset = k.shape[1] - (q1 - q0) if causal else None
         o, s = _sdpa_with_lse(q, k, v, scale, offset)
         out[q0:q1], lse[q0:q1] = o, s
-    return out, lse
+    computed = {"output": out, "lse": lse}
+    return tuple(computed[name] for name in d.outputs)  # what the definition declares, in its order
 
 
+ATTENTION_OUTPUTS = ("output", "lse")
+
+
+def _attention_applies(*names: str):
+    """The inputs it reads, and outputs it computes: a definition that declares only `output` gets only
+    that (a second, undeclared lse would be compared with nothing)."""
+    def applies(d) -> str | None:
+        extra = [o for o in d.outputs if o not in ATTENTION_OUTPUTS]
+        computes = ", ".join(ATTENTION_OUTPUTS)
+        return sem.missing_inputs(d, names) or (
+            f"declares output(s) {', '.join(extra)}; it computes only {computes}" if extra else None)
+    return applies
+
+
+# Each request's keys and values are gathered first and widened to float64 after: a cache of 2**31
+# elements (the large_offsets case) must not be copied whole, let alone at 4x its bytes.
 def gqa(call: Call) -> tuple:
     x = _values(call)
     q = x["q"].to(F64)
-    if "k_cache" in x:  # paged: [pages, page_size, Hk, D] -> flat token slots
-        kc = x["k_cache"].flatten(0, 1).to(F64)
-        vc = x["v_cache"].flatten(0, 1).to(F64)
+    if "k_cache" in x:  # paged: [pages, page_size, Hk, D] -> flat token slots (a view)
+        kc, vc = x["k_cache"].flatten(0, 1), x["v_cache"].flatten(0, 1)
     else:
-        kc, vc = x["k"].to(F64), x["v"].to(F64)
+        kc, vc = x["k"], x["v"]
 
     def keys(slots):
-        return kc[slots].transpose(0, 1)  # [Hk, Lk, D]
+        return kc[slots].to(F64).transpose(0, 1)  # [Hk, Lk, D]
 
     def values(slots):
-        return vc[slots].transpose(0, 1)
+        return vc[slots].to(F64).transpose(0, 1)
 
     return _attention(call, q, keys, values, q.shape[0], q.shape[1], vc.shape[-1])
 
@@ -130,14 +146,13 @@ def mla(call: Call) -> tuple:
     """Absorbed MLA: keys are [ckv | kpe] (one latent head shared by all query heads), values ckv."""
     x = _values(call)
     q = torch.cat([x["q_nope"], x["q_pe"]], dim=-1).to(F64)
-    ckv = x["ckv_cache"].flatten(0, 1).to(F64)
-    key = torch.cat([ckv, x["kpe_cache"].flatten(0, 1).to(F64)], dim=-1)
+    ckv, kpe = x["ckv_cache"].flatten(0, 1), x["kpe_cache"].flatten(0, 1)
 
     def keys(slots):
-        return key[slots][None]  # [1, Lk, 576]
+        return torch.cat([ckv[slots], kpe[slots]], dim=-1).to(F64)[None]  # [1, Lk, 576]
 
     def values(slots):
-        return ckv[slots][None]
+        return ckv[slots].to(F64)[None]
 
     return _attention(call, q, keys, values, q.shape[0], q.shape[1], ckv.shape[-1])
 
@@ -147,7 +162,7 @@ def rope(call: Call) -> tuple:
     """A rotation by the angle whose cos/sin the cache row holds is a complex multiplication."""
     d, x = call.definition, _values(call)
     neox = sem.rope_is_neox(d)
-    cache = x["cos_sin_cache"].to(F64)[x["positions"].to(torch.int64)]
+    cache = x["cos_sin_cache"][x["positions"].to(torch.int64)].to(F64)  # the rows used, not the whole cache
     half = cache.shape[-1] // 2
     rot = torch.complex(cache[:, :half], cache[:, half:])[:, None, :]  # [T, 1, half]
 
@@ -181,13 +196,25 @@ def _draws_tokens(d) -> str | None:
     return None
 
 
-def filtered_distribution(call: Call, *, top_p_slack: float = 0.0) -> torch.Tensor:
+def filtered_distribution(call: Call, *, top_p_shift: float | torch.Tensor = 0.0) -> torch.Tensor:
     """The distribution a sampling definition draws from, float64 [batch, vocab]: top-k, renormalise,
     then top-p on the renormalised mass (FlashInfer's top_k_first order), renormalise.
 
-    `top_p_slack` widens the top-p cut by that much mass: with a positive slack the result's
-    support holds every token a correct float32 implementation may keep at the boundary.
+    Ties are decided by value, as FlashInfer's sampling kernels decide them (docs/boundary/sampling.md):
+    top-k keeps every token at least as probable as the k-th most probable (all of a tie at the k-th
+    value); top-p keeps a token when the mass of the tokens strictly more probable than it is below
+    top_p, so tokens of equal probability are kept or dropped together. top_k <= 0 or >= vocab and
+    top_p >= 1 disable their filter.
+
+    `top_p_shift` (a float, or one per row) moves the top-p cut by that much mass: a positive shift gives a
+    support that holds every token a correct float32 implementation may keep at the boundary, a negative
+    one the tokens every such implementation keeps.
     """
+    return filtered_distributions(call, [top_p_shift])[0]
+
+
+def filtered_distributions(call: Call, shifts) -> list[torch.Tensor]:
+    """filtered_distribution at several top-p shifts, sharing one sort."""
     x = _values(call)
     probs = x["probs"].to(F64)
     batch, vocab = probs.shape
@@ -195,24 +222,29 @@ def filtered_distribution(call: Call, *, top_p_slack: float = 0.0) -> torch.Tens
     if "top_k" in x:
         k = _per_row(x["top_k"], batch, probs.device).to(torch.int64)
         k = torch.where((k <= 0) | (k >= vocab), vocab, k)
-        kmax = int(k.max())
-        top = torch.topk(probs, kmax, dim=-1)
-        keep = torch.zeros_like(probs, dtype=torch.bool)
-        ranks = torch.arange(kmax, device=probs.device)[None, :]
-        keep.scatter_(1, top.indices, ranks < k[:, None])
-        dist = torch.where(keep, dist, 0.0)
+        kth = torch.stack([torch.kthvalue(-probs[r], int(k[r])).values for r in range(batch)]).neg()
+        dist = torch.where(probs >= kth[:, None], dist, 0.0)
         dist = dist / dist.sum(dim=-1, keepdim=True)
-    if "top_p" in x:
-        p = _per_row(x["top_p"], batch, probs.device).to(F64)
-        order = torch.argsort(dist, dim=-1, descending=True, stable=True)
-        ranked = dist.gather(1, order)
-        before = ranked.cumsum(dim=-1) - ranked
-        keep_ranked = before < (p[:, None] + top_p_slack)
-        keep_ranked[:, 0] = True
-        keep = torch.zeros_like(keep_ranked).scatter_(1, order, keep_ranked)
-        dist = torch.where(keep, dist, 0.0)
-        dist = dist / dist.sum(dim=-1, keepdim=True)
-    return dist
+    if "top_p" not in x:
+        return [dist for _ in shifts]
+    p = _per_row(x["top_p"], batch, probs.device).to(F64)
+    greater = mass_strictly_greater(dist)
+    out = []
+    for shift in shifts:
+        cut = p + (shift.to(F64) if isinstance(shift, torch.Tensor) else shift)
+        keep = (greater < cut[:, None]) | (greater == 0) | (p[:, None] >= 1)
+        kept = torch.where(keep, dist, 0.0)
+        out.append(kept / kept.sum(dim=-1, keepdim=True))
+    return out
+
+
+def mass_strictly_greater(dist: torch.Tensor) -> torch.Tensor:
+    """[batch, vocab]: for each token, the total probability of the tokens of the row strictly more
+    probable than it (suffix sums over the ascending sort; equal values share one)."""
+    ascending = dist.sort(dim=-1).values
+    suffix = torch.cat([ascending.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(ascending[:, :1])], dim=-1)
+    above = torch.searchsorted(ascending, dist, right=True)  # how many are <= each token's value
+    return suffix.gather(1, above)
 
 
 def _per_row(v, batch: int, device) -> torch.Tensor:
@@ -299,7 +331,7 @@ def dequantized_activations(definition, values: dict) -> torch.Tensor:
     hs = values["hidden_states"]
     if "hidden_states_scale" not in values:
         return hs.to(F64)
-    block = sem.moe_block(definition)
+    block = sem.moe_block(definition, values)
     return hs.to(F64) * values["hidden_states_scale"].to(F64).T.repeat_interleave(block, dim=1)[:, :hs.shape[1]]
 
 
@@ -308,7 +340,7 @@ def moe(call: Call) -> tuple:
     GEMM1 rows [up; gate], silu on the gate (second) half, GEMM2, weighted sum. Per-tensor fp8
     scales each expert's GEMM outputs instead (up and gate halves separately)."""
     d, x = call.definition, _values(call)
-    block = sem.moe_block(d)
+    block = sem.moe_block(d, x)
     act = dequantized_activations(d, x)
     tokens, hidden = act.shape
     ids, weights = route(d, x)
@@ -418,13 +450,14 @@ ADAPTERS = [
             applies=lambda d: sem.gemma_norm(d) or _needs("hidden_states", "weight")(d), params=(sem.eps,)),
     Adapter("torch", "gemm", "torch.nn.functional.linear (float64)", gemm, applies=_needs("A", "B")),
     Adapter("torch", "gqa_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
-            applies=_needs("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale")),
+            applies=_attention_applies("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale")),
     Adapter("torch", "gqa_ragged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
-            applies=_needs("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
+            applies=_attention_applies("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
     Adapter("torch", "mla_ragged", "torch.nn.functional.scaled_dot_product_attention (float64)", gqa,
-            applies=_needs("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
+            applies=_attention_applies("q", "k", "v", "qo_indptr", "kv_indptr", "sm_scale")),
     Adapter("torch", "mla_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", mla,
-            applies=_needs("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices", "sm_scale")),
+            applies=_attention_applies("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices",
+                                           "sm_scale")),
     Adapter("torch", "rope", "complex rotation (float64)", rope, applies=_rope_applies, params=(sem.rope_is_neox,)),
     Adapter("torch", "activation", "torch.nn.functional.silu (float64)", silu_and_mul,
             applies=lambda d: None if "silu" in d.name else "only silu_and_mul"),

@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .common import SIZES, Builder, CaseTooLarge, InputGenerationError, Inputs, UnsupportedOpType
+from .common import (
+    SIZES,
+    Builder,
+    CaseTooLarge,
+    EdgeCaseUnavailable,
+    InputGenerationError,
+    Inputs,
+    UnsupportedOpType,
+)
 from .registry import family_for, supported_op_types
 
 if TYPE_CHECKING:
@@ -30,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SIZES",
     "CaseTooLarge",
+    "EdgeCaseUnavailable",
     "InputGenerationError",
     "Inputs",
     "UnsupportedOpType",
@@ -65,14 +74,13 @@ def set_cache(maxsize: int) -> None:
 
 
 def edge_cases(definition: Definition | str | Path) -> list[str]:
-    """Names of the edge cases this definition's family supports (UnsupportedOpType if none does)."""
+    """Names of the edge cases this definition's family supports; none where no family generator knows
+    its op type (its inputs come from its fi_trace `init` or the declared generator, which have none)."""
     d = _definition(definition)
     try:
         family = family_for(d)
     except UnsupportedOpType:
-        if d.init:  # an fi_trace definition's own init makes its inputs (fitrace_init.py): no edge cases
-            return []
-        raise
+        return []
     return list(family.edge_cases(d))
 
 
@@ -87,37 +95,68 @@ def _making_device(device: str | torch.device) -> torch.device:
 
 
 def generate_inputs(definition: Definition | str | Path, size: str = "small", seed: int = 0, *,
-                    device: str | torch.device = "cpu", case: str | None = None) -> Inputs:
+                    device: str | torch.device = "cpu", case: str | None = None, memory: int | None = None) -> Inputs:
     """Inputs for one case of a definition: the same (definition, size, seed, case) always gives
     bit-identical values, whatever the device. The tensors are made on `device` itself (a CPU or
     a CUDA device; on the CPU and then moved for any other), the small structural ones on the CPU
     and then moved.
 
-    An fi_trace definition that carries its template's `init`, where our family generator cannot make
-    its inputs (no generator for its op_type, or upstream's names and layouts), gets them from that
-    `init`, run in a confined worker on `device` (`fitrace_init.py`; `Inputs.source` says so). Such a
-    case is reproducible on one device, not across devices."""
+    Where our family generator cannot make a definition's inputs (no generator for its op_type, or
+    other input names and layouts than ours), they come from the definition's fi_trace `init` where it
+    has one (run in a confined worker on `device`, `fitrace_init.py`; such a case is reproducible on one
+    device, not across devices), else from its declaration alone (`declared.py`). `Inputs.source` says
+    which. An edge case is the family's: where the family does not fit, EdgeCaseUnavailable."""
     d = _definition(definition)
+    if size not in SIZES:
+        raise InputGenerationError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}", definition=d.name)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InputGenerationError(f"seed must be an int, got {seed!r}", definition=d.name)
+    if case is not None and case not in (cases := edge_cases(d)):
+        raise InputGenerationError(f"unknown edge case {case!r} for op_type {d.op_type!r}; valid: "
+                                   f"{', '.join(cases) or 'none'}", definition=d.name)
     try:
-        return _generate_by_family(d, size, seed, device=device, case=case)
+        return _generate_by_family(d, size, seed, device=device, case=case, memory=memory)
+    except CaseTooLarge:
+        raise
     except InputGenerationError as e:
-        if not d.init or case is not None or size not in SIZES or isinstance(seed, bool) or not isinstance(seed, int):
-            raise
-        from .fitrace_init import generate_from_init
+        if case is not None:
+            error = EdgeCaseUnavailable(f"edge case {case!r} needs the {family_for(d).name} generator, which does not "
+                                        f"fit this definition: {_message(e, d)}")
+            error.definition = d.name
+            raise error from e
+        family_error = e
+    tried = [f"our generator does not fit: {_message(family_error, d)}"]
+    if d.init:
+        from .fitrace_init import INIT_SOURCE, generate_from_init
 
         try:
-            return _cached(d, size, seed, device,
+            return _cached(d, size, seed, device, INIT_SOURCE,
                            lambda: generate_from_init(d, size, seed, device=_making_device(device)))
+        except CaseTooLarge:
+            raise
         except InputGenerationError as init_error:
-            error = InputGenerationError(f"{init_error} (tried because our generator does not fit: {e})")
-            error.definition = d.name
-            raise error from init_error
+            tried.append(f"its init: {_message(init_error, d)}")
+    from .declared import DECLARED_SOURCE, generate_declared
+
+    try:
+        return _cached(d, size, seed, device, DECLARED_SOURCE,
+                       lambda: generate_declared(d, size, seed, device=_making_device(device)))
+    except InputGenerationError as declared_error:
+        error = InputGenerationError(f"{declared_error} (tried because {'; '.join(tried)})")
+        error.definition = d.name
+        raise error from declared_error
 
 
-def _cached(d: Definition, size: str, seed: int, device, make) -> Inputs:
+def _message(e: InputGenerationError, d: Definition) -> str:
+    """The error's text without the definition's name in front (the final error names it once)."""
+    text = str(e)
+    return text[len(d.name) + 2:] if text.startswith(f"{d.name}: ") else text
+
+
+def _cached(d: Definition, size: str, seed: int, device, source: str, make) -> Inputs:
     key = None
     if _cache_size:
-        key = (hashlib.sha256(d.to_json(indent=None).encode()).hexdigest(), size, seed, None, "init")
+        key = (hashlib.sha256(d.to_json(indent=None).encode()).hexdigest(), size, seed, None, source)
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
@@ -131,7 +170,7 @@ def _cached(d: Definition, size: str, seed: int, device, make) -> Inputs:
 
 
 def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | torch.device,
-                        case: str | None) -> Inputs:
+                        case: str | None, memory: int | None = None) -> Inputs:
     strings = [n for n, spec in d.inputs.items() if spec.is_string]
     if strings:  # fi_trace's string arguments: no generator knows a value for one (docs/definitions.md)
         raise InputGenerationError(
@@ -156,7 +195,7 @@ def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | to
         if hit is not None:
             _cache.move_to_end(key)
             return hit.to(device, copy=True)
-    builder = Builder(d, size, seed, case, device=_making_device(device))
+    builder = Builder(d, size, seed, case, device=_making_device(device), memory=memory)
     try:
         family.generate(builder)
     except InputGenerationError:

@@ -61,6 +61,12 @@ class UnsupportedOpType(InputGenerationError):
     """No generator knows the definition's op_type (callers such as `run --all` skip these)."""
 
 
+class EdgeCaseUnavailable(InputGenerationError):
+    """An edge case is its family generator's, and that generator does not fit this definition (other input
+    names): the definition's random cases come from its init or its declaration, its edge cases cannot be made.
+    A `no-generator` skip, not an error."""
+
+
 class CaseTooLarge(InputGenerationError):
     """The case needs more memory than the device has (an index past 2**31 needs a tensor that large):
     a `too-large` skip with the bytes it needs, not an error."""
@@ -167,8 +173,9 @@ class Builder:
     """
 
     def __init__(self, definition: Definition, size: str, seed: int, case: str | None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", memory: int | None = None):
         self.definition = definition
+        self.memory = memory  # bytes this case may use (a share of the device); None: all of the device's
         self.size = size
         self.seed = seed
         self.case = case
@@ -184,10 +191,10 @@ class Builder:
         """Raise CaseTooLarge unless `factor` times `nbytes` fit this device (a case whose point is a
         large tensor: `what` says which). `factor` 1 where only the tensor itself has to fit (the
         ground truth and reference read it without widening it)."""
-        budget = memory_budget(self.device)
+        budget = self.memory if self.memory is not None else memory_budget(self.device)
         if nbytes * factor > budget:
             raise CaseTooLarge(f"{what} needs {nbytes / 2**30:.1f} GiB (x{factor} for the check's copies), more "
-                               f"than the {budget / 2**30:.0f} GiB of {self.device.type} memory here",
+                               f"than the {budget / 2**30:.0f} GiB of {self.device.type} memory this check may use",
                                definition=self.definition.name)
 
     def rng(self, tag: str) -> Stream:
@@ -230,7 +237,7 @@ class Builder:
 
     # -- writing
     def set_axis(self, name: str, value: int) -> None:
-        if name not in self.definition.axes:
+        if name not in self.definition.axes and name not in self.definition.literal_dims:  # fi_trace's "1"
             raise self.error(f"axis {name!r} is not declared")
         value = int(value)
         if name in self.axes and self.axes[name] != value:
@@ -317,11 +324,13 @@ class Builder:
             raise self.error(f"input {name!r}: shape {tuple(value.shape)}, expected {want} {spec.shape}")
         if value.dtype != torch_dtype(spec.dtype):
             raise self.error(f"input {name!r}: dtype {value.dtype}, expected {spec.dtype.value}")
-        if value.is_floating_point() and value.dtype not in _FP8_MASKS and value.numel():
+        # fp8 codes are drawn finite; every fp4 (e2m1) code is finite, and torch has no isfinite for them
+        if value.is_floating_point() and value.dtype not in _FP8_MASKS and value.dtype != _FP4 and value.numel():
             if not _all_finite(value):
                 raise self.error(f"input {name!r}: generated non-finite values")
 
 
+_FP4 = getattr(torch, "float4_e2m1fn_x2", None)
 _CHECK_CHUNK = 1 << 24  # elements: isfinite makes temporaries 2.5x a bf16 tensor's size; bound them
 
 

@@ -6,7 +6,9 @@ told apart by their inputs.
   names (slot = page * page_size + offset in the page, -1 = an unused entry). The cache is a pool of
   `num_pages` pages, about 1.5 topk tokens (small) so that rows pick most of it; each row's slots are
   distinct and drawn from the whole pool (a random subset, in random order), its -1 entries at the
-  tail (or scattered, in one case).
+  tail (or scattered, in one case). Its boundary cases are the attention families' (`SCORE_CASES`,
+  shaped by attention.shape_scores over the pool; one_key_dominates puts one slot in every row) and
+  `large_offsets` (the pool is the last pages of a latent cache past 2**31 elements).
 * **Top-k indexer** (`q_index_fp8`, `k_index_cache_fp8`, `weights`, `seq_lens`, `block_table`): fp8
   index queries against a paged fp8 key cache in DeepGEMM's packed layout: per page, the fp8 keys of
   its page_size tokens (token-major, head_dim bytes each), then their page_size float32 scales; the
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .common import Builder, log_uniform, normal, permutation, random_words
+from .attention import INT32_ELEMENTS, SCORE_CASES, require_large, roles, shape_scores
+from .common import Builder, log_uniform, normal, permutation, random_tensor, random_words
 
 OP_TYPES = ("dsa_paged",)
 
@@ -37,6 +40,9 @@ ATTENTION_INPUTS = ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "sparse_indices"
 INDEXER_INPUTS = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table")
 
 ATTENTION_CASES = ("single_token", "fewer_than_topk", "scattered_padding", "empty_row")
+# the boundary cases the attention families share (inputs/attention.py, docs/boundary/attention.md): the
+# softmax's arithmetic at its limits, and a latent cache whose selected slots sit past 2**31 elements
+BOUNDARY_CASES = (*SCORE_CASES, "large_offsets")
 PAGE_CASES = ("page_boundary",)  # only where a page holds more than one token
 INDEXER_CASES = ("batch1", "shorter_than_topk", "empty_request", "exactly_topk", "tied_scores")
 
@@ -70,7 +76,7 @@ def edge_cases(definition) -> list[str]:
     if is_indexer(definition):
         return list(INDEXER_CASES)
     page_size = definition.const_axes.get("page_size", 1)
-    return list(ATTENTION_CASES) + (list(PAGE_CASES) if page_size > 1 else [])
+    return list(ATTENTION_CASES) + list(BOUNDARY_CASES) + (list(PAGE_CASES) if page_size > 1 else [])
 
 
 def generate(b: Builder) -> None:
@@ -110,6 +116,8 @@ def _attention(b: Builder) -> None:
     tokens = 1 if b.case == "single_token" else tier.tokens
     pool_pages = -(-math.ceil(tier.pool * topk) // page_size)
     pool = pool_pages * page_size
+    # large_offsets: the pool is the cache's last pages, past 2**31 elements of the latent; pages before it are 0
+    first_page = -(-INT32_ELEMENTS // (page_size * b.dim("ckv_cache", -1))) if b.case == "large_offsets" else 0
     g = b.rng("sparse_indices")
 
     if b.case == "fewer_than_topk":
@@ -120,7 +128,7 @@ def _attention(b: Builder) -> None:
     if b.case == "empty_row" and tokens > 1:
         counts[int(_uniform_ints(1, 1, tokens - 1, g)[0])] = 0  # not the first row only
 
-    rows = permutation(pool, g, rows=tokens)  # each row: the pool's slots in a random order
+    rows = permutation(pool, g, rows=tokens) + first_page * page_size  # each row: the pool's slots, shuffled
     indices = torch.full((tokens, topk), -1, dtype=torch.int64)
     for t, n in enumerate(counts):
         indices[t, :n] = rows[t, :n]
@@ -130,15 +138,40 @@ def _attention(b: Builder) -> None:
         # the -1 entries anywhere in the row, not only at its end
         order = permutation(topk, g, rows=tokens)
         indices = torch.gather(indices, 1, order)
+    dominant = int(rows[0, 0])
+    if b.case == "one_key_dominates":  # one slot in every row: the dominant key each softmax sees
+        for t, n in enumerate(counts):
+            if n and not bool((indices[t, :n] == dominant).any()):
+                indices[t, int(_uniform_ints(1, 0, n - 1, g)[0])] = dominant
 
     b.put("sparse_indices", indices.to(b.torch_dtype("sparse_indices")))
     for name in ("ckv_cache", "kpe_cache"):
-        b.set_dim(name, 0, pool_pages)
+        b.set_dim(name, 0, first_page + pool_pages)
     for name in ("q_nope", "q_pe"):
         b.set_dim(name, 0, tokens)
-    for name in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"):
+    for name in ("q_nope", "q_pe"):
         b.put_random(name)
+    if first_page:
+        _put_pool_past_int32(b, first_page)
+    else:
+        for name in ("ckv_cache", "kpe_cache"):
+            b.put_random(name)
+    if b.case in SCORE_CASES:  # uniform_keys: the whole pool is one key
+        shape_scores(b, roles(b.definition), [torch.arange(pool)], [torch.tensor([dominant])])
     b.put_scalar("sm_scale", 1.0 / math.sqrt(QK_NOPE_HEAD_DIM + b.dim("q_pe", -1)))
+
+
+def _put_pool_past_int32(b: Builder, first_page: int) -> None:
+    """large_offsets: caches of zeros up to `first_page`, random pages from there (the pool the rows read)."""
+    names = ("ckv_cache", "kpe_cache")
+    nbytes = sum(math.prod(b.shape(n)) * torch.empty(0, dtype=b.torch_dtype(n)).element_size() for n in names)
+    require_large(b, nbytes, "a latent cache past 2**31 elements")
+    for name in names:
+        shape = b.shape(name)
+        t = torch.zeros(shape, dtype=b.torch_dtype(name), device=b.device)
+        t[first_page:] = random_tensor((shape[0] - first_page, *shape[1:]), b.spec(name).dtype, b.rng(name),
+                                       device=b.device)
+        b.put(name, t)
 
 
 def _page_boundary_rows(tokens: int, topk: int, pages: int, page_size: int, g) -> torch.Tensor:

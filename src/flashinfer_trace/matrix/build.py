@@ -303,6 +303,9 @@ def cell(definition: str, env: Environment, tests: list[CaseRecord], issues: lis
         over = passed_over(group)
         if over:
             sources[src]["passed_over"] = over
+        by_path = path_states(group)
+        if by_path:
+            sources[src]["paths"] = by_path
     sources.update(not_run_by_known_issue(definition, env, sources, issues or []))
     all_states = [test_state(t) for t in tests]
     worst = next((b for b in BAD if b in all_states), None)
@@ -342,6 +345,21 @@ def not_run_by_known_issue(definition: str, env: Environment, sources: dict[str,
         for src in issue.sources or KERNEL_SOURCES:
             if src not in sources and src not in out and issue.applies(definition, src, versions, env.arch):
                 out[src] = {"state": "not-run", "counts": {}, "reason": f"not run: {issue.describe()}", "api": None}
+    return out
+
+
+def path_states(tests: list[CaseRecord]) -> dict[str, dict[str, Any]]:
+    """Each path of a source checked (its plain call "plain", tensor cores, fa3, plan reuse, CUDA graph) with its
+    state: which were checked and which failed. Empty when the source has only its plain path."""
+    groups: dict[str, list[CaseRecord]] = {}
+    for t in tests:
+        groups.setdefault(t.path or "plain", []).append(t)
+    if list(groups) == ["plain"]:
+        return {}
+    out = {}
+    for name, group in groups.items():
+        state, reason = _summarise([test_state(t) for t in group], [t.detail for t in group])
+        out[name] = {"state": state, "counts": dict(Counter(t.status.value for t in group)), "reason": reason}
     return out
 
 

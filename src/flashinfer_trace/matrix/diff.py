@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-BROKEN = ("fail", "mutates-inputs", "error", "timeout", "install-failed")
+BROKEN = ("fail", "flaky-wrong", "mutates-inputs", "error", "timeout", "install-failed")
 SPREAD_FACTOR = 3.0
 SPREAD_FLOOR = 0.01
 

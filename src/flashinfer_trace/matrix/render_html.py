@@ -230,6 +230,12 @@ def _cell_title(definition: str, env: dict, cell: dict | None, states: dict) -> 
                 if isinstance(over, dict):
                     text += f"; passed over {over.get('api')} ({over.get('reason')})"
             lines.append(text)
+            for path, info in sorted(_dict(source.get("paths")).items()):  # each call mode checked, its state
+                info = _dict(info)
+                text = f"    path {path}: {info.get('state') or '?'}"
+                if info.get("state") not in ("pass", None) and info.get("reason"):
+                    text += f" — {info['reason']}"
+                lines.append(text)
     tolerance = {k: v for k, v in _dict(cell.get("tolerance")).items() if v is not None}
     if tolerance:
         lines.append("tolerance: " + ", ".join(f"{k} {_fmt(v)}" for k, v in tolerance.items()))

@@ -46,6 +46,7 @@ class GroundTruthPath(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     source: str | None = None  # (version-1 records did not always say)
+    path: str | None = None  # the source's path checked (groundtruth.paths); None: its plain path
     api: str | None = None
     version: str | None = None
     device: str | None = None
@@ -63,6 +64,8 @@ class CaseRecord(BaseModel):
     seed: int | None = None
     case: str | None = None  # the edge case's name; None for the normal inputs
     source: str | None = None  # the ground truth compared with: flashinfer | sglang | torch
+    path: str | None = None  # which of the source's paths (call modes): None its plain call, "tensor-cores+graph"
+    fresh: bool = False  # the seed is this run's fresh one (drawn per run, replayable with --seeds)
     status: Status
     kind: Kind | None = None  # why it did not pass
     detail: str | None = None  # the same in words: the skip reason, the failure summary
@@ -70,12 +73,13 @@ class CaseRecord(BaseModel):
     ground_truth: GroundTruthPath | None = None
     tolerance: dict[str, Any] | None = None
     sampling: dict[str, Any] | None = None  # a sampler's draws and thresholds
+    repeats: dict[str, Any] | None = None  # the kernel run N times on the same inputs: runs, wrong, spread
     compared: list[dict[str, Any]] = Field(default_factory=list)  # per output: how close it came
     reports: list[dict[str, Any]] = Field(default_factory=list)  # per output: the full diff of a failure
     phases: dict[str, float] = Field(default_factory=dict)  # seconds per phase, worker_starts
     seconds: float = 0.0
     device_time_us: float | None = None
-    inputs: str | None = None  # where the inputs came from: "generator" or "fi_trace init"
+    inputs: str | None = None  # where the inputs came from: "generator", "fi_trace init" or "declared"
     known_issue: str | None = None
     failure_file: str | None = None
     environment: str | None = None
@@ -84,7 +88,7 @@ class CaseRecord(BaseModel):
     @property
     def key(self) -> tuple:
         """What identifies the case: a later record of the same key replaces an earlier one."""
-        return (self.definition, self.check.value, self.source, self.size, self.seed, self.case)
+        return (self.definition, self.check.value, self.source, self.path, self.size, self.seed, self.case)
 
     @property
     def tolerance_used(self) -> float | None:

@@ -1,9 +1,10 @@
 """Constants of a reference read from its AST, never by running it: `EPS = 1e-5` -> {"EPS": 1e-05}.
 
-Ground-truth adapters read hard-coded parameters (EPS, TOP_K, ...) here, in the parent process, so
-every operator is bounded: a value that would exceed MAX_INT_BITS / MAX_STR_CHARS / MAX_TUPLE_ITEMS
-is "not a constant", decided before it is computed (doubling a string or an int sixty times, or
-`10 ** 10 ** 10`, costs nothing).
+The drift report (fitrace/drift.py) reads hard-coded parameters (EPS, TOP_K, ...) here to compare two
+definitions; ground truths never do (they would agree with the reference they judge: semantics.py). It runs
+in the parent process, so every operator is bounded: a value that would exceed MAX_INT_BITS / MAX_STR_CHARS /
+MAX_TUPLE_ITEMS is "not a constant", decided before it is computed (doubling a string or an int sixty times,
+or `10 ** 10 ** 10`, costs nothing).
 """
 
 from __future__ import annotations

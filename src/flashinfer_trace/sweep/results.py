@@ -78,6 +78,7 @@ class SessionInfo:
     jit: dict[str, Any] | None = None  # the JIT prebuild: counts, seconds, modules, compiled during tests
     phases: dict[str, float] | None = None  # the tests' time summed by phase (inputs, reference, ...)
     mps: dict[str, Any] | None = None  # GPU sessions: whether CUDA MPS was used, and why not (sweep/mps.py)
+    fresh_seed: int | None = None  # the run's fresh seed, the same in every test process (replay: --seeds N)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):

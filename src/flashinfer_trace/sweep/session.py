@@ -58,13 +58,33 @@ def check_gpu(combo: Combination, arch: str | None) -> tuple[str, str | None, st
     return "ok", None, found
 
 
-def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str]) -> list[str]:
+def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], fresh_seed: int | None = None,
+                jobs: int = 1) -> list[str]:
     if kind == "bench":
         return [f"--benchmark-json={results / 'benchmark.json'}", f"--bench-stream={results / 'benchmark.jsonl'}",
                 "-p", "no:xdist", *extra]
     device = "cuda" if combo.gpu else "cpu"
     report = [f"--jit-report={results / JIT_STREAM}"] if combo.gpu else []  # the tests skip what it could not build
-    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *extra]
+    # one fresh seed for every test process of the session (they collect the same cases); the user's wins
+    fresh = [] if fresh_seed is None or any(a.startswith("--fresh-seed") for a in extra) else [
+        f"--fresh-seed={fresh_seed}"]
+    # the test processes share one GPU: a case that needs more than its share of the memory is too-large
+    share = [f"--gpu-share={jobs}"] if combo.gpu and jobs > 1 else []
+    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *fresh, *share, *extra]
+
+
+def session_fresh_seed(results: Path, resume: bool) -> int:
+    """A new fresh seed, or the interrupted session's when resuming (its finished cases keep theirs)."""
+    from ..options import fresh_seed
+
+    if resume:
+        try:
+            earlier = json.loads((results / "session.json").read_text()).get("fresh_seed")
+        except (OSError, ValueError):
+            earlier = None
+        if isinstance(earlier, int):
+            return earlier
+    return fresh_seed(None)
 
 
 def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
@@ -81,7 +101,8 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
 
         configure(allow_unconfined=True)
     info = SessionInfo(session, combo.id, install_mode=(install or {}).get("mode"), constraints_file=str(combo.path),
-                       constraints_sha256=combo.sha256, started=started, mps=mps.recorded())
+                       constraints_sha256=combo.sha256, started=started, mps=mps.recorded(),
+                       fresh_seed=session_fresh_seed(results, resume) if kind == "references" else None)
     manifest = mf.collect(combination=combo.metadata(), install=install, repo=cwd or ".")
     status, reason, found = check_gpu(combo, arch)
     info.arch = found or (arch if combo.gpu else "cpu")
@@ -124,7 +145,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     try:
         with JsonlStream(results / STREAM, append=resume) as stream:
             records = earlier + [convert(r) for r in run_isolated(
-                targets, pytest_args(kind, combo, results, extra or []), python=sys.executable,
+                targets, pytest_args(kind, combo, results, extra or [], info.fresh_seed, jobs), python=sys.executable,
                 env=child_environment(1 if kind == "bench" else jobs),
                 cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
                 log_dir=results / "logs", on_record=lambda r: stream.write(convert(r).as_dict()),

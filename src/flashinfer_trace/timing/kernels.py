@@ -67,7 +67,7 @@ def _prep_fused_add_rmsnorm(kernel: Callable[[Any], Callable]):
 
         x = call.inputs.values
         op = kernel(call.module)
-        eps = sem.eps(call.definition)
+        eps = sem.eps(call.definition, x)
         h0, r0, weight = x["hidden_states"], x["residual"], x["weight"]
         h, r = h0.clone(), r0.clone()
 
@@ -85,7 +85,7 @@ def _prep_rmsnorm(kernel: Callable[[Any], Callable]):
         from .. import semantics as sem
 
         x = call.inputs.values
-        op, eps = kernel(call.module), sem.eps(call.definition)
+        op, eps = kernel(call.module), sem.eps(call.definition, x)
         hs, weight = x["hidden_states"], x["weight"]
         return (lambda: op(hs, weight, eps=eps)), None, "eps read once, the kernel call timed"
 

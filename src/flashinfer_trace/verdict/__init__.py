@@ -2,7 +2,7 @@
 
     compare.py     tolerances, the element-wise diff report, assert_close
     errormodel.py  per-element error scales of sums of products (gemm, attention, GDN), top-k index sets
-    samples.py     samplers, statistically (support and chi-square homogeneity)
+    samples.py     samplers, statistically (support, and frequencies against the float64 distribution)
     topk.py        index sets judged by the scores they select
 """
 
@@ -52,8 +52,8 @@ def judge(definition: Definition, inputs: Inputs, actual, expected, tolerance: T
 
 
 def judge_sampler(definition: Definition, inputs: Inputs, ground_truth, settings: SamplingSettings,
-                  seed: int) -> Judgement:
-    report: SampleReport = check_sampler(definition, inputs, ground_truth, settings, seed)
+                  seed: int, cache: dict | None = None) -> Judgement:
+    report: SampleReport = check_sampler(definition, inputs, ground_truth, settings, seed, cache)
     return Judgement(report.passed, report.verdict, None if report.passed else report.summary(),
                      [], [report.as_dict()])
 

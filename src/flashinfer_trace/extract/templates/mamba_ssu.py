@@ -60,7 +60,7 @@ def mamba_ssu(nheads: int, head_dim: int, dstate: int, ngroups: int) -> dict[str
             "state and rounded to bfloat16 once. A, D, dt and dt_bias hold one value per head (tied across "
             "head_dim, Mamba2's TIE_HDIM layout); the reference reads them element-wise."
         ),
-        tags=[STATUS, "stage:decode", "fi_api:flashinfer.mamba.selective_state_update"],
+        tags=[STATUS, "stage:decode", "fi_api:flashinfer.mamba.selective_state_update", "param:dt_softplus=true"],
         axes={
             "batch_size": var_axis("Number of requests decoded together (one token each)."),
             "state_cache_size": var_axis("Rows of the SSM state cache; at least batch_size."),

@@ -17,15 +17,18 @@ REFERENCES = {
 def run(probs, top_k):
     vocab_size = probs.shape[1]
     sorted_probs, sorted_ids = torch.sort(probs.to(torch.float32), dim=-1, descending=True)
-    rank = torch.arange(vocab_size, device=probs.device)[None, :]
 
-    # top-k: keep ranks < k; k <= 0 or k >= vocab_size keeps every token
+    # top-k: keep every token at least as probable as the k-th most probable one (a tie at the
+    # k-th probability is kept whole); k <= 0 or k >= vocab_size keeps every token
     k = top_k.to(torch.int64)
     k = torch.where((k <= 0) | (k >= vocab_size), vocab_size, k)
-    kept = sorted_probs * (rank < k[:, None])
+    kth = sorted_probs.gather(1, (k - 1)[:, None])
+    kept = sorted_probs * (sorted_probs >= kth)
     kept = kept / kept.sum(dim=-1, keepdim=True)  # renormalise
 
-    choice = torch.multinomial(kept, 1)  # a rank in sorted order, [batch_size, 1]
+    # drawn in float64: over float32 probabilities torch.multinomial on a GPU moves ~0.4% of a
+    # 128k-token row's mass towards its tail (docs/ground-truth.md, "Sampling")
+    choice = torch.multinomial(kept.to(torch.float64), 1)  # a rank in sorted order, [batch_size, 1]
     return sorted_ids.gather(1, choice).squeeze(1).to(torch.int64)
 """,
     "top_p": """import torch
@@ -35,14 +38,20 @@ def run(probs, top_k):
 def run(probs, top_p):
     sorted_probs, sorted_ids = torch.sort(probs.to(torch.float32), dim=-1, descending=True)
 
-    # top-p: keep rank r while the mass of ranks 0..r-1 is below top_p (rank 0 is always kept)
+    # top-p: keep a token while the mass of the tokens strictly more probable than it is below top_p;
+    # equal probabilities share the mass before the first of them (a tie is kept or dropped whole);
+    # the most probable token is always kept; top_p >= 1 keeps every token
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    keep = mass_before < top_p.to(torch.float32)[:, None]
-    keep[:, 0] = True
+    first = torch.searchsorted(-sorted_probs, -sorted_probs)  # rank of the first token of each tie
+    mass_greater = mass_before.gather(1, first)
+    p = top_p.to(torch.float32)[:, None]
+    keep = (mass_greater < p) | (first == 0) | (p >= 1)
     kept = sorted_probs * keep
     kept = kept / kept.sum(dim=-1, keepdim=True)  # renormalise
 
-    choice = torch.multinomial(kept, 1)  # a rank in sorted order, [batch_size, 1]
+    # drawn in float64: over float32 probabilities torch.multinomial on a GPU moves ~0.4% of a
+    # 128k-token row's mass towards its tail (docs/ground-truth.md, "Sampling")
+    choice = torch.multinomial(kept.to(torch.float64), 1)  # a rank in sorted order, [batch_size, 1]
     return sorted_ids.gather(1, choice).squeeze(1).to(torch.int64)
 """,
     "top_k_top_p": """import torch
@@ -52,32 +61,39 @@ def run(probs, top_p):
 def run(probs, top_k, top_p):
     vocab_size = probs.shape[1]
     sorted_probs, sorted_ids = torch.sort(probs.to(torch.float32), dim=-1, descending=True)
-    rank = torch.arange(vocab_size, device=probs.device)[None, :]
 
-    # 1. top-k: keep ranks < k; k <= 0 or k >= vocab_size keeps every token; renormalise
+    # 1. top-k: keep every token at least as probable as the k-th most probable one (a tie at the
+    #    k-th probability is kept whole); k <= 0 or k >= vocab_size keeps every token; renormalise
     k = top_k.to(torch.int64)
     k = torch.where((k <= 0) | (k >= vocab_size), vocab_size, k)
-    kept = sorted_probs * (rank < k[:, None])
+    kth = sorted_probs.gather(1, (k - 1)[:, None])
+    kept = sorted_probs * (sorted_probs >= kth)
     kept = kept / kept.sum(dim=-1, keepdim=True)
 
-    # 2. top-p on the renormalised top-k distribution: keep rank r while the mass of
-    #    ranks 0..r-1 is below top_p (rank 0 is always kept); renormalise
+    # 2. top-p on the renormalised top-k distribution: keep a token while the mass of the tokens
+    #    strictly more probable than it is below top_p (a tie is kept or dropped whole; the most
+    #    probable token is always kept; top_p >= 1 keeps every token); renormalise
     mass_before = torch.cumsum(kept, dim=-1) - kept
-    keep = mass_before < top_p.to(torch.float32)[:, None]
-    keep[:, 0] = True
+    first = torch.searchsorted(-kept, -kept)  # rank of the first token of each tie
+    mass_greater = mass_before.gather(1, first)
+    p = top_p.to(torch.float32)[:, None]
+    keep = (mass_greater < p) | (first == 0) | (p >= 1)
     kept = kept * keep
     kept = kept / kept.sum(dim=-1, keepdim=True)
 
-    choice = torch.multinomial(kept, 1)  # a rank in sorted order, [batch_size, 1]
+    # drawn in float64: over float32 probabilities torch.multinomial on a GPU moves ~0.4% of a
+    # 128k-token row's mass towards its tail (docs/ground-truth.md, "Sampling")
+    choice = torch.multinomial(kept.to(torch.float64), 1)  # a rank in sorted order, [batch_size, 1]
     return sorted_ids.gather(1, choice).squeeze(1).to(torch.int64)
 """,
 }
 
-TOP_K_RULE = ("top-k keeps the top_k most probable tokens of the row (top_k <= 0 or >= vocab_size keeps all; ties "
-              "at the k-th probability are broken arbitrarily)")
-TOP_P_RULE = ("top-p (nucleus) keeps the smallest prefix of the tokens sorted by descending probability whose "
-              "cumulative mass reaches top_p, i.e. token r (0-based rank) is kept when the mass of ranks 0..r-1 is "
-              "< top_p; the most probable token is always kept")
+TOP_K_RULE = ("top-k keeps every token at least as probable as the k-th most probable one, so a tie at the k-th "
+              "probability is kept whole (FlashInfer's kernels; top_k <= 0 or >= vocab_size keeps all)")
+TOP_P_RULE = ("top-p (nucleus) keeps a token when the total mass of the tokens strictly more probable than it is "
+              "< top_p, i.e. the shortest prefix of the tokens sorted by descending probability whose mass reaches "
+              "top_p, with tokens of equal probability kept or dropped together; the most probable token is always "
+              "kept and top_p >= 1 keeps all")
 RANDOM = ("The output is RANDOM (torch.multinomial; the kernel uses its own generator), so it cannot be compared "
           "element-wise: a check verifies that every sample lies in the allowed set and that the empirical "
           "frequencies over many draws match the filtered, renormalised distribution.")

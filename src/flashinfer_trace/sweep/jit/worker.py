@@ -48,7 +48,9 @@ def _warm(job: dict, device: str) -> tuple[str, str | None]:
 
         d = load_path(job["path"]) if Path(job["path"]).is_file() else load_definition(job["definition"])
         gt = get_ground_truth(job["source"], d, device=device, prebuild=None)
-        gt(generate_inputs(d, "small", 0, device=device))
+        inputs = generate_inputs(d, "small", 0, device=device)
+        gt(inputs)
+        _warm_other_paths(job["source"], d, device, inputs)
         import torch
 
         if device.startswith("cuda"):
@@ -59,6 +61,21 @@ def _warm(job: dict, device: str) -> tuple[str, str | None]:
         text = " ".join(f"{type(e).__name__}: {e}".split())[:2000]
         return ("build-failed" if is_build_failure(e) else "error"), text
     return "ok", None
+
+
+def _warm_other_paths(source: str, d, device: str, inputs) -> None:
+    """The source's other paths that build modules of their own (tensor-core decode, fa3), so their tests do
+    not compile; best effort: what fails here fails again in its test, which records it. Call modes of the
+    same kernel (plan reuse, CUDA graphs) build nothing new."""
+    from ...groundtruth import get_ground_truth, modes, paths, split_path
+
+    for path in paths(source, d):
+        if path is None or split_path(path)[1] in modes.GENERIC:
+            continue
+        try:
+            get_ground_truth(source, d, device=device, prebuild=None, path=path)(inputs)
+        except Exception:  # noqa: BLE001,S112 - recorded by the path's own tests
+            continue
 
 
 def worker_main(answer_fd: int, device: str) -> int:
