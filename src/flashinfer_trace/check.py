@@ -101,11 +101,12 @@ class CheckConfig:
         fresh = () if self.fresh_seed is None or self.fresh_seed in self.seeds else ((self.fresh_seed, True),)
         return fixed + fresh
 
-    def sampling(self) -> SamplingSettings:
-        """Sampler checks: the draws follow from what must be seen (verdict/samples.py); --draws fixes them."""
+    def sampling(self, edge: bool = False) -> SamplingSettings:
+        """Sampler checks: the draws follow from what must be seen (verdict/samples.py; a boundary case is
+        planned for the gross failures it is built to expose); --draws fixes them."""
         if self.resolved_device == "cpu":
-            return SamplingSettings.cpu(self.draws)
-        return SamplingSettings.gpu(self.draws)
+            return SamplingSettings.cpu(self.draws, edge=edge)
+        return SamplingSettings.gpu(self.draws, edge=edge)
 
     def prebuild(self) -> PrebuildLookup | None:
         if not self.jit_report:
@@ -382,7 +383,7 @@ def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> Cas
     gt = (config.resolve or get_ground_truth)(case.source, d, device=memo.device, prebuild=config.prebuild(),
                                               path=case.path)
     if d.is_sampler:
-        settings = config.sampling()
+        settings = config.sampling(edge=case.check is Check.EDGE)
         inputs = memo.copy(case, phases)
         with phases("compare"):
             j = judge_sampler(d, inputs, gt, settings, case.seed, cache=memo.sampler_draws)

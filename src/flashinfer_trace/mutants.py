@@ -238,7 +238,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "slot = b if int(state_batch_indices[b]) != PAD_SLOT_ID else PAD_SLOT_ID")),
     _m("mamba_ssu_decode_h128_d64_s128_ng8", "pad-not-skipped", "a padded request (-1) updates the last row",
        ("if slot == PAD_SLOT_ID:", "if False:")),
-    # (the threshold form keeps a call named softplus: the ground truth reads from the reference whether it has one)
     _m("mamba_ssu_decode_h64_d64_s128_ng4", "softplus-no-linear-branch", "softplus without its linear branch (the "
        "threshold ignored): log(1 + exp(x)) is inf past x = 88.7, and the step with it",
        ("step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32))",

@@ -212,7 +212,7 @@ def test_a_family_that_does_not_fit_falls_back_to_the_declaration():
     x = generate_inputs(d, "small", 0)
     assert x.source == "declared"
     assert x.values["indptr"][-1] == x.axes["nnz"] and x.axes["len_indptr"] == x.axes["batch_size"] + 1
-    assert edge_cases(d) == ["single_token", "large_values"]  # still the family's, but they cannot be made:
+    assert "single_token" in edge_cases(d)  # still the family's, but they cannot be made:
     with pytest.raises(EdgeCaseUnavailable, match="edge case 'single_token' needs the rope generator"):
         generate_inputs(d, "small", 0, case="single_token")
 

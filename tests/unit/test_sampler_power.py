@@ -88,6 +88,16 @@ def test_cpu_settings_state_their_power_within_the_ci_budget(rows):
     assert plan.draws <= 200 or plan.row_draws == SamplingSettings().min_row_draws
 
 
+@pytest.mark.parametrize("device, tv, out_of_set, most", [("cpu", 0.6, 0.1, 80), ("gpu", 0.02, 4e-4, 50_000)])
+def test_boundary_cases_are_planned_for_the_gross_failures_they_expose(device, tv, out_of_set, most):
+    """A boundary case's bug is a draw outside the set or a convention moving >= 0.74 of the mass
+    (test_boundary_sampling.py): its settings see 0.6 (CPU) / 0.02 (GPU) and need fewer draws."""
+    settings = getattr(SamplingSettings, device)(edge=True)
+    plan = settings.plan(3, 128256, filtering_rows=3)
+    assert plan.tv_detectable <= tv and plan.out_of_set_detectable <= out_of_set and plan.draws <= most
+    assert plan.alpha == 1e-6
+
+
 def test_detectable_shrinks_as_one_over_root_n():
     a, b = pooled_detectable(10_000, VOCAB, 1e-6, 0.99), pooled_detectable(40_000, VOCAB, 1e-6, 0.99)
     assert a / b == pytest.approx(2, rel=0.05)

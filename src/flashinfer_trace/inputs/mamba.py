@@ -31,13 +31,12 @@ Edge cases:
     both regimes (above 20 torch's softplus returns its input) and exp(dt * A) underflows to 0: the
     old state is forgotten.
 Boundary cases (docs/boundary/moe-gdn-mamba.md says why each exists):
-  dt_extremes: the step and the decay at their limits, per (request, head) one of three dt regimes: dt
-    uniform in [90, 1000], past float32's exp overflow (88.7), where softplus must take its linear branch
-    (log(1 + exp(dt)) is inf); dt + dt_bias uniform in [-30, -20], a step ~1e-13..1e-9 whose decay rounds
-    to 1 (the state passes through); or the usual dt. And half the heads get A = -(1e5 .. 1e7): with the
-    usual step (>= 1e-3) exp(step * A) underflows in one step, the old state forgotten;
-  large_state: the cached state ~ 2**14 N(0, 1): C . state sums to ~2e5 per element, past float16's
-    65504 (an fp16 accumulation overflows), while bf16 holds it;
+  extreme_magnitudes: the step, the decay and the state at their limits. Per (request, head) one of three
+    dt regimes: dt uniform in [90, 1000], past float32's exp overflow (88.7), where softplus must take its
+    linear branch (log(1 + exp(dt)) is inf); dt + dt_bias uniform in [-30, -20], a step ~1e-13..1e-9 whose
+    decay rounds to 1 (the state passes through); or the usual dt. Half the heads get A = -(1e5 .. 1e7):
+    with the usual step (>= 1e-3) exp(step * A) underflows in one step, the old state forgotten. And the
+    cached state ~ 2**14 N(0, 1): C . state reaches ~2e5, past float16's 65504, while bf16 holds it;
   all_padded: every request carries PAD_SLOT_ID: the output is all zeros and the cache comes back as it
     was (a batch of nothing but CUDA-graph padding).
 """
@@ -51,7 +50,7 @@ import torch
 from .common import Builder, log_uniform, normal, permutation, randint, uniform, unknown_inputs
 
 OP_TYPES = ("mamba_ssu",)
-CASES = ("batch1", "padded", "large_cache", "large_dt", "dt_extremes", "large_state", "all_padded")
+CASES = ("batch1", "padded", "large_cache", "large_dt", "extreme_magnitudes", "all_padded")
 PAD_SLOT_ID = -1
 
 # (batch, state cache rows): medium keeps the float64 ground truth of a 128-head cache (2 MiB of bf16
@@ -66,10 +65,10 @@ REQUIRED = (STATE, X, DT, A, B, C)
 
 A_RANGE = (1.0, 16.0)  # -A
 DT0_LOG2 = (math.log2(1e-3), math.log2(1e-1))  # the time step softplus(dt_bias) lands in
-HUGE_DT = (90.0, 1000.0)  # dt_extremes: past float32's exp overflow at 88.7
-TINY_STEP_X = (-30.0, -20.0)  # dt_extremes: dt + dt_bias here
-STRONG_A_LOG2 = (math.log2(1e5), math.log2(1e7))  # dt_extremes: -A log-uniform here (step * A < -100)
-LARGE_STATE = 2.0**14  # large_state: the cache's scale
+HUGE_DT = (90.0, 1000.0)  # extreme_magnitudes: past float32's exp overflow at 88.7
+TINY_STEP_X = (-30.0, -20.0)  # extreme_magnitudes: dt + dt_bias here
+STRONG_A_LOG2 = (math.log2(1e5), math.log2(1e7))  # extreme_magnitudes: -A log-uniform here (step * A < -100)
+LARGE_STATE = 2.0**14  # extreme_magnitudes: the cache's scale
 
 
 def edge_cases(definition) -> list[str]:
@@ -148,7 +147,7 @@ def generate(b: Builder) -> None:
     if b.has(INDICES):
         spec_dtype = b.torch_dtype(INDICES)
         b.put(INDICES, _slots(b, batch, rows).to(spec_dtype))
-    b.put_random(STATE, scale=LARGE_STATE if b.case == "large_state" else 1.0)
+    b.put_random(STATE, scale=LARGE_STATE if b.case == "extreme_magnitudes" else 1.0)
     b.put_random(X)
     b.put_random(B)
     b.put_random(C)
@@ -157,7 +156,7 @@ def generate(b: Builder) -> None:
 
     # per-head parameters, tied across head_dim (and dstate for A)
     neg_a = uniform((heads,), b.rng(A)).mul_(A_RANGE[1] - A_RANGE[0]).add_(A_RANGE[0])
-    if b.case == "dt_extremes":  # half the heads (head 0 among them) decay to nothing in one step
+    if b.case == "extreme_magnitudes":  # half the heads (head 0 among them) decay to nothing in one step
         g = b.rng("strong")
         strong = permutation(heads, g)[: max(1, heads // 2)]
         if not bool((strong == 0).any()):
@@ -175,7 +174,7 @@ def generate(b: Builder) -> None:
     if b.case == "large_dt":
         dt = normal((batch, heads), b.rng(DT), scale=6.0, mean=12.0)
         dt[0, 0], dt[-1, -1] = 40.0, -4.0  # both ends always present, whatever the draw
-    elif b.case == "dt_extremes":  # per (request, head): huge, tiny (dt + dt_bias in TINY_STEP_X) or usual
+    elif b.case == "extreme_magnitudes":  # per (request, head): huge, tiny (dt + dt_bias in TINY_STEP_X) or usual
         g = b.rng(DT)
         huge = uniform((batch, heads), g).mul_(HUGE_DT[1] - HUGE_DT[0]).add_(HUGE_DT[0])
         tiny = uniform((batch, heads), g).mul_(TINY_STEP_X[1] - TINY_STEP_X[0]).add_(TINY_STEP_X[0]) - bias

@@ -28,25 +28,25 @@ DeepSeek-V3's 256 experts or 7168 hidden), so other definitions of the same fami
   one float32 per expert): the fp8 codes carry no scale of their own, so these per-expert output
   scales are what make each GEMM's result O(1): centred on 1 / (sqrt(K) * rms of the codes).
 
-Boundary cases (docs/boundary/moe-gdn-mamba.md says why each exists). The routing ones are built from
-the routing's own rules, so that one comparison decides the tie-break convention; ties are exact copies
-of one (logit, bias) pair, equal in float32 and float64 alike; each is checked after generation:
+Boundary cases (docs/boundary/moe-gdn-mamba.md says why each exists), two per definition: each case is
+one full expert computation on the CPU, so each carries several boundaries. The routing is built from the
+routing's own rules; ties are exact copies of one (logit, bias) pair, equal in float32 and float64 alike;
+each case checks after generation that it does what it says:
 
-* `tied_topk`: k - 1 clear winners, then three experts with one equal score for the last slot (local
-  ones: the lowest id wins, the highest would differ);
-* `tied_groups` (grouped routing): the local group and another group score exactly the same for the
-  last kept group; the other group's id is below the local one's for even tokens, above for odd ones;
-* `all_equal_logits`: every logit (and bias) equal: a complete tie, experts 0 .. k - 1 (local expert
-  offset 0);
-* `huge_logit_spread`: logits +-100 (softmax must subtract the max; sigmoid saturates to 1 and to a
-  float32 subnormal); one winner per token (grouped routing: top_k winners);
-* `all_to_one_expert`: every token chooses the same experts; on an expert-parallel rank exactly one
-  local expert, which receives every token;
-* `fp8_extremes` (block scales): each 128-block of codes is drawn from one of three regimes: the usual
-  0.125..1.875, the top of e4m3 (128..448) or its subnormals (m * 2^-9), its scale compensating, so the
-  dequantised values stay O(1) while the scales range from ~1e-5 to ~1e2;
-* `large_activations`: hidden states 256x larger (bf16 values or fp8 scales): gate values of several
-  hundred, past float32's exp overflow (88.7) in silu's sigmoid.
+* `routing_ties`: ties where the tie-break decides. Renormalize / Llama-4: k - 1 clear winners, then three
+  local experts with one equal logit for the last slot; the last token has every logit equal (a complete
+  tie: experts 0 .. k - 1). Grouped routing (the local block in the middle of the groups): tokens cycle
+  through a group tie for the last kept group against a group below the local one, one against a group
+  above it, and a top-k tie inside the local group; the last token has all-equal logits (routed by the
+  bias alone). The lowest id must win; the highest-id convention routes other local experts;
+* `extreme_magnitudes`: every logit +-100 (softmax must subtract the max; sigmoid saturates to 1 and to a
+  float32 subnormal) with every token choosing the same experts (one-hot for renormalize; on an
+  expert-parallel rank exactly one local expert, which receives every token); hidden states 256x larger
+  (gate values of several hundred, past float32's exp overflow in silu's sigmoid); and with fp8 block
+  scales, each 128-block of codes from one of three regimes: the usual 0.125..1.875, the top of e4m3
+  (128..448) or its subnormals (m * 2^-9), its scale compensating (scales ~1e-5 .. 1e2, values O(1)).
+
+Only the experts some token reaches (under either tie-break) get weights; the others are zero (`_live_experts`).
 """
 
 from __future__ import annotations
@@ -73,9 +73,8 @@ from .common import (
 OP_TYPES = ("moe",)
 ROWS = {"small": 2, "medium": 8, "large": 64}
 CASES = ("single_token", "no_local_tokens")
-TIE_CASES = ("tied_topk", "tied_groups", "all_equal_logits")
-ROUTING_CASES = (*TIE_CASES, "huge_logit_spread", "all_to_one_expert")
-VALUE_CASES = ("fp8_extremes", "large_activations")
+TIES, EXTREMES = "routing_ties", "extreme_magnitudes"
+TIE_ROWS = 4  # routing_ties has at least this many tokens: each tie type and the all-equal token
 ROUTED_SCALING_FACTOR = 2.5
 LOCAL_TOKEN_FRACTION = 0.75  # tokens steered to local experts
 HOT_EXPERTS = {"small": 2, "medium": 3, "large": 8}  # local experts the steered tokens share
@@ -97,7 +96,7 @@ DS_WINNER, DS_LOW = 6.0, -8.0  # grouped: sigmoid 0.998+ and < 0.02
 DS_TIE, DS_TIE_BIAS = 6.0, -0.5
 DS_BIAS_CLAMP = 0.3  # routing cases: |bias| <= this, so winner > tie > the rest, whatever the draw
 TIE_POOL = 3  # experts sharing the score at the last slot
-SPREAD = 100.0  # huge_logit_spread: +-this; exp(100) overflows float32
+SPREAD = 100.0  # extreme_magnitudes: logits +-this; exp(100) overflows float32
 LARGE_ACTIVATIONS = 256.0
 FP8_TOP_RMS, FP8_SUBNORMAL_RMS = 293.503, 0.0081705  # rms of the e4m3 codes 128..448 and m * 2^-9, m = 0..7
 # regime -> (and mask, or mask) on a random byte: 0 the usual exponent field 4..7, 1 field 14..15, 2 field 0
@@ -114,22 +113,19 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 def edge_cases(definition) -> list[str]:
     """no_local_tokens needs experts on other ranks: without expert parallelism every token is local.
-    The routing cases need router logits and a routing these generators can steer (a grouped layout they
-    fit: `_layout`); fp8_extremes needs block scales; large_activations hidden states."""
+    routing_ties needs router logits and a routing these generators can steer (a grouped layout they fit:
+    `_layout`); extreme_magnitudes hidden states (its routing part: router logits)."""
     ax = definition.const_axes
     cases = list(CASES)
     if OFFSET not in definition.inputs or ROUTED in definition.inputs or (
             "num_local_experts" in ax and "num_experts" in ax and ax["num_local_experts"] >= ax["num_experts"]):
         cases.remove("no_local_tokens")
     kind = _routing_kind(definition)
-    if kind == "plain":
-        cases += [c for c in ROUTING_CASES if c != "tied_groups"]
-    elif kind == "deepseek" and (lay := _layout(definition)) is not None:
-        cases += [c for c in ROUTING_CASES if _feasible(lay, c)]
-    if _has_block_scales(definition):
-        cases.append("fp8_extremes")
-    if HIDDEN in definition.inputs:
-        cases.append("large_activations")
+    lay = _layout(definition) if kind == "deepseek" else None
+    if kind == "plain" or (lay is not None and _feasible(lay, TIES)):
+        cases.append(TIES)
+    if HIDDEN in definition.inputs and (kind != "deepseek" or (lay is not None and _feasible(lay, EXTREMES))):
+        cases.append(EXTREMES)
     return cases
 
 
@@ -187,7 +183,7 @@ class Layout:
         return sorted({e // self.size for e in range(offset, offset + self.local)})
 
     def middle_offset(self) -> int:
-        """The local block nearest the middle: groups exist on both sides of it (tied_groups)."""
+        """The local block nearest the middle: groups exist on both sides of it (routing_ties)."""
         return self.local * ((self.experts // self.local) // 2)
 
 
@@ -219,24 +215,19 @@ def _winner_groups(lay: Layout, count: int, exclude: list[int], groups: int | No
 
 
 def _feasible(lay: Layout, case: str) -> bool:
-    """Whether the grouped layout leaves room for the case's construction (`_deepseek_logits`)."""
-    offset = lay.middle_offset() if case == "tied_groups" else 0
+    """Whether the grouped layout leaves room for the case's construction (`_deepseek_logits`): local groups
+    with groups below and above them (the middle block), three local experts in one group, k - 1 winners in
+    exactly topk_group - 1 other groups (two at least in each)."""
+    offset = lay.middle_offset()
     local_groups = lay.local_groups(offset)
     pool = min(lay.local, lay.size)
-    if case == "tied_topk":
-        return pool >= TIE_POOL and _winner_groups(lay, lay.top_k - 1, local_groups) is not None
-    if case == "tied_groups":
+    if case == TIES:
         below = [g for g in range(local_groups[0]) if g not in local_groups]
         above = [g for g in range(local_groups[-1] + 1, lay.groups)]
-        if not below or not above or pool < 2:
+        if not below or not above or pool < TIE_POOL:
             return False
         return _winner_groups(lay, lay.top_k - 1, [*local_groups, below[-1], above[0]], lay.kept - 1) is not None
-    if case == "huge_logit_spread":
-        hot = min(3, pool, lay.top_k)
-        return _winner_groups(lay, lay.top_k - hot, local_groups) is not None
-    if case == "all_to_one_expert":
-        return pool >= 2 and _winner_groups(lay, lay.top_k - 1, local_groups) is not None
-    return True  # all_equal_logits
+    return pool >= 2 and _winner_groups(lay, lay.top_k - 1, local_groups) is not None
 
 
 def _is_fp8(b: Builder, name: str) -> bool:
@@ -259,7 +250,7 @@ def generate(b: Builder) -> None:
     if routing is None:
         raise b.error(f"a moe definition needs a {LOGITS!r} input (or pre-routed {ROUTED!r})")
 
-    rows = 1 if b.case == "single_token" else ROWS[b.size]
+    rows = 1 if b.case == "single_token" else max(TIE_ROWS, ROWS[b.size]) if b.case == TIES else ROWS[b.size]
     b.set_dim(routing, 0, rows)
     if HIDDEN in d.inputs:
         b.set_dim(HIDDEN, 0, rows)
@@ -269,10 +260,10 @@ def generate(b: Builder) -> None:
         raise b.error(f"{num_local} local experts of {num_experts}: cannot place them")
     if OFFSET in d.inputs:
         offset = num_local * int(randint(0, num_experts // num_local, (1,), b.rng(OFFSET)))
-        if b.case == "all_equal_logits":  # the complete tie picks experts 0 .. k - 1: make them local
+        if b.case in (TIES, EXTREMES) and _routing_kind(d) == "deepseek" and (lay := _layout(d)) is not None:
+            offset = lay.middle_offset()  # groups on both sides of the local ones
+        elif b.case == TIES:  # the all-equal token picks experts 0 .. k - 1: make them local
             offset = 0
-        elif b.case == "tied_groups" and (lay := _layout(d)) is not None:
-            offset = lay.middle_offset()
         b.put_scalar(OFFSET, offset)
     elif num_local == num_experts:  # no offset input: every expert is local (the public Qwen-style files)
         offset = 0
@@ -285,7 +276,7 @@ def generate(b: Builder) -> None:
     if BIAS in d.inputs:  # drawn first: the grouped boundary cases set some of it
         bias = b.put_random(BIAS, scale=ROUTING_BIAS_STD)
     if routing == LOGITS:
-        if b.case in ROUTING_CASES:
+        if b.case in (TIES, EXTREMES) and _routing_kind(d) is not None:
             logits, bias = _boundary_logits(b, rows, num_experts, offset, num_local, bias)
             if bias is not None:
                 b.put(BIAS, bias.to(b.torch_dtype(BIAS)))
@@ -296,18 +287,18 @@ def generate(b: Builder) -> None:
         b.put(ROUTED, _packed_topk(b, rows, num_experts))
 
     live = _live_experts(b, offset, num_local)  # boundary cases: only the experts some token reaches
-    regimes: dict[str, torch.Tensor] = {}  # fp8_extremes: each block scale's code regime
+    regimes: dict[str, torch.Tensor] = {}  # extreme_magnitudes: each block scale's code regime
     for name in names:
         if name in scales:
             base = name[: -len("_scale")]
             centre = -math.log2(FP8_CODE_RMS)
             if base in weights:
                 centre -= 0.5 * math.log2(max(b.dim(base, -1), 1))
-            elif b.case == "large_activations":
+            elif b.case == EXTREMES:
                 centre += math.log2(LARGE_ACTIVATIONS)
             t = log_uniform(b.shape(name), b.rng(name), centre - SCALE_SPREAD, centre + SCALE_SPREAD,
                             device=b.device)
-            if b.case == "fp8_extremes":
+            if b.case == EXTREMES:
                 regimes[base] = randint(0, len(FP8_REGIMES), b.shape(name), b.rng(f"{name}/regime"),
                                         dtype=torch.uint8, device=b.device)
                 rms = torch.tensor([r[2] for r in FP8_REGIMES], dtype=torch.float32, device=b.device)
@@ -323,7 +314,7 @@ def generate(b: Builder) -> None:
             # fp8 codes ignore the scale (their block scales carry it); bf16 weights are N(0, 1/K)
             k = b.dim(name, -1)
             scale = 1.0 / math.sqrt(max(k, 1)) if name in weights else 1.0
-            if name == HIDDEN and b.case == "large_activations":
+            if name == HIDDEN and b.case == EXTREMES:
                 scale = LARGE_ACTIVATIONS
             if expert_major and live is not None:
                 b.put(name, _live_weights(b, name, live, scale))
@@ -426,15 +417,15 @@ def _check_routing(b: Builder, offset: int, num_local: int) -> None:
         raise b.error(f"no_local_tokens: {local} routing choice(s) still reach the local experts")
     if b.case != "no_local_tokens" and not local:
         raise b.error("no token is routed to a local expert: the case would test nothing")
-    if b.case in TIE_CASES:  # the tie must decide something here: the other convention routes otherwise
+    if b.case == TIES:  # the tie must decide something here: the other convention routes otherwise
         other = route(logits, bias, r, highest=True)
         other_local = (other >= offset) & (other < offset + num_local)
         mine = [set(row[m].tolist()) for row, m in zip(chosen, is_local, strict=True)]
         theirs = [set(row[m].tolist()) for row, m in zip(other, other_local, strict=True)]
         if mine == theirs:
             raise b.error(f"{b.case}: the lowest- and the highest-id tie-breaks route the same local experts")
-    if b.case == "all_to_one_expert" and any(set(row.tolist()) != set(chosen[0].tolist()) for row in chosen):
-        raise b.error("all_to_one_expert: the tokens do not all choose the same experts")
+    if b.case == EXTREMES and any(set(row.tolist()) != set(chosen[0].tolist()) for row in chosen):
+        raise b.error(f"{EXTREMES}: the tokens do not all choose the same experts")
 
 
 # -- the boundary routing cases ---------------------------------------------------------------------
@@ -458,78 +449,61 @@ def _local_pick(b: Builder, offset: int, num_local: int, n: int, tag: str) -> li
 def _plain_logits(b: Builder, k: int, rows: int, num_experts: int, offset: int, num_local: int) -> torch.Tensor:
     """Top-k by logit (renormalize, Llama-4)."""
     g = b.rng(LOGITS)
-    if b.case == "all_equal_logits":
-        return torch.zeros(rows, num_experts)
-    if b.case == "huge_logit_spread":  # one winner per token from a few local experts; every other logit -100
-        hot = _local_pick(b, offset, num_local, min(3, num_local), "hot")
-        logits = torch.full((rows, num_experts), -SPREAD)
-        pick = randint(0, len(hot), (rows,), g).tolist()
-        for t in range(rows):
-            logits[t, hot[pick[t]]] = SPREAD
-        return logits
-    logits = normal((rows, num_experts), g) + LOW
-    if b.case == "all_to_one_expert":  # the same k experts for every token, the weights per token
-        chosen = _local_pick(b, offset, num_local, min(k, num_local), "hot")
-        chosen += [e for e in range(num_experts) if not offset <= e < offset + num_local][: k - len(chosen)]
-        logits[:, chosen] = WINNER + 0.25 * normal((rows, len(chosen)), g)
-        return logits
-    # tied_topk: k - 1 winners, then TIE_POOL local experts with exactly TIE for the last slot
     local = _local_pick(b, offset, num_local, num_local, "hot")
+    if b.case == EXTREMES:  # one-hot: the same local winner at +100 for every token, every other logit -100
+        logits = torch.full((rows, num_experts), -SPREAD)
+        logits[:, local[0]] = SPREAD
+        return logits
+    # routing_ties: k - 1 winners, then TIE_POOL local experts with exactly TIE for the last slot; the last
+    # token has every logit equal
+    logits = normal((rows, num_experts), g) + LOW
     pool, rest = local[:TIE_POOL], local[TIE_POOL:]
     if len(pool) < 2:
-        raise b.error("tied_topk needs two local experts at least")
+        raise b.error(f"{TIES} needs two local experts at least")
     remote = [e for e in range(num_experts) if not offset <= e < offset + num_local]
     winners = (rest if len(rest) >= k - 1 else remote)[: k - 1]
     if len(winners) < k - 1:
-        raise b.error(f"tied_topk: no room for {k - 1} winners")
+        raise b.error(f"{TIES}: no room for {k - 1} winners")
     logits[:, winners] = WINNER + 0.25 * normal((rows, len(winners)), g)
     logits[:, pool] = TIE
+    logits[-1] = 0.0
     return logits
 
 
 def _deepseek_logits(b: Builder, lay: Layout, rows: int, offset: int,
                      bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Grouped routing (sigmoid + bias, the best groups by their top two, top-k inside): winners in groups
-    other than the local ones (two at least per group), the local block steered per case."""
+    other than the local ones (two at least per group), the local block (in the middle) steered per case."""
     g = b.rng(LOGITS)
     k = lay.top_k
     bias = bias.float().clamp(-DS_BIAS_CLAMP, DS_BIAS_CLAMP).cpu()
-    if b.case == "all_equal_logits":
-        return torch.zeros(rows, lay.experts), torch.zeros_like(bias)
     local_groups = lay.local_groups(offset)
     in_group = [e for e in range(offset, offset + lay.local) if e // lay.size == local_groups[0]]
     local = [in_group[i] for i in permutation(len(in_group), b.rng("hot")).tolist()]
-    logits = normal((rows, lay.experts), g) + DS_LOW
-    if b.case == "huge_logit_spread":  # top_k winners at +100 per token (a few local ones), the rest at -100
-        hot = local[: min(3, len(local), k)]
-        winners = _winner_groups(lay, k - len(hot), local_groups)
-        logits.fill_(-SPREAD)
-        logits[:, [*hot, *winners]] = SPREAD
-        return logits, bias
-    if b.case == "all_to_one_expert":  # one local expert for every token; an anchor keeps its group
+    if b.case == EXTREMES:  # the same k winners at +100 for every token, one of them local; the rest -100
         one, anchor = local[0], local[1]
         winners = _winner_groups(lay, k - 1, local_groups)
-        logits[:, [one, *winners]] = DS_WINNER + 0.25 * normal((rows, k), g)
-        logits[:, anchor], bias[anchor] = DS_TIE, DS_TIE_BIAS  # keeps the group, below every winner
+        logits = torch.full((rows, lay.experts), -SPREAD)
+        logits[:, [one, anchor, *winners]] = SPREAD
+        bias[anchor] = DS_TIE_BIAS  # keeps the local group, below every winner: never chosen
         return logits, bias
-    if b.case == "tied_topk":  # k - 1 winners elsewhere; three local experts tie for the last slot
-        winners = _winner_groups(lay, k - 1, local_groups)
-        pool = local[:TIE_POOL]
-        logits[:, winners] = DS_WINNER + 0.25 * normal((rows, k - 1), g)
-        logits[:, pool], bias[pool] = DS_TIE, DS_TIE_BIAS
-        return logits, bias
-    # tied_groups: the local group and group `other` score exactly the same (two tie experts each) for the
-    # last kept group; `other` below the local group for even tokens, above it for odd ones
+    # routing_ties: tokens cycle through (0) a group tie against the group below the local ones, (1) against
+    # the group above, (2) a top-k tie among three local experts; the last token's logits are all equal.
+    # k - 1 winners hold topk_group - 1 groups; the tie experts (logit 6, bias -0.5) score 0.4975, below them
     below = [x for x in range(local_groups[0]) if x not in local_groups][-1]
     above = local_groups[-1] + 1
     winners = _winner_groups(lay, k - 1, [*local_groups, below, above], lay.kept - 1)
+    logits = normal((rows, lay.experts), g) + DS_LOW
     logits[:, winners] = DS_WINNER + 0.25 * normal((rows, k - 1), g)
-    pair = local[:2]
-    logits[:, pair], bias[pair] = DS_TIE, DS_TIE_BIAS
-    for t in range(rows):
-        other = below if t % 2 == 0 else above
-        twins = [other * lay.size, other * lay.size + 1]
-        logits[t, twins], bias[twins] = DS_TIE, DS_TIE_BIAS
+    pool = local[:TIE_POOL]
+    logits[:, pool], bias[pool] = DS_TIE, DS_TIE_BIAS
+    twins = {x: [x * lay.size, x * lay.size + 1] for x in (below, above)}
+    for x in twins.values():
+        bias[x] = DS_TIE_BIAS
+    for t in range(rows - 1):
+        if t % 3 < 2:  # the other group's two experts tie the local group's two best
+            logits[t, twins[below if t % 3 == 0 else above]] = DS_TIE
+    logits[-1] = 0.0
     return logits, bias
 
 
@@ -538,7 +512,7 @@ def _live_experts(b: Builder, offset: int, num_local: int) -> list[int] | None:
     tie cases; None for the others (every expert's weights drawn). A boundary case reaches a few experts, and
     drawing all of them (400M bf16 normals for 512 experts) would cost more than everything else: the rest
     get zero weights, which no correct kernel reads into a token's output."""
-    if b.case not in (*ROUTING_CASES, *VALUE_CASES):
+    if b.case not in (TIES, EXTREMES):
         return None
     if LOGITS in b.values:
         r = routing_params(b.definition)
@@ -547,7 +521,7 @@ def _live_experts(b: Builder, offset: int, num_local: int) -> list[int] | None:
         bias = b.values.get(BIAS) if _routing_kind(b.definition) == "deepseek" else None
         logits, bias = b.values[LOGITS].cpu(), None if bias is None else bias.cpu()
         ids = route(logits, bias, r)
-        if b.case in TIE_CASES:
+        if b.case == TIES:
             ids = torch.cat([ids, route(logits, bias, r, highest=True)], dim=1)
     else:
         ids = torch.div(b.values[ROUTED].cpu().to(torch.int64), 1 << 16, rounding_mode="floor")
@@ -566,7 +540,7 @@ def _live_weights(b: Builder, name: str, live: list[int], scale: float) -> torch
 
 
 def _fp8_regime_codes(b: Builder, name: str, regime: torch.Tensor, live: list[int] | None) -> torch.Tensor:
-    """fp8_extremes: codes straight from random bytes, each 128-block masked into its regime's exponent
+    """extreme_magnitudes: fp8 codes straight from random bytes, each 128-block masked into its regime's exponent
     range (FP8_REGIMES); e4m3's NaN code (0x7F) becomes 448. `regime` has the block scale's shape:
     [hidden blocks, tokens] for the activations (stored transposed), [experts, row blocks, column blocks]
     for the weights. Made one leading slice at a time: a weight is a gigabyte of codes."""
