@@ -608,14 +608,15 @@ class PlanRun:
 
 def run_plan(d: Definition, source: str, *, device: str = "cpu", sizes=("small", "medium"), seeds=(0, 1),
              draws: int | None = None, tolerance: dict[str, float] | None = None, resolve=None,
-             repeats: int | None = None) -> PlanRun:
+             repeats: int | None = None, cases: tuple[str, ...] | None = None) -> PlanRun:
     """`check`'s plan (shape, dtype, every size x seed, determinism, edge cases) for `d` against `source`,
-    up to its first failure or error (`tolerance`: command-line overrides). Raises GroundTruthUnavailable
+    up to its first failure or error (`tolerance`: command-line overrides; `cases`: CheckConfig's). Raises GroundTruthUnavailable
     when the ground truth could not run any comparison here."""
     from .check import CheckConfig, Discovered, plan, run
 
     config = CheckConfig(sources=(source,), sizes=tuple(sizes), seeds=tuple(seeds), device=device, draws=draws,
-                         tolerance=dict(tolerance or {}), resolve=resolve, repeats=repeats, paths=resolve is None)
+                         tolerance=dict(tolerance or {}), resolve=resolve, repeats=repeats, paths=resolve is None,
+                         cases=cases)
     compared, reports = [], []
     for r in run(plan(Discovered([d], []), config), config):
         if r.check in ("match", "edge"):

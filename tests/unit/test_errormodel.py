@@ -186,8 +186,10 @@ def test_the_fp8_cosine_floor_catches_what_the_element_tolerance_cannot():
     k = kill(m, "torch")
     assert k.killed and "below the floor 0.998" in k.how, k.how
     assert k.baseline_margin.cosine > 0.998 and k.baseline_margin.tolerance_used < 1
-    # without the floor the element tolerance alone lets it through
-    assert first_failure(mutate(load_definition(m.definition), m), "torch", tolerance={"min_cosine": 0.0}) is None
+    # on the random cases, without the floor, the element tolerance alone lets it through (the tied_topk
+    # boundary case, where the bias is most of each weight, catches it by elements as well)
+    mutant = mutate(load_definition(m.definition), m)
+    assert first_failure(mutant, "torch", tolerance={"min_cosine": 0.0}, cases=()) is None
 
 
 @pytest.mark.parametrize("planted", KERNELS, ids=[k.name for k in KERNELS])

@@ -216,6 +216,12 @@ def test_in_an_fi_trace_file_an_undeclared_axis_is_an_implicit_var_axis(fi):
 
 
 # -- rule: a string scalar is a string argument ------------------------------------------------------
+def family_inputs(d: Definition) -> None:
+    from flashinfer_trace.inputs import _generate_by_family
+
+    _generate_by_family(d, "small", 0, device="cpu", case=None)
+
+
 @pytest.mark.parametrize("dtype", ["str", "string"])
 def test_string_scalar_is_accepted_and_generation_skips_it(fi, dtype, tmp_path):
     fi["inputs"]["backend"] = {"shape": None, "dtype": dtype, "optional": True}
@@ -223,8 +229,13 @@ def test_string_scalar_is_accepted_and_generation_skips_it(fi, dtype, tmp_path):
     d = Definition.model_validate(fi)
     assert d.inputs["backend"].is_string and not d.inputs["backend"].is_absent
     assert d.as_dict["inputs"]["backend"]["dtype"] == dtype  # read back as written
-    with pytest.raises(InputGenerationError, match="backend are string arguments"):
-        generate_inputs(d, "small", 0)
+    with pytest.raises(InputGenerationError, match="backend are string arguments"):  # no family makes strings
+        family_inputs(d)
+    # the declaration gives it the reference's own literal default, nothing else
+    assert generate_inputs(d, "small", 0).values["backend"] == "auto"
+    no_default = Definition.model_validate(fi | {"reference": REFERENCE.replace('backend="auto"', "backend")})
+    with pytest.raises(InputGenerationError, match="'backend' is a string argument and the reference gives it no"):
+        generate_inputs(no_default, "small", 0)
     with pytest.raises(ValueError, match="string argument"):
         torch_dtype(DType(dtype))
 
@@ -286,8 +297,9 @@ def test_string_argument_smuggles_no_code(fi, tmp_path):
     fi["inputs"]["backend"] = {"shape": None, "dtype": "str", "value": evil, "default": evil}
     assert problems_and_notes(fi) == ([], [])  # extra fields are kept as data
     d = Definition.model_validate(fi)
-    with pytest.raises(InputGenerationError):  # no value is ever taken from the file
-        generate_inputs(d, "small", 0)
+    # no value is ever taken from the file: the declaration takes the reference's literal default
+    assert generate_inputs(d, "small", 0).values["backend"] == "auto"
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
     # code in a reference default for a string argument is the static check's, as anywhere
     fi["reference"] = REFERENCE.replace('backend="auto"', "backend=__import__('os').name")
     assert ("reference-sandbox", "$.reference") in problems_and_notes(fi)[0]

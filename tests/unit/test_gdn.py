@@ -91,8 +91,15 @@ def test_an_unknown_input_is_a_clear_error():
 
     d = load_definition(OURS["decode"])
     data = d.as_dict | {"inputs": {**d.as_dict["inputs"], "z": {"shape": ["batch_size"], "dtype": "float32"}}}
-    with pytest.raises(InputGenerationError, match="does not know input.*z"):
-        generate_inputs(type(d).model_validate(data), "small", seed=0)
+    from flashinfer_trace.inputs import GeneratorMismatch
+    from flashinfer_trace.inputs.common import Builder
+    from flashinfer_trace.inputs.registry import family_for
+
+    unknown = type(d).model_validate(data)
+    with pytest.raises(GeneratorMismatch, match="does not know input.*z"):  # the family makes no guess
+        family_for(unknown).generate(Builder(unknown, "small", 0, None))
+    assert issubclass(GeneratorMismatch, InputGenerationError)
+    assert generate_inputs(unknown, "small", seed=0).source == "declared"  # the declaration makes its inputs
 
 
 # -- the ground truth ----------------------------------------------------------------------------------

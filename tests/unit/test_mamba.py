@@ -67,11 +67,26 @@ def test_generator_errors_name_the_definition_and_the_input():
     data = FAMILIES["mamba_ssu"](nheads=4, head_dim=3, dstate=5, ngroups=2)
     data["inputs"]["conv_state"] = {"shape": ["batch_size", "nheads"], "dtype": "bfloat16"}
     with pytest.raises(InputGenerationError, match=r"mamba_ssu_decode_h4_d3_s5_ng2: .*conv_state"):
-        generate_inputs(Definition.model_validate(data), "small", 0)
+        _family(Definition.model_validate(data))
     data = FAMILIES["mamba_ssu"](nheads=4, head_dim=3, dstate=5, ngroups=2)
     data["inputs"]["x"]["shape"] = ["batch_size", "nheads"]
     with pytest.raises(InputGenerationError, match="input 'x'.*3 dimensions"):
-        generate_inputs(Definition.model_validate(data), "small", 0)
+        _family(Definition.model_validate(data))
+    # a family that does not fit is no error of generate_inputs: the declaration makes the inputs
+    assert generate_inputs(Definition.model_validate(data), "small", 0).source == "declared"
+
+
+def _family(d: Definition) -> None:
+    from flashinfer_trace.inputs import GeneratorMismatch
+    from flashinfer_trace.inputs.common import Builder
+    from flashinfer_trace.inputs.registry import family_for
+
+    try:
+        family_for(d).generate(Builder(d, "small", 0, None))
+    except GeneratorMismatch:
+        raise
+    except InputGenerationError as e:
+        raise AssertionError(f"a loud error where a mismatch was due: {e}") from e
 
 
 # -- the torch ground truth --------------------------------------------------------------------------

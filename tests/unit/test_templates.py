@@ -16,7 +16,7 @@ from flashinfer_trace.definition import Definition
 from flashinfer_trace.extract.templates import FAMILIES
 from flashinfer_trace.extract.templates._common import format_float
 from flashinfer_trace.groundtruth import torch_ref
-from flashinfer_trace.inputs import edge_cases, generate_inputs
+from flashinfer_trace.inputs import CaseTooLarge, edge_cases, generate_inputs
 from flashinfer_trace.sandbox import compile_reference
 from flashinfer_trace.testing import assert_close, get_ground_truth, run_reference, tolerance_for
 from flashinfer_trace.validate import check_data
@@ -242,8 +242,8 @@ def test_page_size_above_one_counts_pages():
     assert "k_cache[pages, 0]" in ps1["reference"] and "flatten(0, 1)" not in ps1["reference"]
     assert "k_cache[pages].flatten(0, 1)" in ps16["reference"] and "[pages, 0]" not in ps16["reference"]
     assert "(kv_end - kv_start) * page_size" in ps16["reference"]
-    assert ps16["constraints"][-1].startswith("((kv_indptr[1:] - kv_indptr[:-1]) * page_size")
-    assert ps16["constraints"][:-1] == ps1["constraints"][:-1]
+    # qo_len > kv_len is allowed (a query that sees no key), so pages add no constraint of their own
+    assert ps16["constraints"] == ps1["constraints"] and not any("page_size" in c for c in ps16["constraints"])
     assert "PAGES" in ps16["description"] and "every page is full" in ps16["description"]
     mla = FAMILIES["mla_paged"](**_mla("decode", 64))
     assert "ckv_cache[pages].flatten(0, 1)" in mla["reference"] and "[pages, 0]" not in mla["reference"]
@@ -302,8 +302,15 @@ def test_new_reference_matches_torch(family, params, seed):
                          ids=[FAMILIES[f](**p)["name"] for f, p in NEW_ATTENTION_ROPE])
 def test_new_reference_edge_cases_match_torch(family, params):
     d = _load(family, params)
+    made = []
     for case in edge_cases(d):
-        _check_against_torch(d, 0, case)
+        try:
+            _check_against_torch(d, 0, case)
+        except CaseTooLarge as e:  # offsets past 2**31: a GPU case, skipped on a CPU with the bytes it needs
+            assert case == "large_offsets" and "GiB" in str(e), (case, e)
+            continue
+        made.append(case)
+    assert made, edge_cases(d)
 
 
 def test_gptj_and_neox_rotate_differently():

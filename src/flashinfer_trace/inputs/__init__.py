@@ -26,6 +26,7 @@ from .common import (
     Builder,
     CaseTooLarge,
     EdgeCaseUnavailable,
+    GeneratorMismatch,
     InputGenerationError,
     Inputs,
     UnsupportedOpType,
@@ -39,6 +40,7 @@ __all__ = [
     "SIZES",
     "CaseTooLarge",
     "EdgeCaseUnavailable",
+    "GeneratorMismatch",
     "InputGenerationError",
     "Inputs",
     "UnsupportedOpType",
@@ -105,7 +107,9 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
     other input names and layouts than ours), they come from the definition's fi_trace `init` where it
     has one (run in a confined worker on `device`, `fitrace_init.py`; such a case is reproducible on one
     device, not across devices), else from its declaration alone (`declared.py`). `Inputs.source` says
-    which. An edge case is the family's: where the family does not fit, EdgeCaseUnavailable."""
+    which. An edge case is the family's: where the family does not fit, EdgeCaseUnavailable. A family that
+    fits but whose case breaks the definition (a constraint, a const axis) is an InputGenerationError, not
+    a fallback: the definition or the generator is wrong, and benign declared inputs would hide which."""
     d = _definition(definition)
     if size not in SIZES:
         raise InputGenerationError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}", definition=d.name)
@@ -116,9 +120,7 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
                                    f"{', '.join(cases) or 'none'}", definition=d.name)
     try:
         return _generate_by_family(d, size, seed, device=device, case=case, memory=memory)
-    except CaseTooLarge:
-        raise
-    except InputGenerationError as e:
+    except GeneratorMismatch as e:
         if case is not None:
             error = EdgeCaseUnavailable(f"edge case {case!r} needs the {family_for(d).name} generator, which does not "
                                         f"fit this definition: {_message(e, d)}")
@@ -173,7 +175,7 @@ def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | to
                         case: str | None, memory: int | None = None) -> Inputs:
     strings = [n for n, spec in d.inputs.items() if spec.is_string]
     if strings:  # fi_trace's string arguments: no generator knows a value for one (docs/definitions.md)
-        raise InputGenerationError(
+        raise GeneratorMismatch(
             f"input(s) {', '.join(strings)} are string arguments (dtype 'str'/'string', shape null) and no "
             "value is known for them: our generators make tensors and numbers, not strings", definition=d.name)
     family = family_for(d)
@@ -202,8 +204,8 @@ def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | to
         raise
     except (ValueError, RuntimeError, IndexError, KeyError, TypeError) as e:
         # a definition the generator's assumptions do not fit: say which one, and what broke
-        raise InputGenerationError(f"generating {family.name} inputs failed: {type(e).__name__}: {e}",
-                                   definition=d.name) from e
+        raise GeneratorMismatch(f"generating {family.name} inputs failed: {type(e).__name__}: {e}",
+                                definition=d.name) from e
     inputs = builder.finish()
     if key is not None:
         _cache[key] = inputs

@@ -221,7 +221,7 @@ def generate(b: Builder) -> None:
     known = QUERIES + (CACHES if paged else RAGGED_KV) + STRUCTURE
     extra = [n for n in d.inputs if n not in known]
     if extra:
-        raise b.error(f"the {d.op_type} generator does not know input(s) {', '.join(extra)}")
+        raise b.mismatch(f"the {d.op_type} generator does not know input(s) {', '.join(extra)}")
     prefill = is_prefill(d)
     page_size = d.const_axes.get("page_size", 1) if paged else 1
     full_pages = paged and not b.has("kv_last_page_len")

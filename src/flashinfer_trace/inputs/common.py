@@ -57,7 +57,14 @@ class InputGenerationError(ValueError):
         self.definition = definition
 
 
-class UnsupportedOpType(InputGenerationError):
+class GeneratorMismatch(InputGenerationError):
+    """The family generator does not fit this definition: inputs it does not know, other names or layouts
+    than its own, a string argument. Its inputs then come from its fi_trace `init` or its declaration. A
+    generator that fits but whose case breaks the definition (a constraint, a const axis) is no mismatch:
+    that stays a loud InputGenerationError, since one of the two is wrong."""
+
+
+class UnsupportedOpType(GeneratorMismatch):
     """No generator knows the definition's op_type (callers such as `run --all` skip these)."""
 
 
@@ -186,6 +193,9 @@ class Builder:
     # -- errors and randomness
     def error(self, message: str) -> InputGenerationError:
         return InputGenerationError(message, definition=self.definition.name)
+
+    def mismatch(self, message: str) -> GeneratorMismatch:
+        return GeneratorMismatch(message, definition=self.definition.name)
 
     def require_bytes(self, nbytes: int, what: str, *, factor: int = MEMORY_FACTOR) -> None:
         """Raise CaseTooLarge unless `factor` times `nbytes` fit this device (a case whose point is a
@@ -364,5 +374,5 @@ def unknown_inputs(b: Builder, known: Sequence[str], family: str) -> None:
     """Fail loudly on inputs a family does not know how to make (a guess would test nothing)."""
     extra = [n for n in b.definition.inputs if n not in known]
     if extra:
-        raise b.error(f"the {family} generator does not know input(s) {', '.join(extra)} "
+        raise b.mismatch(f"the {family} generator does not know input(s) {', '.join(extra)} "
                       f"(it knows {', '.join(known)})")

@@ -86,7 +86,7 @@ def generate(b: Builder) -> None:
     missing = [n for n in known if n not in d.inputs]
     if extra or missing:
         kind = "top-k indexer" if is_indexer(d) else "sparse attention"
-        raise b.error(f"the dsa_paged {kind} generator makes {', '.join(known)}; "
+        raise b.mismatch(f"the dsa_paged {kind} generator makes {', '.join(known)}; "
                       + (f"unknown input(s) {', '.join(extra)}" if extra else f"missing {', '.join(missing)}"))
     if "topk" not in d.const_axes:
         raise b.error("needs a const axis 'topk' (the number of selected tokens)")
@@ -218,10 +218,10 @@ def _indexer(b: Builder) -> None:
     heads, head_dim = b.dim("q_index_fp8", 1), b.dim("q_index_fp8", 2)
     packed = b.dim("k_index_cache_fp8", -1)
     if packed != head_dim + 4:
-        raise b.error(f"k_index_cache_fp8's last dimension is {packed}; the packed layout needs "
+        raise b.mismatch(f"k_index_cache_fp8's last dimension is {packed}; the packed layout needs "
                       f"index_head_dim + 4 = {head_dim + 4} (fp8 key bytes, then a float32 scale)")
     if b.dim("k_index_cache_fp8", 2) != 1:
-        raise b.error("k_index_cache_fp8 must have one kv head (dimension 2)")
+        raise b.mismatch("k_index_cache_fp8 must have one kv head (dimension 2)")
     lens = _indexer_lengths(b, topk, page_size)
     batch = len(lens)
     pages_per = [-(-n // page_size) for n in lens]

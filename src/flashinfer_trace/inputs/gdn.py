@@ -138,10 +138,10 @@ def generate(b: Builder) -> None:
     d = b.definition
     extra = [n for n in d.inputs if n not in KNOWN]
     if extra:
-        raise b.error(f"the gdn generator does not know input(s) {', '.join(extra)} (it knows {', '.join(KNOWN)})")
+        raise b.mismatch(f"the gdn generator does not know input(s) {', '.join(extra)} (it knows {', '.join(KNOWN)})")
     missing = [n for n in (*ACTIVATIONS, *GATES) if not b.has(n)]
     if missing:
-        raise b.error(f"a gdn definition needs input(s) {', '.join(missing)}")
+        raise b.mismatch(f"a gdn definition needs input(s) {', '.join(missing)}")
     st = stage(d)
     state = _state_name(b)
     tier = TIERS[b.size]

@@ -81,13 +81,13 @@ def edge_cases(definition) -> list[str]:
 def _check_layout(b: Builder) -> None:
     missing = [n for n in REQUIRED if not b.has(n)]
     if missing:
-        raise b.error(f"a mamba_ssu definition needs input(s) {', '.join(missing)}")
+        raise b.mismatch(f"a mamba_ssu definition needs input(s) {', '.join(missing)}")
     ranks = {STATE: 4, X: 3, DT: 3, A: 3, B: 3, C: 3, D: 2, DT_BIAS: 2, Z: 3, INDICES: 1}
     for name, rank in ranks.items():
         if b.has(name):
             shape = b.spec(name).shape
             if shape is None or len(shape) != rank:
-                raise b.error(f"input {name!r}: shape {shape}, the mamba_ssu generator expects {rank} dimensions "
+                raise b.mismatch(f"input {name!r}: shape {shape}, the mamba_ssu generator expects {rank} dimensions "
                               "(state [cache, nheads, head_dim, dstate], x/dt/z [batch, nheads, head_dim], "
                               "A [nheads, head_dim, dstate], B/C [batch, ngroups, dstate], "
                               "D/dt_bias [nheads, head_dim], state_batch_indices [batch])")

@@ -245,7 +245,7 @@ def generate(b: Builder) -> None:
     known = {LOGITS, BIAS, HIDDEN, OFFSET, SCALING, ROUTED, *fp8, *scales, *output_scales, *weights}
     extra = [n for n in names if n not in known]
     if extra:
-        raise b.error(f"the moe generator does not know input(s) {', '.join(extra)}")
+        raise b.mismatch(f"the moe generator does not know input(s) {', '.join(extra)}")
     routing = LOGITS if LOGITS in d.inputs else ROUTED if ROUTED in d.inputs else None
     if routing is None:
         raise b.error(f"a moe definition needs a {LOGITS!r} input (or pre-routed {ROUTED!r})")

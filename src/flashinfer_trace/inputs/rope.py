@@ -62,7 +62,7 @@ def generate(b: Builder) -> None:
     known = POSITIONS + ACTIVATIONS + (CACHE,)
     extra = [n for n in d.inputs if n not in known]
     if extra:
-        raise b.error(f"the rope generator does not know input(s) {', '.join(extra)}")
+        raise b.mismatch(f"the rope generator does not know input(s) {', '.join(extra)}")
     pos = next((n for n in POSITIONS if n in d.inputs), None)
     acts = [n for n in d.inputs if n in ACTIVATIONS]
     if pos is None or not acts:

@@ -81,7 +81,7 @@ def generate(b: Builder) -> None:
     extra = [n for n in d.inputs if n not in (PROBS, TOP_K, TOP_P_NAME)]
     if extra or PROBS not in d.inputs:
         missing = ", ".join(extra) if extra else "no probs input"
-        raise b.error(f"the sampling generator makes probs, top_k and top_p ({missing})")
+        raise b.mismatch(f"the sampling generator makes probs, top_k and top_p ({missing})")
     batch_axis, vocab_axis = b.dim_axis(PROBS, 0), b.dim_axis(PROBS, 1)
     boundary = BOUNDARY.get(b.case)
     if batch_axis not in b.axes:
