@@ -34,7 +34,7 @@ def truth(q, k, v, causal):
 
 
 def report(name, out, lse, qs, ks, causal):
-    """FlashInfer 0.6.6 returns a base-2 lse: compared in natural log."""
+    """FlashInfer (0.5.3 to 0.6.6 at least) returns a base-2 lse: compared in natural log."""
     errs_seen, errs_unseen, lse_err, worst_unseen_lse = 0.0, 0.0, 0.0, None
     for (q0, q1), (k0, k1) in zip(qs, ks, strict=True):
         o, want_lse, seen = truth(Q[q0:q1], K[k0:k1], V[k0:k1], causal)
