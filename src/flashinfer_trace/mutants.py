@@ -79,7 +79,8 @@ MUTANTS: tuple[Mutant, ...] = (
        ("keepdim=True) + eps)", "keepdim=True) + 1e-6)")),
     _m("rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the eps input (a ground truth that read EPS "
        "from the reference would agree with it)",
-       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)")),
+       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)"),
+       cls="steers-verdict"),
     _m("rmsnorm_h4096", "no-weight", "the weight is not applied", ("y = x * inv_rms * weight.to(torch.float32)",
                                                                     "y = x * inv_rms")),
     _m("rmsnorm_h4096", "rms-not-mean", "sum of squares instead of their mean",
@@ -114,7 +115,8 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("fused_add_rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the eps input",
        ("keepdim=True) + eps)", "keepdim=True) + 1e-6)")),
     _m("fused_add_rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the eps input",
-       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)")),
+       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)"),
+       cls="steers-verdict"),
     # gemm
     _m("gemm_n4096_k4096", "transposed-weight", "B used as [K, N] (a square gemm keeps the shape)",
        ("B.to(torch.float32).T", "B.to(torch.float32)")),
@@ -179,35 +181,40 @@ MUTANTS: tuple[Mutant, ...] = (
        "(exp overflows at scores_large, underflows to 0/0 at scores_far_negative)",
        ("probs = torch.softmax(logits, dim=-1)",
         "probs = torch.exp(logits) / torch.exp(logits).sum(dim=-1, keepdim=True)"),
-       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.log(torch.exp(logits).sum(dim=-1)) / math.log(2.0)")),
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.log(torch.exp(logits).sum(dim=-1)) / math.log(2.0)"),
+       cls="boundary-magnitude"),
     _m("gqa_paged_decode_h32_kv8_d128_ps1", "score-floor", "raw scores below -5e4 taken for the mask sentinel "
        "(clamped to it)", ("logits = torch.matmul(qb, k) * sm_scale",
-                           "logits = torch.matmul(qb, k).clamp(min=-5e4) * sm_scale")),
+                           "logits = torch.matmul(qb, k).clamp(min=-5e4) * sm_scale"), cls="boundary-magnitude"),
     _m("gqa_paged_decode_h32_kv8_d128_ps1", "flush-subnormal-q", "subnormal query elements flushed to zero (FTZ)",
        ("qb = q[b].to(torch.float32).view(num_kv_heads, group_size, head_dim)",
         "qb = torch.where(q[b].abs() < 2.0**-126, 0.0, q[b].to(torch.float32)).view(num_kv_heads, group_size, "
-        "head_dim)")),
+        "head_dim)"), cls="boundary-magnitude"),
     _m("gqa_paged_decode_h32_kv8_d128_ps1", "int32-offsets", "a page's element offset computed in int32 (wraps past "
        "2**31)", ("pages = kv_indices[start:end].long()",
                   "pages = (kv_indices[start:end] * (num_kv_heads * head_dim) // (num_kv_heads * head_dim)).long()"),
        survives="only large_offsets reaches 2**31 elements, a GPU case (a too-large skip on every CPU: its 8 GiB "
                 "cache copied four times takes minutes there); on an H200, torch ground truth: killed at edge small "
-                "seed 0 large_offsets (96.7% of the output off, cosine 0.18)"),
+                "seed 0 large_offsets (96.7% of the output off, cosine 0.18)", cls="boundary-index"),
     _m("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "finite-mask", "masked logits set to -5e4, not -inf (a fully "
        "masked row's lse comes out finite)", ("logits = logits.masked_fill(~allowed, -math.inf)",
-                                             "logits = logits.masked_fill(~allowed, -5e4)")),
+                                             "logits = logits.masked_fill(~allowed, -5e4)"), cls="boundary-structure"),
     _m("gqa_paged_prefill_causal_h32_kv8_d128_ps1", "masked-rows-nan", "a query with no visible key keeps "
-       "softmax's NaN", ("probs = torch.where(allowed.any(dim=-1)[:, None], probs, 0.0)", "probs = probs")),
+       "softmax's NaN", ("probs = torch.where(allowed.any(dim=-1)[:, None], probs, 0.0)", "probs = probs"),
+       cls="boundary-structure"),
     _m("gqa_ragged_prefill_causal_h32_kv8_d128", "lse-zero-init", "lse starts at 0: rows of a request without kv "
        "keep 0, not -inf", ("lse = torch.full((total_q, num_qo_heads), -math.inf, dtype=torch.float32, "
                             "device=q.device)",
-                            "lse = torch.zeros(total_q, num_qo_heads, dtype=torch.float32, device=q.device)")),
+                            "lse = torch.zeros(total_q, num_qo_heads, dtype=torch.float32, device=q.device)"),
+       cls="boundary-structure"),
     _m("mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "finite-mask", "masked logits set to -5e4, not -inf",
-       ("logits = logits.masked_fill(~allowed, -math.inf)", "logits = logits.masked_fill(~allowed, -5e4)")),
+       ("logits = logits.masked_fill(~allowed, -math.inf)", "logits = logits.masked_fill(~allowed, -5e4)"),
+       cls="boundary-structure"),
     _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps1", "no-max-subtraction", "softmax and lse without "
        "subtracting the row max", ("torch.softmax(logits, dim=-1) @ ckv",
                                    "(torch.exp(logits) / torch.exp(logits).sum(dim=-1, keepdim=True)) @ ckv"),
-       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.log(torch.exp(logits).sum(dim=-1)) / math.log(2.0)")),
+       ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.log(torch.exp(logits).sum(dim=-1)) / math.log(2.0)"),
+       cls="boundary-magnitude"),
     # the coverage definitions (GQA group sizes, fp16, page sizes): bugs the shipped shapes could not show
     _m("gqa_paged_decode_h6_kv2_d128_ps1", "group-pow2", "query head h reads kv head h // (group rounded up to a "
        "power of two): right for groups 1, 2, 4, 8",
@@ -215,13 +222,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "padded = 1 << (group_size - 1).bit_length()\n"
         "        kv_of = (torch.arange(num_qo_heads, device=q.device) // padded).clamp(max=num_kv_heads - 1)\n"
         "        k, v = k[kv_of], v[kv_of]  # one kv head per query head\n"
-        "        qb = q[b].to(torch.float32)[:, None, :]  # [num_qo_heads, 1, head_dim]")),
+        "        qb = q[b].to(torch.float32)[:, None, :]  # [num_qo_heads, 1, head_dim]"), cls="coverage"),
     _m("gqa_paged_decode_h32_kv8_d128_ps1_fp16", "bf16-output", "the output rounded through bfloat16 (right for "
        "the bf16 definitions)",
-       ("return output.to(q.dtype), lse", "return output.to(torch.bfloat16).to(q.dtype), lse")),
+       ("return output.to(q.dtype), lse", "return output.to(torch.bfloat16).to(q.dtype), lse"), cls="coverage"),
     _m("gqa_paged_decode_h32_kv8_d128_ps16", "whole-last-page", "every page read whole: kv_last_page_len ignored",
        ("kv_len = (end - start - 1) * page_size + int(kv_last_page_len[b].item())",
-        "kv_len = (end - start) * page_size")),
+        "kv_len = (end - start) * page_size"), cls="coverage"),
     # mamba
     _m("mamba_ssu_decode_h128_d64_s128_ng8", "no-softplus", "dt + dt_bias used as the step without softplus",
        ("step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32))",
@@ -237,15 +244,16 @@ MUTANTS: tuple[Mutant, ...] = (
        ("slot = int(state_batch_indices[b])",
         "slot = b if int(state_batch_indices[b]) != PAD_SLOT_ID else PAD_SLOT_ID")),
     _m("mamba_ssu_decode_h128_d64_s128_ng8", "pad-not-skipped", "a padded request (-1) updates the last row",
-       ("if slot == PAD_SLOT_ID:", "if False:")),
+       ("if slot == PAD_SLOT_ID:", "if False:"), cls="boundary-structure"),
     _m("mamba_ssu_decode_h64_d64_s128_ng4", "softplus-no-linear-branch", "softplus without its linear branch (the "
        "threshold ignored): log(1 + exp(x)) is inf past x = 88.7, and the step with it",
        ("step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32))",
-        "step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32), threshold=float(\"inf\"))")),
+        "step = F.softplus(dt.to(torch.float32) + dt_bias.to(torch.float32), threshold=float(\"inf\"))"),
+       cls="boundary-magnitude"),
     _m("mamba_ssu_decode_h64_d64_s128_ng4", "fp16-output-products", "the C . state products rounded to float16 "
        "(a half-precision path): right to 2^-11, inf once a product passes 65504",
        ("output[b] = (s * ch[:, None, :]).sum(dim=-1) + d * xb",
-        "output[b] = (s * ch[:, None, :]).half().sum(dim=-1).float() + d * xb")),
+        "output[b] = (s * ch[:, None, :]).half().sum(dim=-1).float() + d * xb"), cls="boundary-magnitude"),
     # gated delta net (Qwen3-Next linear attention)
     _m("gdn_decode_qk4_v8_d128_k_last", "no-decay", "the decay gate g is not applied to the state",
        ("S = g[:, None, None] * S", "S = S")),
@@ -256,15 +264,16 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("gdn_decode_qk4_v8_d128_k_last", "softplus-overflow", "softplus as log(1 + exp(x)), no linear branch: inf "
        "past x = 88.7 (float32's exp), so g = 0 where it is near 1",
        ("F.softplus(a.to(torch.float32) + dt_bias.to(torch.float32))",
-        "torch.log(1 + torch.exp(a.to(torch.float32) + dt_bias.to(torch.float32)))")),
+        "torch.log(1 + torch.exp(a.to(torch.float32) + dt_bias.to(torch.float32)))"), cls="boundary-magnitude"),
     _m("gdn_decode_qk4_v8_d128_k_last", "sigmoid-overflow", "beta = exp(b) / (1 + exp(b)): NaN once exp(b) "
        "overflows (b > 88.7)",
-       ("torch.sigmoid(b.to(torch.float32))", "torch.exp(b.to(torch.float32)) / (1 + torch.exp(b.to(torch.float32)))")),
+       ("torch.sigmoid(b.to(torch.float32))", "torch.exp(b.to(torch.float32)) / (1 + torch.exp(b.to(torch.float32)))"),
+       cls="boundary-magnitude"),
     _m("gdn_prefill_qk4_v8_d128_k_last", "empty-sequence-zero-state", "a sequence with no token gets a zero new_state, "
        "not its initial state (the public prefill reference's convention)",
        ("        start, end = int(cu_seqlens[n].item()), int(cu_seqlens[n + 1].item())\n",
         "        start, end = int(cu_seqlens[n].item()), int(cu_seqlens[n + 1].item())\n"
-        "        if end <= start:\n            continue\n")),
+        "        if end <= start:\n            continue\n"), cls="boundary-structure"),
     _m("gdn_prefill_qk4_v8_d128_k_last", "no-beta", "the update strength beta is dropped (u = v - S k)",
        ("u = beta[:, None] * (v - predicted)", "u = v - predicted")),
     _m("gdn_prefill_qk4_v8_d128_k_last", "k-major-state", "the state read and written k-major [K, V], not k-last",
@@ -347,28 +356,32 @@ MUTANTS: tuple[Mutant, ...] = (
        ("    ranked = routing_logits.to(torch.float32).sort(dim=-1, descending=True, stable=True)\n"
         "    topk_logits, topk_ids = ranked.values[:, :TOP_K], ranked.indices[:, :TOP_K]",
         "    ranked = routing_logits.to(torch.float32).flip(-1).sort(dim=-1, descending=True, stable=True)\n"
-        "    topk_logits, topk_ids = ranked.values[:, :TOP_K], num_experts - 1 - ranked.indices[:, :TOP_K]")),
+        "    topk_logits, topk_ids = ranked.values[:, :TOP_K], num_experts - 1 - ranked.indices[:, :TOP_K]"),
+       cls="boundary-ties"),
     _m("moe_bf16_renorm_topk10_e512_h2048_i128", "softmax-overflow", "the routing softmax without subtracting "
        "the max: exp overflows past a logit of 88.7", ("topk_weights = torch.softmax(topk_logits, dim=-1)",
                                                       "topk_weights = topk_logits.exp() / topk_logits.exp().sum("
-                                                      "dim=-1, keepdim=True)")),
+                                                      "dim=-1, keepdim=True)"), cls="boundary-magnitude"),
     _m("moe_bf16_renorm_topk2_e8_h4096_i1792", "silu-overflow", "silu's sigmoid as exp(g) / (1 + exp(g)): NaN for "
        "gate values past 88.7", ("act = gate * torch.sigmoid(gate) * up",
-                                 "act = gate * torch.exp(gate) / (1 + torch.exp(gate)) * up")),
+                                 "act = gate * torch.exp(gate) / (1 + torch.exp(gate)) * up"),
+       cls="boundary-magnitude"),
     _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "group-ties-highest-id",
        "equal group scores at the topk_group cut go to the highest group id",
        ("top_groups = group_scores.sort(dim=-1, descending=True, stable=True).indices[:, :TOPK_GROUP]",
         "top_groups = N_GROUP - 1 - group_scores.flip(-1).sort(dim=-1, descending=True, stable=True)"
-        ".indices[:, :TOPK_GROUP]")),
+        ".indices[:, :TOPK_GROUP]"), cls="boundary-ties"),
     _m("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048", "routing-sigmoid-overflow",
        "the router's sigmoid as exp(x) / (1 + exp(x)): NaN past a logit of 88.7",
        ("scores = torch.sigmoid(routing_logits.to(torch.float32))",
-        "scores = torch.exp(routing_logits.to(torch.float32)) / (1 + torch.exp(routing_logits.to(torch.float32)))")),
+        "scores = torch.exp(routing_logits.to(torch.float32)) / (1 + torch.exp(routing_logits.to(torch.float32)))"),
+       cls="boundary-magnitude"),
     _m("moe_fp8_block_scale_renorm_topk8_e128_h2048_i768", "fp8-subnormal-flush", "fp8 activation codes below "
        "e4m3's smallest normal (2^-6) flushed to zero",
        ("x = hidden_states.to(torch.float32).view(seq_len, hidden_size // BLOCK, BLOCK)",
         "x = hidden_states.to(torch.float32)\n"
-        "    x = torch.where(x.abs() < 2.0**-6, 0.0, x).view(seq_len, hidden_size // BLOCK, BLOCK)")),
+        "    x = torch.where(x.abs() < 2.0**-6, 0.0, x).view(seq_len, hidden_size // BLOCK, BLOCK)"),
+       cls="boundary-magnitude"),
     # sampling (the power and boundary mutants: docs/boundary/sampling.md, docs/ground-truth.md "Sampling")
     _m("top_k_sampling_from_probs_v128256", "k-plus-one", "the (k+1)-th probability as the threshold: k + 1 kept",
        ("kth = sorted_probs.gather(1, (k - 1)[:, None])",
@@ -380,37 +393,39 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("top_k_sampling_from_probs_v32000", "ties-by-rank", "a tie at the k-th probability broken by sort order "
        "(exactly k kept), not kept whole", ("kept = sorted_probs * (sorted_probs >= kth)",
                                             "kept = sorted_probs * (torch.arange(vocab_size, device=probs.device)"
-                                            "[None, :] < k[:, None])")),
+                                            "[None, :] < k[:, None])"), cls="boundary-ties"),
     _m("top_k_sampling_from_probs_v32000", "k-past-vocab", "top_k > vocab_size not recognised as 'keep all' "
        "(only <= 0 is)", ("k = torch.where((k <= 0) | (k >= vocab_size), vocab_size, k)",
-                          "k = torch.where(k <= 0, vocab_size, k)")),
+                          "k = torch.where(k <= 0, vocab_size, k)"), cls="boundary-parameter"),
     _m("top_p_sampling_from_probs_v32000", "ties-by-rank", "top-p reads each token's own mass before it in sort "
        "order: a tie at the cut is split", ("mass_greater = mass_before.gather(1, first)",
-                                            "mass_greater = mass_before")),
+                                            "mass_greater = mass_before"), cls="boundary-ties"),
     _m("top_p_sampling_from_probs_v32000", "le-top-p", "a token kept when the mass before it is <= top_p, not <",
-       ("keep = (mass_greater < p)", "keep = (mass_greater <= p)")),
+       ("keep = (mass_greater < p)", "keep = (mass_greater <= p)"), cls="boundary-parameter"),
     _m("top_k_top_p_sampling_from_probs_v32000", "last-id-clamped", "token ids clamped to vocab_size - 2 "
        "(a bound off by one)", ("return sorted_ids.gather(1, choice).squeeze(1).to(torch.int64)",
                                 "return sorted_ids.gather(1, choice).squeeze(1).clamp(max=vocab_size - 2)"
-                                ".to(torch.int64)")),
+                                ".to(torch.int64)"), cls="boundary-index"),
     _m("top_k_top_p_sampling_from_probs_v32000", "probs-as-logits", "a softmax over the probabilities (read as "
        "logits)", ("torch.sort(probs.to(torch.float32), dim=-1", "torch.sort(torch.softmax(probs.to(torch.float32), "
                    "dim=-1), dim=-1")),
     _m("top_k_top_p_sampling_from_probs_v32000", "leak-cpu", "10% of the mass leaks to the tokens the filters "
-       "removed (a draw outside the set at rate 0.1: above the CPU settings' 0.05)", (_DRAW, _leak(0.1))),
+       "removed (a draw outside the set at rate 0.1: above the CPU settings' 0.05)", (_DRAW, _leak(0.1)),
+       cls="sampler-distortion"),
     _m("top_k_top_p_sampling_from_probs_v32000", "top-to-second-cpu", "0.6 of the probability moves from the most "
        "probable token to the second (all of it where it holds less): above the CPU settings' 0.45",
-       (_DRAW, _move(0.6))),
+       (_DRAW, _move(0.6)), cls="sampler-distortion"),
     _m("top_k_top_p_sampling_from_probs_v32000", "leak-gpu", "3e-4 of the mass leaks to the tokens the filters "
        "removed (a draw outside the set at rate 3e-4: above the GPU settings' 1e-4)", (_DRAW, _leak(3e-4)),
        gpu_only="a rate of 3e-4 needs ~15000 draws in filtering rows, the CPU settings draw ~100 a check: "
-                "caught or not by chance there"),
+                "caught or not by chance there", cls="sampler-distortion"),
     _m("top_k_top_p_sampling_from_probs_v32000", "top-to-second-gpu", "1% of the probability moves from the most "
        "probable token to the second (above the GPU settings' 0.5%)", (_DRAW, _move(0.01)),
-       gpu_only="0.01 of mass moved needs ~200000 draws a check; the CPU settings see 0.45"),
+       gpu_only="0.01 of mass moved needs ~200000 draws a check; the CPU settings see 0.45", cls="sampler-distortion"),
     # dsa_paged: sparse attention (page sizes 1 and 64) and the fp8 top-k indexer
     _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps1", "padding-read", "the -1 entries are not masked "
-       "(they read the cache's last slot)", ("slots = slots[slots >= 0].long()", "slots = slots.long()")),
+       "(they read the cache's last slot)", ("slots = slots[slots >= 0].long()", "slots = slots.long()"),
+       cls="boundary-structure"),
     _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64", "scale-576", "sm_scale from the absorbed head dim, "
        "1 / sqrt(512 + 64)", ("* sm_scale  # [num_qo_heads, n]", "/ math.sqrt(head_dim_ckv + head_dim_kpe)")),
     _m("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64", "lse-natural", "lse in natural log, not base 2",
@@ -610,8 +625,8 @@ def run_plan(d: Definition, source: str, *, device: str = "cpu", sizes=("small",
              draws: int | None = None, tolerance: dict[str, float] | None = None, resolve=None,
              repeats: int | None = None, cases: tuple[str, ...] | None = None) -> PlanRun:
     """`check`'s plan (shape, dtype, every size x seed, determinism, edge cases) for `d` against `source`,
-    up to its first failure or error (`tolerance`: command-line overrides; `cases`: CheckConfig's). Raises GroundTruthUnavailable
-    when the ground truth could not run any comparison here."""
+    up to its first failure or error (`tolerance`: command-line overrides; `cases`: CheckConfig's). Raises
+    GroundTruthUnavailable when the ground truth could not run any comparison here."""
     from .check import CheckConfig, Discovered, plan, run
 
     config = CheckConfig(sources=(source,), sizes=tuple(sizes), seeds=tuple(seeds), device=device, draws=draws,
