@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from .check import Case, CheckConfig, Memo, config_from_options, configure_sandbox, run_case
+from .escape import for_terminal
 from .options import add_check_options
 from .results.record import CaseRecord
 from .status import Kind, Status
@@ -132,9 +133,10 @@ class _Engine:
         _set_record(self.node.user_properties, record.as_dict())
         if record.status is Status.PASS:
             return
+        # pytest prints these to the terminal as they are, and a detail may quote the definition
         if record.status is Status.SKIP:
-            pytest.skip(reason=record.detail or str(record.kind))
-        pytest.fail(f"{record.status.value}: {record.detail}", pytrace=False)
+            pytest.skip(reason=for_terminal(record.detail or str(record.kind), multiline=True))
+        pytest.fail(for_terminal(f"{record.status.value}: {record.detail}", multiline=True), pytrace=False)
 
 
 def _cuda_available() -> bool:

@@ -8,8 +8,9 @@ import warnings
 from collections.abc import Sequence
 
 from .. import __version__
+from ..escape import for_rich
 from . import definitions, extract, fitrace, jit, run, wheelhouse
-from .common import err, safe_text
+from .common import err
 
 __all__ = ["build_parser", "main"]
 
@@ -43,8 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (DefinitionError, SandboxError, InputGenerationError, ToleranceConfigError, KeyError,
-            FileNotFoundError) as e:
+    except DefinitionError as e:  # one line per problem, each escaped whole: a file name cannot forge a line
+        err.print(f"error: {len(e.problems)} problem(s) in definition:", highlight=False, style="red")
+        for p in e.problems:
+            err.print(f"  {for_rich(p)}", highlight=False, style="red")
+        return 2
+    except (SandboxError, InputGenerationError, ToleranceConfigError, KeyError, FileNotFoundError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        err.print(f"error: {safe_text(msg)}", highlight=False, style="red")
+        err.print(f"error: {for_rich(msg, multiline=True)}", highlight=False, style="red")
         return 2

@@ -1,34 +1,22 @@
-"""What the command groups share: the consoles, JSON output, terminal-safe text, a progress bar, and the
+"""What the command groups share: the consoles, JSON output, a progress bar, and the
 options several commands take (each defined here once, with the code that reads it)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
+
+from ..escape import for_rich
 
 # emoji off: a `:name:` in a definition's text prints as written, not as a picture
 out = Console(soft_wrap=True, emoji=False)
 err = Console(stderr=True, soft_wrap=True, emoji=False)
-
-# C0 and C1 control characters and DEL, less newline and tab
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def safe_text(value: Any) -> str:
-    """`value` as text to print with rich markup on, inert: definitions (and the errors about them) are
-    third-party text, so `[...]` is escaped to print as written (`kv_indices[kv_indptr:kv_indptr]`, not
-    markup), and control characters become `\\xNN` so an escape sequence cannot recolour, move the
-    cursor, retitle the terminal or hide what precedes it."""
-    return escape(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value)))
-
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
@@ -45,7 +33,7 @@ def progress(total: int, *, enabled: bool) -> Iterator[Callable[[str], None]]:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:
         task = bar.add_task("check", total=total)
-        yield lambda text: bar.update(task, advance=1, description=safe_text(text[:60]))
+        yield lambda text: bar.update(task, advance=1, description=for_rich(text[:60]))
 
 
 # -- options shared by several commands -----------------------------------------------------------

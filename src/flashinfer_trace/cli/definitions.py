@@ -9,7 +9,8 @@ from typing import Any
 
 from rich.table import Table
 
-from .common import add_common_options, add_input_options, describe, generate, out, print_json, safe_text
+from ..escape import for_rich
+from .common import add_common_options, add_input_options, describe, generate, out, print_json
 
 
 def add_commands(sub) -> None:
@@ -66,10 +67,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         for r in reports:
             for p in r.problems:
-                out.print(f"[red]✗[/] {safe_text(p.file)}: [bold]{safe_text(p.path)}[/]: {safe_text(p.message)} "
+                out.print(f"[red]✗[/] {for_rich(p.file)}: [bold]{for_rich(p.path)}[/]: {for_rich(p.message)} "
                           f"[dim]\\[{p.kind}][/]", highlight=False)
             for p in r.notes:  # accepted by a documented fi_trace rule (docs/definitions.md)
-                out.print(f"[dim]note[/] {safe_text(p.file)}: {safe_text(p.path)}: {safe_text(p.message)} "
+                out.print(f"[dim]note[/] {for_rich(p.file)}: {for_rich(p.path)}: {for_rich(p.message)} "
                           f"[dim]\\[{p.kind}][/]", highlight=False)
         colour = "green" if summary.ok else "red"
         kinds = ", ".join(f"{k}: {n}" for k, n in summary.by_kind.items())
@@ -115,7 +116,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     table.add_column("op_type", no_wrap=True)
     table.add_column("name", no_wrap=True)
     table.add_column("tags", overflow="fold")
-    rows = [(safe_text(d.op_type), safe_text(d.name), safe_text(" ".join(d.tags)))
+    rows = [(for_rich(d.op_type), for_rich(d.name), for_rich(" ".join(d.tags)))
             for d in sorted(defs, key=lambda d: (d.op_type, d.name))]
     for row in rows:
         table.add_row(*row)
@@ -133,17 +134,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(d.as_dict | ({"ground_truths": paths} if paths is not None else {}))
         return 0
-    out.print(f"[bold]{safe_text(d.name)}[/]  op_type={safe_text(d.op_type)}  {safe_text(d.source or '')}",
+    out.print(f"[bold]{for_rich(d.name)}[/]  op_type={for_rich(d.op_type)}  {for_rich(d.source or '')}",
               highlight=False)
     if d.description:
-        out.print(safe_text(d.description), highlight=False)
-    out.print("tags: " + safe_text(" ".join(d.tags)), highlight=False)
+        out.print(for_rich(d.description, multiline=True), highlight=False)
+    out.print("tags: " + for_rich(" ".join(d.tags)), highlight=False)
     axes = Table(title="axes")
     for col in ("axis", "type", "value", "description"):
         axes.add_column(col)
     for name, a in d.axes.items():
-        axes.add_row(safe_text(name), safe_text(a.type), safe_text(getattr(a, "value", "")),
-                     safe_text(a.description or ""))
+        axes.add_row(for_rich(name), for_rich(a.type), for_rich(getattr(a, "value", "")),
+                     for_rich(a.description or ""))
     out.print(axes)
     for section in ("inputs", "outputs"):
         t = Table(title=section)
@@ -151,21 +152,21 @@ def cmd_show(args: argparse.Namespace) -> int:
             t.add_column(col)
         for name, s in getattr(d, section).items():
             shape = "scalar" if s.shape is None else "[" + ", ".join(s.shape) + "]"
-            t.add_row(safe_text(name), safe_text(shape), safe_text(s.dtype.value if s.dtype is not None else "unknown"),
-                      safe_text(s.description or ""))
+            t.add_row(for_rich(name), for_rich(shape), for_rich(s.dtype.value if s.dtype is not None else "unknown"),
+                      for_rich(s.description or ""))
         out.print(t)
     if d.constraints:
-        out.print("constraints: " + safe_text("; ".join(d.constraints)), highlight=False)
+        out.print("constraints: " + for_rich("; ".join(d.constraints)), highlight=False)
     if args.reference:
-        out.print(safe_text(d.reference), highlight=False)
+        out.print(for_rich(d.reference, multiline=True), highlight=False)
     if paths is not None:
-        t = Table(title=f"ground truths on {safe_text(next(iter(paths.values()))['device'])}")
+        t = Table(title=f"ground truths on {for_rich(next(iter(paths.values()))['device'])}")
         for col in ("source", "runs", "passed over / why not"):
             t.add_column(col, overflow="fold")
         for source, p in paths.items():
             notes = [f"{o['api']}: {o['reason']}" for o in p.get("passed_over", [])]
-            t.add_row(safe_text(source), safe_text(p.get("api") or "-"),
-                      safe_text("\n".join(notes) if p.get("api") else p["unavailable"]))
+            t.add_row(for_rich(source), for_rich(p.get("api") or "-"),
+                      for_rich("\n".join(notes) if p.get("api") else p["unavailable"], multiline=True))
         out.print(t)
     return 0
 
@@ -186,14 +187,14 @@ def cmd_inputs(args: argparse.Namespace) -> int:
         print_json({"definition": d.name, "size": args.size, "seed": args.seed, "case": args.case,
                     "source": inputs.source, "axes": inputs.axes, "inputs": described})
         return 0
-    out.print("axes: " + safe_text(", ".join(f"{k}={v}" for k, v in inputs.axes.items())), highlight=False)
-    t = Table(title=safe_text(f"{d.name} inputs (size={args.size}, seed={args.seed}, case={args.case}, "
+    out.print("axes: " + for_rich(", ".join(f"{k}={v}" for k, v in inputs.axes.items())), highlight=False)
+    t = Table(title=for_rich(f"{d.name} inputs (size={args.size}, seed={args.seed}, case={args.case}, "
                               f"from: {inputs.source})"))
     for col in ("name", "shape", "dtype", "value"):
         t.add_column(col)
     for k, info in described.items():
-        t.add_row(safe_text(k), "scalar" if info["shape"] is None else str(tuple(info["shape"])),
-                  safe_text(info["dtype"]), safe_text(info.get("value", "")))
+        t.add_row(for_rich(k), "scalar" if info["shape"] is None else str(tuple(info["shape"])),
+                  for_rich(info["dtype"]), for_rich(info.get("value", "")))
     out.print(t)
     return 0
 
@@ -211,22 +212,23 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     for col in ("op_type", "defs", "tested", "generator", "flashinfer", "sglang", "torch"):
         t.add_column(col, overflow="fold")
     for op in cov.op_types.values():
-        t.add_row(safe_text(op.op_type), str(op.definitions), str(op.tested), "yes" if op.has_generator else "no",
-                  *(safe_text("\n".join(op.ground_truths[s]) or "-") for s in ("flashinfer", "sglang", "torch")))
+        t.add_row(for_rich(op.op_type), str(op.definitions), str(op.tested), "yes" if op.has_generator else "no",
+                  *(for_rich("\n".join(op.ground_truths[s]) or "-", multiline=True)
+                    for s in ("flashinfer", "sglang", "torch")))
     out.print(t)
     a = Table(title="axis coverage")
     for col in ("op_type", "dtype", "stage", "page_size", "causal", "const axes"):
         a.add_column(col, overflow="fold")
     for op in cov.op_types.values():
         d = op.as_dict()
-        a.add_row(*map(safe_text, (
+        a.add_row(*map(for_rich, (
             op.op_type, ", ".join(d["dtypes"]), ", ".join(d["stages"]) or "-",
             ", ".join(map(str, d["page_sizes"])) or "-", ", ".join(map(str, d["causal"])) or "-",
             "; ".join(f"{k}={','.join(map(str, v))}" for k, v in d["const_axes"].items()))))
     out.print(a)
     if cov.without_tests:
-        out.print(f"[yellow]without tests:[/] {safe_text(', '.join(cov.without_tests))}", highlight=False)
+        out.print(f"[yellow]without tests:[/] {for_rich(', '.join(cov.without_tests))}", highlight=False)
     if cov.stale_tests:
-        out.print(f"[yellow]tests for definitions that no longer exist:[/] {safe_text(', '.join(cov.stale_tests))}",
+        out.print(f"[yellow]tests for definitions that no longer exist:[/] {for_rich(', '.join(cov.stale_tests))}",
                   highlight=False)
     return 0

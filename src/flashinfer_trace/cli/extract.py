@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_common_options, err, out, print_json, safe_text
+from ..escape import for_rich
+from .common import add_common_options, err, out, print_json
 
 
 def add_commands(sub) -> None:
@@ -42,7 +43,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
         folder = str(definitions_dir(args.definitions))
         ex = extract(configs, folder, page_size=args.page_size, dry_run=args.dry_run)
     except ConfigError as e:
-        err.print(f"error: {safe_text(e)}", highlight=False, style="red")
+        err.print(f"error: {for_rich(e)}", highlight=False, style="red")
         return 2
     report = build_report(ex, folder)
     if not args.dry_run:
@@ -54,17 +55,17 @@ def cmd_extract(args: argparse.Namespace) -> int:
         return 0
     for m in report["models"]:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(m["counts"].items()))
-        out.print(f"[bold]{safe_text(m['model'])}[/] (tp {m['tp']}, ep {m['ep']}): {len(m['kernels'])} kernel(s): "
-                  f"{safe_text(counts)}", highlight=False)
+        out.print(f"[bold]{for_rich(m['model'])}[/] (tp {m['tp']}, ep {m['ep']}): {len(m['kernels'])} kernel(s): "
+                  f"{for_rich(counts)}", highlight=False)
         for k in m["kernels"]:
             if k["status"] in ("new", "conflict"):
                 extra = f" (conflicts with {k['conflicts_with']}: {', '.join(k['differences'])})" \
                     if k["status"] == "conflict" else ""
-                out.print(safe_text(f"  {k['status']:9s} {k['name']}{extra}"), highlight=False)
+                out.print(for_rich(f"  {k['status']:9s} {k['name']}{extra}"), highlight=False)
         for why in m["left_out"]:
-            out.print(f"  [dim]left out: {safe_text(why)}[/]", highlight=False)
+            out.print(f"  [dim]left out: {for_rich(why)}[/]", highlight=False)
     out.print(f"{len(report['shared_across_models'])} definition(s) shared across models; "
               + ("dry run: nothing written" if args.dry_run else
-                 f"{len(ex.written)} file(s) written; report in {safe_text(args.report)}/extract-report.md"),
+                 f"{len(ex.written)} file(s) written; report in {for_rich(args.report)}/extract-report.md"),
               highlight=False)
     return 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_common_options, add_sandbox_options, configure_sandbox, err, out, print_json, safe_text
+from ..escape import for_rich
+from .common import add_common_options, add_sandbox_options, configure_sandbox, err, out, print_json
 
 
 def add_commands(sub) -> None:
@@ -44,17 +45,17 @@ def cmd_import_fi_trace(args: argparse.Namespace) -> int:
     try:
         manifest = import_fi_trace(args.out, args.op_type, device=args.device)
     except (FiTraceUnavailable, ConfinementUnavailable, ReferenceFailure) as e:
-        err.print(f"[red]import-fi-trace: {safe_text(e)}[/]", highlight=False)
+        err.print(f"[red]import-fi-trace: {for_rich(e)}[/]", highlight=False)
         return 2
     if args.json:
         print_json(manifest)
         return 0
     for f in manifest["failures"]:
-        out.print(f"[yellow]-[/] {safe_text(f['fi_api'])} ({safe_text(f.get('label', ''))}): "
-                  f"{safe_text(f['reason'])}", highlight=False)
-    out.print(f"flashinfer {safe_text(manifest['flashinfer_version'])}: {manifest['count']} definition(s) over "
-              f"{manifest['op_types']} op type(s) written to {safe_text(args.out)}, {manifest['failed']} "
-              f"template(s) not emitted; manifest: {safe_text(Path(args.out) / MANIFEST_NAME)}", highlight=False)
+        out.print(f"[yellow]-[/] {for_rich(f['fi_api'])} ({for_rich(f.get('label', ''))}): "
+                  f"{for_rich(f['reason'])}", highlight=False)
+    out.print(f"flashinfer {for_rich(manifest['flashinfer_version'])}: {manifest['count']} definition(s) over "
+              f"{manifest['op_types']} op type(s) written to {for_rich(args.out)}, {manifest['failed']} "
+              f"template(s) not emitted; manifest: {for_rich(Path(args.out) / MANIFEST_NAME)}", highlight=False)
     return 0
 
 
@@ -70,8 +71,8 @@ def cmd_drift(args: argparse.Namespace) -> int:
         print_json(r)
     else:
         for line in summary_lines(r):
-            out.print(safe_text(line), highlight=False)
+            out.print(for_rich(line), highlight=False)
         for p in r["problems"]:
-            err.print(safe_text(f"problem: {p['path']}: {p['problem']}"), highlight=False)
-        out.print(safe_text(f"wrote {path}"), highlight=False)
+            err.print(for_rich(f"problem: {p['path']}: {p['problem']}"), highlight=False)
+        out.print(for_rich(f"wrote {path}"), highlight=False)
     return 0

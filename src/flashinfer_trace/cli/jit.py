@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..escape import for_rich
 from . import jitarchive
-from .common import add_common_options, err, out, print_json, progress, safe_text
+from .common import add_common_options, err, out, print_json, progress
 
 
 def add_commands(sub) -> None:
@@ -48,7 +49,7 @@ def run_builds(jobs, config, *, progress_bar: bool, on_record=None) -> list | No
                     on_record(r)
     except KeyboardInterrupt:
         err.print(f"interrupted after {len(records)} of {len(jobs)} build job(s); the finished ones are in "
-                  f"{safe_text(config.report)} (--resume goes on; ninja keeps finished objects)", style="yellow")
+                  f"{for_rich(config.report)} (--resume goes on; ninja keeps finished objects)", style="yellow")
         return None
     return records
 
@@ -82,8 +83,8 @@ def cmd_jit_build(args: argparse.Namespace) -> int:
         if not args.json and r.status != "cached":
             colour = {"built": "green", "error": "yellow"}.get(r.status, "red")
             mods = f" ({', '.join(r.modules)})" if r.modules else ""
-            out.print(f"[{colour}]{r.status}[/] {safe_text(r.definition)} {r.source} {r.seconds:.1f} s"
-                      f"{safe_text(mods)}{': ' + safe_text(r.message) if r.message else ''}", highlight=False)
+            out.print(f"[{colour}]{r.status}[/] {for_rich(r.definition)} {r.source} {r.seconds:.1f} s"
+                      f"{for_rich(mods)}{': ' + for_rich(r.message) if r.message else ''}", highlight=False)
 
     records = run_builds(jobs, config, progress_bar=not args.no_progress, on_record=show)
     if records is None:

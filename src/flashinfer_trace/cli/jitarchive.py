@@ -9,6 +9,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from ..escape import for_terminal
 from ..sweep import jitarchive, prebuilt
 from ..sweep.combos import CombinationError, find_combination
 from ..sweep.jitarchive import Build, JitArchiveError
@@ -53,7 +54,7 @@ def add_commands(sub) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {for_terminal(message, multiline=True)}", file=sys.stderr)
     return 2
 
 
@@ -130,8 +131,9 @@ def run_import(args: argparse.Namespace) -> int:
         print(json.dumps({"manifest": manifest, "modules": {k: str(v) for k, v in placed.items()},
                           "placed_in": str(package / "data" / "aot") if aot else None}, indent=1))
         return 0
-    print(f"imported {len(placed)} module(s) of {_describe(manifest)} into {args.dest}: sessions load them with "
-          f"--jit-modules {args.dest}")
+    # the manifest is the archive's, and an archive may come from anywhere
+    print(f"imported {len(placed)} module(s) of {for_terminal(_describe(manifest))} into {args.dest}: sessions load "
+          f"them with --jit-modules {args.dest}")
     if aot:
         print(f"placed {len(aot)} into {package / 'data' / 'aot'}")
     if Version(expect.flashinfer) >= prebuilt.SUPPORTED_BELOW:

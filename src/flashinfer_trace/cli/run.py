@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
+from ..escape import for_rich
 from ..options import add_check_options
 from ..status import Status
 from .common import (
@@ -23,7 +24,6 @@ from .common import (
     out,
     print_json,
     progress,
-    safe_text,
 )
 from .jit import run_builds
 
@@ -84,11 +84,11 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         print_json({"confinement": info, "settings": describe_settings()})
     else:
         for mechanism, what in (info.get("active") or {}).items():
-            out.print(f"[green]✓[/] {safe_text(mechanism)}: {safe_text(what)}", highlight=False)
+            out.print(f"[green]✓[/] {for_rich(mechanism)}: {for_rich(what)}", highlight=False)
         for mechanism, why in (info.get("missing") or {}).items():
-            out.print(f"[red]✗[/] {safe_text(mechanism)}: {safe_text(why)}", highlight=False)
+            out.print(f"[red]✗[/] {for_rich(mechanism)}: {for_rich(why)}", highlight=False)
         if info.get("error"):
-            out.print(f"[red]✗ the worker did not start: {safe_text(info['error'])}[/]", highlight=False)
+            out.print(f"[red]✗ the worker did not start: {for_rich(info['error'])}[/]", highlight=False)
         verdict = ("references run confined" if info.get("complete") else
                    "references run WITHOUT full confinement (allowed)" if info.get("allow_unconfined") else
                    "references are refused here unless --allow-unconfined-references")
@@ -143,20 +143,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         print_json({"size": args.size, "seed": args.seed, "case": args.case, "device": args.device,
                     "sandbox": status(), "results": results})
     else:
-        t = Table(title=f"reference runs on {safe_text(args.device)} (size={args.size}, seed={args.seed})")
+        t = Table(title=f"reference runs on {for_rich(args.device)} (size={args.size}, seed={args.seed})")
         for col in ("definition", "status", "ms", "outputs (shape dtype absmax)"):
             t.add_column(col, overflow="fold")
         for r in results:
             ms = f"{r['seconds'] * 1e3:.1f}" if "seconds" in r else ""
             outs = "\n".join(f"{o} {'x'.join(map(str, s['shape'] or []))} {s['dtype']} {_fmt(s.get('absmax'))}"
                              for o, s in r["outputs"].items())
-            t.add_row(safe_text(r["definition"]), r["status"], ms, safe_text(outs))
+            t.add_row(for_rich(r["definition"]), r["status"], ms, for_rich(outs, multiline=True))
         out.print(t)
         for r in results:
             for p in r["problems"]:
-                out.print(f"[red]✗ {safe_text(r['definition'])}: {safe_text(p)}[/]", highlight=False)
+                out.print(f"[red]✗ {for_rich(r['definition'])}: {for_rich(p)}[/]", highlight=False)
             if r["status"] == "skip":
-                out.print(f"[yellow]skip {safe_text(r['definition'])}: {safe_text(r['reason'])}[/]",
+                out.print(f"[yellow]skip {for_rich(r['definition'])}: {for_rich(r['reason'])}[/]",
                           highlight=False)
     return 1 if any(r["status"] in ("fail", "error") for r in results) else 0
 
@@ -193,20 +193,20 @@ def cmd_check(args: argparse.Namespace) -> int:
                 results.append(r)
                 advance(f"{r.definition} {r.check} {r.source or ''}")
                 if not args.json and r.status in (Status.FAIL, Status.ERROR):
-                    out.print(f"[red]{r.status.value.upper()}[/] " + safe_text(
+                    out.print(f"[red]{r.status.value.upper()}[/] " + for_rich(
                         f"{r.definition} {r.check} {r.source or ''} {r.size or ''} seed={r.seed} {r.case or ''}: "
-                        f"{r.detail or ''}"), highlight=False)
+                        f"{r.detail or ''}", multiline=True), highlight=False)
     except KeyboardInterrupt:
         kept = f"; the {len(results)} finished are in {config.results_file} (--resume goes on)" \
             if config.results_file else ""
-        err.print(f"interrupted after {len(results)} of {len(planned)} case(s){safe_text(kept)}", style="yellow")
+        err.print(f"interrupted after {len(results)} of {len(planned)} case(s){for_rich(kept)}", style="yellow")
         return 130
     summary = summarise(results)
     if args.json:
         print_json({"device": config.resolved_device, "summary": asdict(summary), "sandbox": status(),
                     "results": [r.as_dict() for r in results]})
         return 0 if summary.ok else 1
-    t = Table(title=f"check on {safe_text(config.resolved_device)}: {summary.total} case(s)")
+    t = Table(title=f"check on {for_rich(config.resolved_device)}: {summary.total} case(s)")
     for col in ("definition", "pass", "fail", "error", "skip"):
         t.add_column(col)
     per: dict[str, dict[str, int]] = {}
@@ -214,10 +214,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         per.setdefault(r.definition, {}).setdefault(r.status.value, 0)
         per[r.definition][r.status.value] += 1
     for name, counts in per.items():
-        t.add_row(safe_text(name), *(str(counts.get(k, 0)) for k in ("pass", "fail", "error", "skip")))
+        t.add_row(for_rich(name), *(str(counts.get(k, 0)) for k in ("pass", "fail", "error", "skip")))
     out.print(t)
     for reason, n in summary.skip_reasons.items():
-        out.print(f"[yellow]skip x{n}[/] {safe_text(reason or '')}", highlight=False)
+        out.print(f"[yellow]skip x{n}[/] {for_rich(reason or '')}", highlight=False)
     colour = "green" if summary.ok else "red"
     out.print(f"[{colour}]" + ", ".join(f"{k} {v}" for k, v in sorted(summary.by_status.items())) + "[/]",
               highlight=False)
@@ -285,13 +285,13 @@ def cmd_mutants(args: argparse.Namespace) -> int:
                     "mutants": [asdict(k) | {"bug": m.bug, "known_gap": m.survives}
                                 for m, k in zip(chosen, kills, strict=True)]})
     else:
-        t = Table(title=f"planted bugs vs {args.ground_truth} on {safe_text(device)}: {killed}/{ran} caught")
+        t = Table(title=f"planted bugs vs {args.ground_truth} on {for_rich(device)}: {killed}/{ran} caught")
         for col in ("mutant", "bug", "caught", "how", "closest: bug / true reference"):
             t.add_column(col, overflow="fold")
         for m, k in zip(chosen, kills, strict=True):
             caught = "n/a" if k.killed is None else "yes" if k.killed else "known gap" if m.survives else "NO"
-            t.add_row(safe_text(m.name), safe_text(m.bug), caught,
-                      safe_text(k.how if k.killed is not False or not m.survives else m.survives),
+            t.add_row(for_rich(m.name), for_rich(m.bug), caught,
+                      for_rich(k.how if k.killed is not False or not m.survives else m.survives),
                       f"{_margin(k.margin)} / {_margin(k.baseline_margin)}")
         out.print(t)
         out.print("by class: " + ", ".join(f"{c} {a}/{b}" for c, (a, b) in by_class.items()), highlight=False)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..escape import for_terminal
 from ..sweep import wheelhouse
 from ..sweep.combos import CombinationError, find_combination
 
@@ -47,7 +48,7 @@ def add_commands(top) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {for_terminal(message, multiline=True)}", file=sys.stderr)
     return 2
 
 
@@ -82,9 +83,10 @@ def run_verify(args: argparse.Namespace) -> int:
     try:
         manifest = wheelhouse.verify(args.folder, combination)
     except wheelhouse.WheelhouseError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {for_terminal(e, multiline=True)}", file=sys.stderr)
         return 1
     if manifest is None:
         return _error(f"{args.folder}: no {wheelhouse.MANIFEST} (not built by `flashinfer-trace wheelhouse build`)")
-    print(f"{len(manifest['wheels'])} wheel(s) of {manifest['combination']} match {args.folder}/{wheelhouse.MANIFEST}")
+    print(f"{len(manifest['wheels'])} wheel(s) of {for_terminal(manifest['combination'])} match "
+          f"{args.folder}/{wheelhouse.MANIFEST}")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..escape import for_markdown as md
 from . import Extraction, shared_kernels
 
 
@@ -25,27 +26,28 @@ def build_report(ex: Extraction, definitions: str) -> dict[str, Any]:
 def render_report_md(report: dict[str, Any]) -> str:
     lines = ["# Extraction report" + (" (dry run: nothing written)" if report["dry_run"] else ""), ""]
     for m in report["models"]:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(m["counts"].items()))
-        lines += [f"## {m['model']} ({m['architecture']}, tp {m['tp']}, ep {m['ep']}"
-                  f"{', fp8 block ' + str(m['fp8_block']) if m['fp8_block'] else ''})", "",
-                  f"{len(m['kernels'])} kernel(s): {counts}. Config: `{m['config']}`.", "",
+        counts = md(", ".join(f"{k} {v}" for k, v in sorted(m["counts"].items())))
+        lines += [f"## {md(m['model'])} ({md(m['architecture'])}, tp {md(m['tp'])}, ep {md(m['ep'])}"
+                  f"{', fp8 block ' + md(m['fp8_block']) if m['fp8_block'] else ''})", "",
+                  f"{len(m['kernels'])} kernel(s): {counts}. Config: {md(m['config'], code=True)}.", "",
                   "| definition | status | where the model runs it |", "|---|---|---|"]
         for k in m["kernels"]:
-            lines.append(f"| `{k['name']}` | {k['status']} | {'; '.join(k['roles'])} |")
+            lines.append(f"| {md(k['name'], code=True)} | {md(k['status'])} | {md('; '.join(k['roles']))} |")
         if m["left_out"]:
-            lines += ["", "Left out (no template): " + "; ".join(m["left_out"])]
+            lines += ["", "Left out (no template): " + md("; ".join(m["left_out"]))]
         lines.append("")
     if report["conflicts"]:
         lines += ["## Conflicts", "", "Same name, different content: saved under a version suffix.", "",
                   "| saved as | conflicts with | differing fields |", "|---|---|---|"]
         for c in report["conflicts"]:
-            lines.append(f"| `{c['name']}` | `{c['conflicts_with']}` | {', '.join(c['differences'])} |")
+            lines.append(f"| {md(c['name'], code=True)} | {md(c['conflicts_with'], code=True)} | "
+                         f"{md(', '.join(c['differences']))} |")
         lines.append("")
     shared = report["shared_across_models"]
     lines += ["## Kernels shared across models", ""]
     if shared:
         lines += ["| definition | models |", "|---|---|"]
-        lines += [f"| `{n}` | {', '.join(ms)} |" for n, ms in sorted(shared.items())]
+        lines += [f"| {md(n, code=True)} | {md(', '.join(ms))} |" for n, ms in sorted(shared.items())]
     else:
         lines.append("none")
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..escape import for_terminal
 from . import build, diff_environments, diff_matrices, render_diff_md, render_releases_md, write_matrix
 from .portable import portable, portable_file
 
@@ -69,7 +70,7 @@ def run_build(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{k} {v}" for k, v in sorted(matrix["summary"].items()))
     print(f"{len(matrix['environments'])} environment(s) x {len(matrix['definitions'])} definition(s): {counts}")
     for p in matrix["problems"]:
-        print(f"problem: {p['path']}: {p['problem']}", file=sys.stderr)
+        print(f"problem: {for_terminal(p['path'])}: {for_terminal(p['problem'])}", file=sys.stderr)
     for f in files:
         print(f"wrote {f}")
     return 0

@@ -17,6 +17,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..escape import for_markdown
+
 BROKEN = ("fail", "flaky-wrong", "mutates-inputs", "error", "timeout", "install-failed")
 SPREAD_FACTOR = 3.0
 SPREAD_FLOOR = 0.01
@@ -136,13 +138,13 @@ def render_releases_md(matrix: dict[str, Any], pairs: list[tuple[str, str]], not
                        command: str | None = None) -> str:
     """Release to release within one snapshot: each (old, new) pair's columns diffed like two runs, in order,
     under one heading, so the page is rebuilt by a command rather than by hand."""
-    out = ["# Release to release" + (f" (`{command}`)" if command else ""), ""]
+    out = ["# Release to release" + (f" ({for_markdown(command, code=True)})" if command else ""), ""]
     if note:
         out += [note.strip(), ""]
     for old_env, new_env in pairs:
         d = diff_environments(matrix, matrix, old_env, new_env)
         old_id, new_id = (resolve_environment(matrix, e) for e in (old_env, new_env))
-        out += [f"**{old_id} → {new_id}**", "", render_diff_md(d).strip(), ""]
+        out += [f"**{for_markdown(old_id)} → {for_markdown(new_id)}**", "", render_diff_md(d).strip(), ""]
     return "\n".join(out)
 
 
@@ -161,7 +163,7 @@ def render_diff_md(d: MatrixDiff) -> str:
             vals = []
             for c in cols:
                 v = r.get(c)
-                text = "" if v is None else " ".join(str(v).split()).replace("|", "\\|")  # one table row per cell
+                text = "" if v is None else for_markdown(" ".join(str(v).split()))  # one table row per cell
                 vals.append(f"{v:.3g}" if isinstance(v, float) else text)
             lines.append("| " + " | ".join(vals) + " |")
         lines.append("")
@@ -180,5 +182,5 @@ def render_diff_md(d: MatrixDiff) -> str:
             counts.items(), key=str)], ["environment", "timer", "source", "cells"])
     table("Vanished cells", d.vanished, ["definition", "environment", "state"])
     if d.problems:
-        lines += ["### Problems", ""] + [f"- {p}" for p in d.problems]
+        lines += ["### Problems", ""] + [f"- {for_markdown(p)}" for p in d.problems]
     return "\n".join(lines) + "\n"

@@ -5,25 +5,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..escape import for_markdown as _esc
 from . import drift_view
 from .build import jit_label
 
 
-def _esc(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+def _code(text: Any) -> str:
+    return _esc(text, code=True)
 
 
 def header(env: dict[str, Any]) -> str:
-    parts = [p for p in env["label"].split(" / ")]
+    parts = [_esc(p) for p in env["label"].split(" / ")]
     if env.get("status") not in (None, "ok", "tests-failed"):
-        parts.append(f"**{env['status']}**")
-    return "<br>".join(_esc(p) for p in parts)
+        parts.append(f"**{_esc(env['status'])}**")
+    return "<br>".join(parts)
 
 
 def cell_text(cell: dict[str, Any] | None, symbols: dict[str, str]) -> str:
     if cell is None:
         return symbols["not-run"]
-    text = symbols.get(cell["state"], cell["state"])
+    text = symbols.get(cell["state"]) or _esc(cell["state"])
     timing = cell.get("timing")
     if timing and timing.get("median_us") is not None:
         text += f" {timing['median_us']:.1f} µs"
@@ -37,7 +38,8 @@ def render_md(matrix: dict[str, Any]) -> str:
     symbols, envs = matrix["symbols"], matrix["environments"]
     cells = {(c["definition"], c["environment"]): c for c in matrix["cells"]}
     lines = ["# Compatibility matrix", "",
-             f"Generated {matrix['generated']} from {', '.join(matrix['inputs'])}: {len(envs)} environment(s), "
+             f"Generated {_esc(matrix['generated'])} from {_esc(', '.join(matrix['inputs']))}: "
+             f"{len(envs)} environment(s), "
              f"{len(matrix['definitions'])} definition(s). A cell is the reference checked against the kernel's "
              "ground truth (FlashInfer, else SGLang) in that environment, with its median device time when the "
              "environment was benchmarked; `(torch ✅)` marks a cell where no kernel ran but the reference agreed "
@@ -48,34 +50,35 @@ def render_md(matrix: dict[str, Any]) -> str:
     versions = [str(r.get("flashinfer")) for r in matrix.get("drift") or []]  # flashinfer-trace drift reports
     drift_headers = "".join(f" drift (fi {_esc(v)}) |" for v in versions)
     for op, defs in ops.items():
-        lines += [f"## {op}", "", "| definition |" + drift_headers + " " + " | ".join(header(e) for e in envs) + " |",
+        lines += [f"## {_esc(op)}", "",
+                  "| definition |" + drift_headers + " " + " | ".join(header(e) for e in envs) + " |",
                   "|---|" + "---|" * (len(versions) + len(envs))]
         for d in defs:
             row = [cell_text(cells.get((d["name"], e["id"])), symbols) for e in envs]
             drift = "".join(f" {_esc(drift_view.label((d.get('drift') or {}).get(v)))} |" for v in versions)
-            lines.append(f"| `{d['name']}` |" + drift + " " + " | ".join(row) + " |")
+            lines.append(f"| {_code(d['name'])} |" + drift + " " + " | ".join(row) + " |")
         lines.append("")
     lines += ["## Legend", "", " · ".join(f"{symbols[s]} {s}: {text}" for s, text in matrix["states"].items()), ""]
     lines += ["## Environments", "",
               "| environment | GPU | status | references ran | JIT prebuild | sessions | reason |",
               "|---|---|---|---|---|---|---|"]
     for e in envs:
-        lines.append(f"| {_esc(e['label'])} | {_esc(e.get('gpu') or '-')} | {e['status']} | "
+        lines.append(f"| {_esc(e['label'])} | {_esc(e.get('gpu') or '-')} | {_esc(e['status'])} | "
                      f"{_esc(e.get('sandbox') or 'not recorded')} | {_esc(jit_label(e.get('jit')))} | "
-                     f"{', '.join(e['sessions'])} | {_esc(e.get('reason') or '')} |")
+                     f"{_esc(', '.join(e['sessions']))} | {_esc(e.get('reason') or '')} |")
     if matrix.get("not_run"):
         lines += ["", "## Combinations not run", "", "| combination | CUDA | archs | why |", "|---|---|---|---|"]
-        lines += [f"| {_esc(c['label'])} (`{c['combination']}`) | {c['cuda']} | {', '.join(c['archs'])} | "
-                  f"{_esc(c['reason'])} |" for c in matrix["not_run"]]
+        lines += [f"| {_esc(c['label'])} ({_code(c['combination'])}) | {_esc(c['cuda'])} | "
+                  f"{_esc(', '.join(c['archs']))} | {_esc(c['reason'])} |" for c in matrix["not_run"]]
     built = [e for e in envs if (e.get("jit") or {}).get("modules")]
     if built:
         lines += ["", "## JIT builds per module", "",
                   "Wall seconds of each module's first compilation (the prebuild runs modules in parallel, so "
                   "a module's time includes the load of the others).", "",
                   "| environment | module | seconds | first needed by |", "|---|---|---|---|"]
-        lines += [f"| {_esc(e['label'])} | `{_esc(m['module'])}` | {m['seconds']} | `{_esc(m.get('definition'))}` |"
+        lines += [f"| {_esc(e['label'])} | {_code(m['module'])} | {_esc(m['seconds'])} | {_code(m.get('definition'))} |"
                   for e in built for m in e["jit"]["modules"]]
     if matrix["problems"]:
         lines += ["", "## Problems with the inputs", ""]
-        lines += [f"- `{_esc(p['path'])}`: {_esc(p['problem'])}" for p in matrix["problems"]]
+        lines += [f"- {_code(p['path'])}: {_esc(p['problem'])}" for p in matrix["problems"]]
     return "\n".join(lines) + "\n"

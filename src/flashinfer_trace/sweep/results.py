@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..escape import for_xml
+
 if TYPE_CHECKING:  # the noxfile imports this module with the standard library and packaging only
     from ..results.record import CaseRecord
 
@@ -210,20 +212,23 @@ def _junit_fields(r: TestRecord | CaseRecord) -> tuple[str, str, str, float, str
 
 
 def junit_xml(records: list[TestRecord] | list[CaseRecord], suite: str) -> bytes:
+    """The records as JUnit XML. Every string goes through for_xml: a message may quote a definition, and
+    one control character in it would otherwise make the whole file unparseable."""
     rows = [_junit_fields(r) for r in records]
     root = ET.Element("testsuites")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(rows)),
+    ts = ET.SubElement(root, "testsuite", name=for_xml(suite), tests=str(len(rows)),
                        failures=str(sum(r[2] in FAILURES for r in rows)),
                        errors=str(sum(r[2] in ERRORS for r in rows)),
                        skipped=str(sum(r[2] in SKIPS for r in rows)),
                        time=f"{sum(r[3] for r in rows):.3f}")
     for classname, name, status, seconds, message, properties in rows:
-        tc = ET.SubElement(ts, "testcase", classname=classname, name=name, time=f"{seconds:.3f}")
+        tc = ET.SubElement(ts, "testcase", classname=for_xml(classname), name=for_xml(name), time=f"{seconds:.3f}")
         if properties:
             props = ET.SubElement(tc, "properties")
             for k, v in properties.items():
-                ET.SubElement(props, "property", name=k, value=v if isinstance(v, str) else json.dumps(v, default=str))
-        msg = (message or "")[:2000]
+                ET.SubElement(props, "property", name=for_xml(k),
+                              value=for_xml(v if isinstance(v, str) else json.dumps(v, default=str)))
+        msg = for_xml((message or "")[:2000])
         if status in FAILURES:
             ET.SubElement(tc, "failure", message=msg.splitlines()[0] if msg else status).text = msg
         elif status in ERRORS:
