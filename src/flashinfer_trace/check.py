@@ -206,7 +206,8 @@ def discover(targets: Iterable[str], config: CheckConfig) -> Discovered:
         loaded: list[Definition] = []
         for path in paths if paths is not None else [None]:
             try:
-                loaded.append(load_path(path) if path is not None else Dataset(config.definitions_dir).load(target))
+                loaded.append(load_path(path, root=p if p.is_dir() else None) if path is not None
+                              else Dataset(config.definitions_dir).load(target))
             except (DefinitionError, KeyError, FileNotFoundError) as e:
                 msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
                 errors.append(CaseRecord(definition=str(path or target), check=Check.LOAD, status=Status.ERROR,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .definition import Definition
-from .validate import DefinitionError, Problem, load_file
+from .validate import DefinitionError, Problem, link_out_of_root, load_file
 
 ENV_VAR = "FLASHINFER_TRACE_DEFINITIONS"
 _CHECKOUT_DEFINITIONS = Path(__file__).resolve().parents[2] / "definitions"
@@ -29,8 +29,11 @@ def definitions_dir(explicit: str | Path | None = None) -> Path:
     return _CHECKOUT_DEFINITIONS
 
 
-def load_path(path: str | Path) -> Definition:
-    """Load one file, reusing the parse while the file's mtime and size are unchanged."""
+def load_path(path: str | Path, *, root: str | Path | None = None, follow_links: bool = False) -> Definition:
+    """Load one file, reusing the parse while the file's mtime and size are unchanged. A file that resolves
+    outside `root` (its own folder where none is given) is a DefinitionError, unread, unless `follow_links`."""
+    if not follow_links and (outside := link_out_of_root(path, root)):
+        raise DefinitionError([outside])
     path = Path(path).resolve()
     try:
         st = path.stat()
@@ -46,10 +49,12 @@ def load_path(path: str | Path) -> Definition:
 
 
 class Dataset:
-    """A definitions folder: `definitions/<op_type>/<name>.json`."""
+    """A definitions folder: `definitions/<op_type>/<name>.json`. A file in it that links outside it is
+    refused when loaded (a DefinitionError naming it) unless `follow_links`."""
 
-    def __init__(self, root: str | Path | None = None):
+    def __init__(self, root: str | Path | None = None, *, follow_links: bool = False):
         self.root = definitions_dir(root)
+        self.follow_links = follow_links
         if not self.root.is_dir():
             raise FileNotFoundError(f"definitions folder {self.root} does not exist (set {ENV_VAR} or pass one)")
         self._index: dict[str, Path] | None = None
@@ -75,7 +80,7 @@ class Dataset:
             close = [n for n in self.index if name in n or n in name][:5]
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise KeyError(f"no definition named {name!r} under {self.root}{hint}")
-        return load_path(self.index[name])
+        return load_path(self.index[name], root=self.root, follow_links=self.follow_links)
 
     def __iter__(self) -> Iterator[Definition]:
         for name in self.index:
@@ -96,12 +101,13 @@ class Dataset:
         return out
 
 
-def load_definition(name_or_path: str | Path, *, definitions: str | Path | None = None) -> Definition:
+def load_definition(name_or_path: str | Path, *, definitions: str | Path | None = None,
+                    follow_links: bool = False) -> Definition:
     """A definition by name (looked up in the definitions folder) or by path to its JSON file."""
     p = Path(name_or_path)
     if p.suffix == ".json" or p.is_file():
-        return load_path(p)
-    return Dataset(definitions).load(str(name_or_path))
+        return load_path(p, follow_links=follow_links)
+    return Dataset(definitions, follow_links=follow_links).load(str(name_or_path))
 
 
 def iter_definitions(*, op_type: str | None = None, tag: str | None = None, model: str | None = None,

@@ -52,14 +52,16 @@ def for_rich(value: Any, *, multiline: bool = False) -> str:
     return escape(for_terminal(value, multiline=multiline))
 
 
-_MD_TEXT = {"\\": "\\\\", "|": "\\|", "[": "\\[", "]": "\\]", "`": "\\`", "*": "\\*", "_": "\\_",
-            "<": "&lt;", ">": "&gt;", "&": "&amp;", "\n": " "}
+# What could make a link or image ([, ]), raw HTML or an autolink (<, >), an entity (&), a code span (`) or a
+# new cell (|) gets a backslash (CommonMark's escape, which GFM also honours for | inside a table), and the
+# backslash itself one; emphasis (*, _) is left alone: it changes how text looks, never where it leads.
+_MD_TEXT = {c: "\\" + c for c in "\\|[]`<>&"} | {"\n": " "}
 _MD_TEXT_RE = re.compile("[" + re.escape("".join(_MD_TEXT)) + "]")
 
 
 def for_markdown(value: Any, *, code: bool = False) -> str:
     """`value` for one Markdown table cell or list item, shown as written: no link, image, HTML tag or
-    emphasis it contains takes effect, a `|` does not end the cell and a newline (a space here) does not end
+    entity it contains takes effect, a `|` does not end the cell and a newline (a space here) does not end
     the row. Control characters are escaped as for the terminal. `code=True` gives a whole code span
     (`` `name` ``): inside one only a backtick, a pipe and a newline matter, so the rest stays unescaped
     and the fence is longer than any run of backticks in the text. (A bare URL is still made a link by

@@ -399,10 +399,32 @@ def display_path(path: Path | str) -> str:
     return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def check_file(path: str | Path, root: Path | None = None) -> FileReport:
+def link_out_of_root(path: str | Path, root: str | Path | None = None) -> Problem | None:
+    """The problem of a file that resolves outside `root` (the folder it was found under; for a file named
+    alone, its own folder), or None. A definitions folder is third-party input: a link in it to
+    ~/.config/x.json must not have that file read, nor any field of it quoted back in a problem."""
+    path = Path(path)
+    base = Path(root) if root is not None else path.parent
+    try:
+        inside = path.resolve().is_relative_to(base.resolve())
+    except (OSError, RuntimeError, ValueError):  # a loop, a NUL byte
+        inside = False
+    if inside:
+        return None
+    return Problem(display_path(path), "$", "link-outside-root",
+                   f"symlink out of the definitions root {_snippet(display_path(base))}: not read "
+                   "(--follow-links reads it)")
+
+
+def check_file(path: str | Path, root: Path | None = None, *, follow_links: bool = False) -> FileReport:
+    """Every problem of one file; `root` is the folder it was found under. A file that resolves outside
+    it (outside its own folder where there is no root) is not read unless `follow_links`."""
     path = Path(path)
     file = display_path(path)
     report = FileReport(file)
+    if not follow_links and (outside := link_out_of_root(path, root)):
+        report.problems.append(outside)
+        return report
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -449,14 +471,14 @@ def discover(paths: Iterable[str | Path]) -> tuple[list[tuple[Path, Path | None]
     return files, problems
 
 
-def check_files(files: Iterable[tuple[Path, Path | None] | Path]) -> list[FileReport]:
+def check_files(files: Iterable[tuple[Path, Path | None] | Path], *, follow_links: bool = False) -> list[FileReport]:
     """One report per file, whatever the file holds: a validator bug becomes an `internal-error`
     problem of that file, so a report is always complete."""
     reports = []
     for item in files:
         path, root = item if isinstance(item, tuple) else (item, None)
         try:
-            reports.append(check_file(path, root))
+            reports.append(check_file(path, root, follow_links=follow_links))
         except Exception as e:  # noqa: BLE001 - the last line of defence; the fuzz tests keep it unused
             reports.append(FileReport(display_path(path), [Problem(display_path(path), "$", "internal-error",
                                                                   f"the validator failed: {type(e).__name__}: "
@@ -478,9 +500,11 @@ def summarise(reports: Sequence[FileReport]) -> Summary:
     )
 
 
-def validate_paths(paths: Iterable[str | Path]) -> tuple[list[FileReport], Summary]:
+def validate_paths(paths: Iterable[str | Path], *, follow_links: bool = False) -> tuple[list[FileReport], Summary]:
+    """Every file under `paths`, checked; a symlink out of the folder it was found under is a problem
+    (`link-outside-root`, its content unread) unless `follow_links`."""
     files, problems = discover(paths)
-    reports = check_files(files) + [FileReport(p.file, [p]) for p in problems]
+    reports = check_files(files, follow_links=follow_links) + [FileReport(p.file, [p]) for p in problems]
     return reports, summarise(reports)
 
 

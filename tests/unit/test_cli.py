@@ -10,7 +10,7 @@ from rich.console import Console
 
 import flashinfer_trace
 from flashinfer_trace.cli import definitions, main
-from flashinfer_trace.cli.common import safe_text
+from flashinfer_trace.escape import for_rich
 
 
 def run_cli(capsys, *argv):
@@ -150,10 +150,11 @@ def test_show_prints_shapes_and_definition_text_as_written(capsys, valid, write_
     assert not any(c in out for c in "\x1b\x07\x9b")
 
 
-def test_safe_text_escapes_markup_and_control_characters():
+def test_for_rich_escapes_markup_and_control_characters():
     console = Console(width=200, file=io.StringIO(), emoji=False, soft_wrap=True)
-    assert safe_text("tab\tand\nnewline stay") == "tab\tand\nnewline stay"
-    console.print(safe_text("a [red]b[/red] \\[c] \x00\x08\x0b\x0d\x1b\x7f\x80\x9f ok\nnext"))
+    assert for_rich("tab\tand\nnewline stay", multiline=True) == "tab\tand\nnewline stay"
+    assert for_rich("a name\tand\na forged line") == "a name\\x09and\\x0aa forged line"
+    console.print(for_rich("a [red]b[/red] \\[c] \x00\x08\x0b\x0d\x1b\x7f\x80\x9f ok\nnext", multiline=True))
     assert console.file.getvalue() == "a [red]b[/red] \\[c] \\x00\\x08\\x0b\\x0d\\x1b\\x7f\\x80\\x9f ok\nnext\n"
 
 

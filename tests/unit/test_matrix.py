@@ -235,7 +235,7 @@ def test_two_releases_columns_diff_like_two_runs(results, tmp_path, capsys):
     (tmp_path / "m.json").write_text(json.dumps(new))
     assert matrix_main(["diff", str(tmp_path / "m.json"), str(tmp_path / "m.json"), "--envs", old_env,
                         "cu130-fi072"]) == 1
-    assert f"{old_env} -> cu130-fi072@sm90" in capsys.readouterr().out
+    assert f"{old_env} -\\> cu130-fi072@sm90" in capsys.readouterr().out  # Markdown: ">" escaped
     with pytest.raises(SystemExit, match="environment 'cu130': matches"):
         matrix_main(["diff", str(tmp_path / "m.json"), str(tmp_path / "m.json"), "--envs", "cu130", old_env])
     with pytest.raises(SystemExit, match="'sm100': not found"):

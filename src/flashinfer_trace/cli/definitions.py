@@ -13,9 +13,16 @@ from ..escape import for_rich
 from .common import add_common_options, add_input_options, describe, generate, out, print_json
 
 
+def _add_follow_links(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--follow-links", action="store_true",
+                        help="read definition files that are symlinks out of the definitions folder (refused by "
+                             "default: docs/sandbox.md)")
+
+
 def add_commands(sub) -> None:
     s = sub.add_parser("validate", help="check definition files; exit 1 on any problem")
     add_common_options(s)
+    _add_follow_links(s)
     s.add_argument("paths", nargs="*", help="files or folders (default: the definitions folder)")
     s.set_defaults(func=cmd_validate)
 
@@ -28,6 +35,7 @@ def add_commands(sub) -> None:
     s.add_argument("--op-type")
     s.add_argument("--tag")
     s.add_argument("--model")
+    _add_follow_links(s)
     s.set_defaults(func=cmd_list)
 
     s = sub.add_parser("show", help="show one definition")
@@ -37,6 +45,7 @@ def add_commands(sub) -> None:
     s.add_argument("--ground-truths", action="store_true",
                    help="the kernel path each source takes here, the ones it passes over, or why none runs")
     s.add_argument("--device", default=None, help="for --ground-truths: cpu or cuda (default: cuda when available)")
+    _add_follow_links(s)
     s.set_defaults(func=cmd_show)
 
     s = sub.add_parser("inputs", help="shapes and dtypes of generated inputs")
@@ -56,7 +65,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..validate import validate_paths
 
     paths = args.paths or [definitions_dir(args.definitions)]
-    reports, summary = validate_paths(paths)
+    reports, summary = validate_paths(paths, follow_links=args.follow_links)
     if args.json:
         print_json({
             "ok": summary.ok,
@@ -105,7 +114,8 @@ _MIN_TAGS_WIDTH = 20
 def cmd_list(args: argparse.Namespace) -> int:
     from ..dataset import Dataset
 
-    defs = Dataset(args.definitions).select(op_type=args.op_type, tag=args.tag, model=args.model)
+    defs = Dataset(args.definitions, follow_links=args.follow_links).select(op_type=args.op_type, tag=args.tag,
+                                                                            model=args.model)
     if args.json:
         print_json([{"name": d.name, "op_type": d.op_type, "tags": d.tags,
                      "file": str(d.source) if d.source else None} for d in defs])
@@ -129,7 +139,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from ..dataset import load_definition
 
-    d = load_definition(args.name, definitions=args.definitions)
+    d = load_definition(args.name, definitions=args.definitions, follow_links=args.follow_links)
     paths = _ground_truth_paths(d, args.device) if args.ground_truths else None
     if args.json:
         print_json(d.as_dict | ({"ground_truths": paths} if paths is not None else {}))
