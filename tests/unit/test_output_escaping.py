@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from flashinfer_trace.check import CheckConfig
+from flashinfer_trace.check import discover as check_discover
 from flashinfer_trace.cli import definitions, main
 from flashinfer_trace.dataset import Dataset, load_path
 from flashinfer_trace.escape import for_markdown, for_rich, for_terminal, for_xml
@@ -187,6 +189,10 @@ def test_a_symlink_out_of_the_definitions_root_is_refused_unread(capsys, valid, 
     with pytest.raises(DefinitionError, match="symlink out of the definitions root"):
         load_path(link)
     assert Dataset(root).load("rmsnorm_h8").name == "rmsnorm_h8"  # the others still load
+    found = check_discover([str(root)], CheckConfig(definitions_dir=str(root)))  # `check` refuses it too
+    assert [d.name for d in found.definitions] == ["rmsnorm_h8"]
+    assert [(Path(e.definition).name, "symlink out of the definitions root" in e.detail) for e in found.errors] == [
+        ("evil.json", True)] and SECRET not in str(found.errors)
 
     # the opt-in reads it (here: a name that is not its file's stem)
     assert validate_paths([root], follow_links=True)[0][0].problems[0].kind == "name-mismatch"
