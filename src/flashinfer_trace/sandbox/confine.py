@@ -89,7 +89,7 @@ class Confinement:
     missing: dict[str, str] = field(default_factory=dict)  # mechanism -> why it is not active
     disabled: tuple[str, ...] = ()
     vm_base: int | None = None  # address space before the arena (the RLIMIT_AS the parent adjusts)
-    memory_budget: int | None = None  # bytes of address space a reference gets beyond vm_base and its arena
+    memory_budget: int | None = None  # address space a reference gets beyond vm_base (and its arena, unless capped)
     memory_capped: str = ""  # why memory_budget is less than asked (the caller's hard RLIMIT_AS), if it is
 
     @property
@@ -237,8 +237,11 @@ def _rlimits(c: Confinement, memory_bytes: int | None, gpu: bool) -> str:
                               f"({memory_bytes / 2**30:.1f} GiB asked)"
         c.memory_budget = max(limit - c.vm_base, 0)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-        capped = f", capped {c.memory_capped}" if c.memory_capped else ""
-        parts.append(f"address space: the arena + {c.memory_budget / 2**30:.1f} GiB{capped}")
+        if c.memory_capped:
+            parts.append(f"address space: {c.memory_budget / 2**30:.1f} GiB for the arena and the reference "
+                         f"together, capped {c.memory_capped}")
+        else:
+            parts.append(f"address space: the arena + {c.memory_budget / 2**30:.1f} GiB")
     elif memory_bytes:
         parts.append(f"resident memory {memory_bytes / 2**30:.1f} GiB (the parent's watchdog)")
     parts.append("CPU time per call (set by the parent)")

@@ -159,6 +159,15 @@ class _Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def close(self) -> None:
+        """Close our end: the fork server exits, and its workers with it (PR_SET_PDEATHSIG)."""
+        self.ctl.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
 
 _zygote_lock = threading.Lock()
 _zygote: _Zygote | None = None
@@ -465,10 +474,17 @@ _pool = _Pool()
 os.register_at_fork(after_in_child=_pool.reset_after_fork)
 
 
-def shutdown() -> None:
-    """Stop the worker (the next call starts a new one)."""
+def shutdown(*, fork_server: bool = False) -> None:
+    """Stop the worker (the next call starts a new one); with `fork_server`, the fork server too, so the
+    next one starts with this process's environment as it is now (workers inherit the fork server's)."""
+    global _zygote
     with _pool.lock:
         _pool.close()
+        if fork_server:
+            with _zygote_lock:
+                if _zygote is not None:
+                    _zygote.close()
+                    _zygote = None
 
 
 def status(*, probe: bool = False) -> dict | None:
