@@ -178,3 +178,18 @@ def test_a_hard_address_space_limit_gives_a_smaller_budget_not_a_refusal():
     assert 0 < s["memory_budget"] < 8 << 30
     if sandbox_pool.settings.memory + s["vm_base"] > 8 << 30:
         assert "hard RLIMIT_AS of 8.0 GiB" in s["memory_capped"] and "capped" in s["active"]["rlimits"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no-gpu: torch sees no CUDA device")
+def test_the_cuda_arena_is_zeroed_before_the_next_references_worker():
+    honest = compile_reference(f"import torch\ndef run(x):\n    return torch.full((1000,), {MARK}, device=x.device) "
+                               "+ x.sum()\n", definition="honest", device="cuda")
+    assert (honest(torch.zeros(4, device="cuda")) == MARK).all()
+    code = textwrap.dedent(f"""
+        def run(x):
+            n = x.untyped_storage().nbytes() // 4
+            return n, int((x.as_strided((n,), (1,), 0) == {MARK}).sum())
+        """)
+    n, seen = _compile_as_escaped(code, definition="escaped_def", device="cuda")(torch.zeros(4, device="cuda"))
+    assert n >= 1024 and seen == 0

@@ -12,6 +12,9 @@ worker's answer is untrusted and checked (`transport.decode`); its death is a re
 
 One worker lives at a time (per test process): a call for other code replaces it, so no two
 references ever share a process, and a worker that escaped its confinement has no sibling to reach.
+Nor an arena: each worker has a CPU arena of its own (sealed at its size, closed with it; a call that
+needs more runs in a new worker with a larger one), and a device's CUDA arena, shared through CUDA
+IPC, is zeroed before each new worker opens it.
 The next call after a failure starts a fresh worker and compiles the reference again.
 """
 
