@@ -5,13 +5,14 @@ before it receives any reference, in this order:
 
 1. hygiene: standard streams on /dev/null (they were the caller's files or terminal), a new session
    (no controlling terminal), SIGKILL when its parent dies, no core dumps, an environment scrubbed of
-   everything but what torch and CUDA read;
+   all but an exact list of names torch, CUDA and the math libraries read (never one that looks like
+   a secret);
 2. Landlock (the `landlock` package; Linux >= 5.13): file reads only beneath the directories Python,
    torch and the shared libraries live in (plus the GPU device files), no writes, no file creation
    or removal anywhere, no execution;
-3. resource limits: address space (CPU workers; CUDA reserves terabytes of virtual addresses, so a
-   GPU worker is bounded by the parent's resident-memory watchdog instead) and, per call, CPU time
-   (set by the parent with prlimit);
+3. resource limits: address space (CPU workers, within the caller's hard limit; CUDA reserves
+   terabytes of virtual addresses, so a GPU worker is bounded by the parent's resident-memory
+   watchdog instead) and, per call, CPU time (set by the parent with prlimit);
 4. seccomp (libseccomp through `seccomp` or `pyseccomp`): no execve, no new processes (threads
    only), no sockets, no ptrace or process_vm_*, no signals to other processes, no rlimit raising,
    no mount/namespace/bpf/keyring/io_uring/perf, no chmod/chown/xattr/utime, no TIOCSTI; EPERM, so
@@ -26,29 +27,60 @@ import ctypes
 import errno
 import glob
 import os
+import re
 import resource
 import signal
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Confinement", "apply", "landlock_abi", "scrubbed_environment"]
+__all__ = ["ENV_ALLOW", "Confinement", "apply", "landlock_abi", "scrubbed_environment", "secret_name"]
 
 MECHANISMS = ("landlock", "seccomp", "rlimits")
 
-# Variables torch, CUDA and the math libraries read; everything else (tokens, CI secrets) stays out
-# of the worker's environment, so an escaped reference has none to read.
-_ENV_KEEP_PREFIXES = ("CUDA_", "NVIDIA_", "CUBLAS", "CUDNN_", "NCCL_", "OMP_", "MKL_", "KMP_", "GOMP_",
-                      "OPENBLAS_", "PYTORCH_", "TORCH_", "ATEN_", "LC_", "FLASHINFER_TRACE_")
-_ENV_KEEP = frozenset({"PATH", "LANG", "TZ", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED",
-                       "VIRTUAL_ENV", "HOME", "TMPDIR"})
-_ENV_DROP = frozenset({"FLASHINFER_TRACE_DEFINITIONS"})
+# The environment a fork server and its workers see: exact names only, what torch, CUDA, the math
+# libraries and the sandbox read. No prefix rules: `NVIDIA_` kept NVIDIA_API_KEY, `TORCH_` would keep
+# any TORCH_*_TOKEN a CI job sets. An escaped reference reads its environment two ways, os.environ and
+# /proc/self/task/<tid>/environ (the fork server's exec environment, which unsetenv cannot erase), so
+# the list applies where the fork server is started, and again in the worker.
+ENV_ALLOW = frozenset({
+    # the process, locale, paths (the fork server runs with -I: PYTHON* are ignored anyway)
+    "PATH", "HOME", "TMPDIR", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_MESSAGES", "TZ",
+    "LD_LIBRARY_PATH", "VIRTUAL_ENV",
+    # CUDA runtime and driver, the container runtime's device selection, MPS (nox starts a daemon per session)
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH", "CUDA_MODULE_LOADING",
+    "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_CACHE_DISABLE", "CUDA_CACHE_MAXSIZE",
+    "CUDA_FORCE_PTX_JIT", "CUDA_DISABLE_PTX_JIT", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_TF32_OVERRIDE",
+    # cuBLAS / cuDNN numerics
+    "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "CUDNN_CONV_WSCAP_DBG",
+    # OpenMP, MKL, OpenBLAS threading and dispatch (they decide the CPU results' summation order)
+    "OMP_NUM_THREADS", "OMP_DYNAMIC", "OMP_PROC_BIND", "OMP_PLACES", "OMP_WAIT_POLICY", "OMP_STACKSIZE",
+    "MKL_NUM_THREADS", "MKL_DYNAMIC", "MKL_THREADING_LAYER", "MKL_SERVICE_FORCE_INTEL", "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE", "KMP_AFFINITY", "KMP_BLOCKTIME", "KMP_DUPLICATE_LIB_OK",
+    "KMP_INIT_AT_FORK", "GOMP_CPU_AFFINITY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
+    # torch
+    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCH_CUDA_ARCH_LIST", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_USE_CUDA_DSA",
+    "TORCH_CPP_LOG_LEVEL", "TORCH_BLAS_PREFER_CUBLASLT", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD", "ATEN_CPU_CAPABILITY",
+    # this package (pool.Settings.from_env, read where the sandbox package is imported)
+    "FLASHINFER_TRACE_REFERENCE_TIMEOUT", "FLASHINFER_TRACE_REFERENCE_MEMORY_GB",
+    "FLASHINFER_TRACE_ALLOW_UNCONFINED", "FLASHINFER_TRACE_SANDBOX_DISABLE",
+})
+# Names that carry secrets never pass, listed or not (a name added to ENV_ALLOW by mistake, say).
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|PRIVATE|SESSION",
+                          re.IGNORECASE)
 
 
-def scrubbed_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+def secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def scrubbed_environment(env: dict[str, str] | None = None, allow: frozenset[str] = ENV_ALLOW) -> dict[str, str]:
+    """The names of `env` (default os.environ) in `allow`, exactly, less any that look like a secret."""
     env = dict(os.environ if env is None else env)
-    return {k: v for k, v in env.items()
-            if (k in _ENV_KEEP or k.startswith(_ENV_KEEP_PREFIXES)) and k not in _ENV_DROP}
+    return {k: v for k, v in env.items() if k in allow and not secret_name(k)}
 
 
 @dataclass
@@ -57,6 +89,8 @@ class Confinement:
     missing: dict[str, str] = field(default_factory=dict)  # mechanism -> why it is not active
     disabled: tuple[str, ...] = ()
     vm_base: int | None = None  # address space before the arena (the RLIMIT_AS the parent adjusts)
+    memory_budget: int | None = None  # address space a reference gets beyond vm_base (and its arena, unless capped)
+    memory_capped: str = ""  # why memory_budget is less than asked (the caller's hard RLIMIT_AS), if it is
 
     @property
     def complete(self) -> bool:
@@ -190,12 +224,24 @@ def _vm_size() -> int:
 def _rlimits(c: Confinement, memory_bytes: int | None, gpu: bool) -> str:
     parts = ["no core dumps"]
     if memory_bytes and not gpu:
-        # The soft limit only: the parent raises it by the shared arena's size before each call (prlimit),
-        # so the arena does not eat the reference's budget; the worker cannot (seccomp: no setrlimit).
+        # The soft limit only: the parent raises it by the worker's arena before each call (prlimit), so the
+        # arena does not eat the reference's budget; the worker cannot (seccomp: no setrlimit). Never above
+        # the hard limit the caller's job runs under (a batch system's RLIMIT_AS): there the reference gets
+        # what is left, recorded, rather than no worker at all.
         c.vm_base = _vm_size()
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
         limit = c.vm_base + memory_bytes
-        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-        parts.append(f"address space: the arena + {memory_bytes / 2**30:.1f} GiB")
+        if hard != resource.RLIM_INFINITY and limit > hard:
+            limit = hard
+            c.memory_capped = f"by the caller's hard RLIMIT_AS of {hard / 2**30:.1f} GiB " \
+                              f"({memory_bytes / 2**30:.1f} GiB asked)"
+        c.memory_budget = max(limit - c.vm_base, 0)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        if c.memory_capped:
+            parts.append(f"address space: {c.memory_budget / 2**30:.1f} GiB for the arena and the reference "
+                         f"together, capped {c.memory_capped}")
+        else:
+            parts.append(f"address space: the arena + {c.memory_budget / 2**30:.1f} GiB")
     elif memory_bytes:
         parts.append(f"resident memory {memory_bytes / 2**30:.1f} GiB (the parent's watchdog)")
     parts.append("CPU time per call (set by the parent)")

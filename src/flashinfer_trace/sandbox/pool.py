@@ -12,6 +12,9 @@ worker's answer is untrusted and checked (`transport.decode`); its death is a re
 
 One worker lives at a time (per test process): a call for other code replaces it, so no two
 references ever share a process, and a worker that escaped its confinement has no sibling to reach.
+Nor an arena: each worker has a CPU arena of its own (sealed at its size, closed with it; a call that
+needs more runs in a new worker with a larger one), and a device's CUDA arena, shared through CUDA
+IPC, is zeroed before each new worker opens it.
 The next call after a failure starts a fresh worker and compiles the reference again.
 """
 
@@ -53,6 +56,7 @@ ENV_DISABLE = "FLASHINFER_TRACE_SANDBOX_DISABLE"  # comma-separated mechanisms t
 MAX_MESSAGE = 64 << 20
 POLL_S = 0.05
 MIN_CUDA_ARENA = 256 << 20
+MIN_HOST_ARENA = 64 << 20  # address space only: a memfd's pages exist once written
 # torch's warning on import where numpy is missing: the fork server shares the caller's stderr, and nothing
 # in it uses numpy, so it filters this one warning before it imports torch
 NUMPY_MISSING = re.escape("Failed to initialize NumPy: No module named 'numpy'")
@@ -158,6 +162,15 @@ class _Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def close(self) -> None:
+        """Close our end: the fork server exits, and its workers with it (PR_SET_PDEATHSIG)."""
+        self.ctl.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
 
 _zygote_lock = threading.Lock()
 _zygote: _Zygote | None = None
@@ -225,25 +238,45 @@ def worker_starts() -> int:
     return _starts
 
 
+def _arena_size(n: int) -> int:
+    """A CPU arena's size for `n` bytes: a power of two, at least MIN_HOST_ARENA (fewer new workers for
+    a reference whose inputs grow from call to call)."""
+    return max(MIN_HOST_ARENA, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def _host_arena(size: int, definition: str) -> HostArena:
+    """A new sealed CPU arena; a ReferenceFailure, never a raw OSError, where it cannot be sized, sealed
+    or mapped (no memfd, a tmpfs limit, the caller's RLIMIT_AS)."""
+    try:
+        return HostArena(size)
+    except (OSError, ValueError, OverflowError) as e:
+        raise ReferenceFailure(definition, "memory", f"could not size or map a shared arena of {size} bytes: "
+                               f"{type(e).__name__}: {e}") from None
+
+
 class _Worker:
-    def __init__(self, key: tuple[str, str], device: str, pool: _Pool, definition: str) -> None:
+    """One worker process and its own CPU arena (`arena_bytes`, sealed; closed when the worker ends)."""
+
+    def __init__(self, key: tuple[str, str], device: str, pool: _Pool, definition: str, arena_bytes: int) -> None:
         global _starts
         _starts += 1
         self.key, self.device = key, device
+        self.exitcode: int | None = None
         self.zygote = _fork_server()
+        self.arena = _host_arena(arena_bytes, definition)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         config = {"device": device, "memory_bytes": settings.memory, "allow_unconfined": settings.allow_unconfined,
                   "escaped": key[1] == "escaped", "disable": list(settings.disable),
                   "task": key[0].split(":")[1] if key[0].startswith("task:") else None}
         try:
-            self.pid = self.zygote.spawn(theirs.fileno(), pool.host.fd, config)
+            self.pid = self.zygote.spawn(theirs.fileno(), self.arena.fd, config)
         except (OSError, ValueError, KeyError) as e:
             ours.close()
+            self.arena.close()
             raise ReferenceFailure(definition, "crash", f"the fork server could not start a worker: {e}") from None
         finally:
             theirs.close()
         self.conn = _Channel(ours)
-        self.exitcode: int | None = None
         if device.startswith("cuda"):
             try:
                 self.conn.send(bytes(ForkingPickler.dumps(pool.cuda_arena(device))), settings.start_timeout)
@@ -279,6 +312,7 @@ class _Worker:
             except (OSError, ValueError, KeyError):
                 self.exitcode = -signal.SIGKILL
         self.conn.close()
+        self.arena.close()  # nothing of this worker's calls outlives it
 
     def alive(self) -> bool:
         return self.exitcode is None and not self.conn.closed
@@ -381,35 +415,53 @@ class _Worker:
 class _Pool:
     lock: threading.RLock = field(default_factory=threading.RLock)
     worker: _Worker | None = None
-    _host: HostArena | None = None
     cuda: dict[str, torch.Tensor] = field(default_factory=dict)
     last_status: dict | None = None
+    arena_hint: int = MIN_HOST_ARENA  # the last worker's CPU arena: the next one starts as large
 
-    @property
-    def host(self) -> HostArena:
-        if self._host is None:
-            self._host = HostArena()
-        return self._host
-
-    def cuda_arena(self, device: str, size: int = 0) -> torch.Tensor:
+    def cuda_arena(self, device: str, size: int = 0, definition: str = "<sandbox>") -> torch.Tensor:
         """The CUDA arena of a device, at least `size` bytes. Growing it means new workers (theirs is
         mapped once, before confinement), so it starts generous and doubles."""
         arena = self.cuda.get(device)
         if arena is None or arena.numel() < size:
             new = max(MIN_CUDA_ARENA, size, 2 * (arena.numel() if arena is not None else 0))
-            self.cuda[device] = torch.empty(new, dtype=torch.uint8, device=device)
             if self.worker is not None and self.worker.device == device:
                 self.close()
+            self.cuda.pop(device, None)
+            try:
+                self.cuda[device] = torch.empty(new, dtype=torch.uint8, device=device)
+            except RuntimeError as e:  # torch.cuda.OutOfMemoryError among them
+                raise ReferenceFailure(definition, "memory", f"could not allocate a CUDA arena of {new} bytes: "
+                                       f"{_text(e, 300)}") from None
         return self.cuda[device]
 
-    def get(self, key: tuple[str, str], device: str, definition: str) -> _Worker:
+    def get(self, key: tuple[str, str], device: str, definition: str, cpu_bytes: int = 0,
+            cpu_size: int = 0) -> _Worker:
+        """The worker for `key` on `device` whose CPU arena holds at least `cpu_bytes`; a new one (with an
+        arena of about `cpu_size`, and never a smaller one than the last) where there is none."""
         w = self.worker
-        if w is not None and (w.key != key or w.device != device or not w.alive()):
+        if w is not None and (w.key != key or w.device != device or not w.alive() or w.arena.size < cpu_bytes):
             self.close()
         if self.worker is None:
-            self.worker = _Worker(key, device, self, definition)
+            if device.startswith("cuda"):
+                self.clear_cuda(device, definition)
+            size = _arena_size(max(cpu_bytes, min(cpu_size, settings.memory), self.arena_hint))
+            self.worker = _Worker(key, device, self, definition, size)
+            self.arena_hint = self.worker.arena.size
             self.last_status = self.worker.status | {"allow_unconfined": settings.allow_unconfined}
         return self.worker
+
+    def clear_cuda(self, device: str, definition: str) -> None:
+        """Zero the device's CUDA arena before a new worker maps it: it is shared by every worker on the
+        device (through CUDA IPC), and the last one's inputs and outputs are still in it. All of it, not
+        only what the last calls used (an escaped worker writes where it likes); a memset of the arena
+        costs well under a millisecond next to a worker start."""
+        try:
+            arena = self.cuda_arena(device, definition=definition)
+            arena.zero_()
+            torch.cuda.synchronize(device)
+        except RuntimeError as e:
+            raise ReferenceFailure(definition, "crash", f"could not clear the CUDA arena: {_text(e, 300)}") from None
 
     def close(self) -> None:
         if self.worker is not None:
@@ -418,17 +470,24 @@ class _Pool:
 
     def reset_after_fork(self) -> None:
         self.lock = threading.RLock()
-        self.worker, self._host, self.cuda = None, None, {}
+        self.worker, self.cuda = None, {}
 
 
 _pool = _Pool()
 os.register_at_fork(after_in_child=_pool.reset_after_fork)
 
 
-def shutdown() -> None:
-    """Stop the worker (the next call starts a new one)."""
+def shutdown(*, fork_server: bool = False) -> None:
+    """Stop the worker (the next call starts a new one); with `fork_server`, the fork server too, so the
+    next one starts with this process's environment as it is now (workers inherit the fork server's)."""
+    global _zygote
     with _pool.lock:
         _pool.close()
+        if fork_server:
+            with _zygote_lock:
+                if _zygote is not None:
+                    _zygote.close()
+                    _zygote = None
 
 
 def status(*, probe: bool = False) -> dict | None:
@@ -545,8 +604,8 @@ class ConfinedReference:
     def _timeout(self) -> float:
         return min(self.timeout, settings.timeout) if self.timeout is not None else settings.timeout
 
-    def _worker(self, device: str) -> _Worker:
-        w = _pool.get(self.key, device, self.definition)
+    def _worker(self, device: str, cpu_bytes: int = 0, cpu_size: int = 0) -> _Worker:
+        w = _pool.get(self.key, device, self.definition, cpu_bytes, cpu_size)
         if self.id not in w.compiled:
             answer = w.request({"op": "compile", "id": self.id, "code": self.code, "definition": self.definition,
                                 "entry": self.entry, "escaped": self.escaped, "names": self.names},
@@ -569,50 +628,55 @@ class ConfinedReference:
             raise ValueError("`keywords` names at most len(args) trailing arguments, and none where the "
                              "reference was compiled with `names`")
         device = _device_of(args) if device is None or _has_tensor(args) else canonical_device(device)
+        args = list(args)
+        need = needed(args)
+        cpu_bytes = need.get("cpu", 0)  # what the worker's arena must hold: the inputs, or all a "need" asked
         with _pool.lock:
             for _ in range(3):  # at most two arena growths that need a new worker
-                w = self._worker(device)
-                answer, specs, buffers = self._call(w, list(args), device, seed, tuple(keywords))
+                # a new worker's arena: room for outputs as large as the inputs behind them
+                w = self._worker(device, cpu_bytes, 2 * cpu_bytes)
+                answer, specs, buffers, cpu_bytes = self._call(w, args, device, seed, tuple(keywords), need,
+                                                               cpu_bytes)
                 if answer is not None:
                     break
             else:
-                raise ReferenceFailure(self.definition, "protocol", "the CUDA arena kept growing")
+                raise ReferenceFailure(self.definition, "protocol", "the arena kept growing")
             self._raise_for(answer, w)
-            return self._outputs(answer, w, list(args), specs, buffers)
+            return self._outputs(answer, w, args, specs, buffers)
 
-    def _call(self, w: _Worker, args: list, device: str, seed: int | None, keywords: tuple[str, ...]):
-        """One request; (None, ...) when the CUDA arena had to grow first (the worker was replaced)."""
-        need = needed(args)
-        _pool.host.ensure(need.get("cpu", 0))
-        buffers = {"cpu": _pool.host.tensor}
+    def _call(self, w: _Worker, args: list, device: str, seed: int | None, keywords: tuple[str, ...],
+              need: dict[str, int], cpu_bytes: int):
+        """One request: (answer, specs, buffers, cpu_bytes), the answer None when an arena was too small
+        (the worker was replaced; cpu_bytes: what the next one's CPU arena must hold)."""
+        buffers = {"cpu": w.arena.tensor}
         if device.startswith("cuda"):
             if _pool.cuda_arena(device).numel() < need.get("cuda", 0):
-                _pool.cuda_arena(device, 4 * need["cuda"])
-                return None, None, None
+                _pool.cuda_arena(device, 4 * need["cuda"], self.definition)
+                return None, None, None, cpu_bytes
             buffers["cuda"] = _pool.cuda[device]
         arenas = Arenas(buffers)
         specs = [encode(a, arenas) for a in args]
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
         w.limit_cpu()
-        w.limit_memory(_pool.host.size, budget=self.memory_bytes)
+        w.limit_memory(w.arena.size, budget=self.memory_bytes)
         answer = w.request({"op": "call", "id": self.id, "args": specs, "keywords": list(keywords), "seed": seed,
-                            "cpu_size": _pool.host.size, "input_end": arenas.cursor}, self.definition, self._timeout)
-        while "need" in answer:
-            want = answer["need"] if isinstance(answer["need"], dict) else {}
-            cuda = want.get("cuda", 0)
-            if type(cuda) is int and cuda > buffers.get("cuda", torch.empty(0)).numel():
-                _pool.cuda_arena(device, 2 * cuda)  # the worker is replaced; the call runs again
-                return None, None, None
-            cpu = want.get("cpu", 0)
-            if type(cpu) is not int or cpu > settings.memory:
-                w.kill()
-                raise ReferenceFailure(self.definition, "memory", f"outputs of {_text(cpu, 40)} bytes asked for")
-            _pool.host.ensure(cpu)
-            buffers["cpu"] = _pool.host.tensor
-            w.limit_memory(_pool.host.size, budget=self.memory_bytes)
-            answer = w.request({"op": "deliver", "cpu_size": _pool.host.size}, self.definition, self._timeout)
-        return answer, specs, buffers
+                            "input_end": arenas.cursor}, self.definition, self._timeout)
+        if "need" not in answer:
+            return answer, specs, buffers, cpu_bytes
+        want = answer["need"] if isinstance(answer["need"], dict) else {}
+        cuda, cpu = want.get("cuda", 0), want.get("cpu", 0)
+        if type(cpu) is not int or type(cuda) is not int or cpu > settings.memory:
+            w.kill()
+            raise ReferenceFailure(self.definition, "memory", f"outputs of {_text(cpu, 40)} bytes asked for")
+        grow_cuda = cuda > buffers.get("cuda", torch.empty(0)).numel()
+        if not grow_cuda and cpu <= w.arena.size:
+            w.kill()
+            raise ReferenceFailure(self.definition, "protocol", "the worker asked for an arena it has")
+        _pool.close()  # its arena cannot grow (sealed): the call runs again in a new worker
+        if grow_cuda:
+            _pool.cuda_arena(device, 2 * cuda, self.definition)
+        return None, None, None, max(cpu_bytes, cpu)
 
     def _raise_for(self, answer: dict, w: _Worker) -> None:
         error = answer.get("error")
@@ -636,8 +700,7 @@ class ConfinedReference:
         try:
             if not isinstance(ok, dict):
                 raise ProtocolError("no outputs in the answer")
-            arenas = Arenas({k: v for k, v in buffers.items()})
-            arenas.buffers["cpu"] = _pool.host.tensor
+            arenas = Arenas(dict(buffers))
             out = decode(ok.get("outputs"), arenas, clone=True)
             mutated = ok.get("mutated", [])
             tensors = [(a, s) for a, s in zip(args, specs, strict=True) if isinstance(a, torch.Tensor)]
@@ -649,7 +712,7 @@ class ConfinedReference:
         for i in mutated:  # a reference that writes into its inputs does so for the caller too
             tensor, spec = tensors[i]
             tensor.copy_(decode(spec, arenas, clone=False))
-        _pool.host.release()
+        w.arena.release()
         return out
 
 
@@ -699,7 +762,7 @@ def run_task(module: str, payload: dict, *, label: str, timeout: float | None = 
         w = _pool.get((f"task:{module}:{next(_ids)}", "checked"), canonical_device(device), label)
         try:
             w.limit_cpu()
-            w.limit_memory(_pool.host.size, budget=memory_bytes)
+            w.limit_memory(w.arena.size, budget=memory_bytes)
             answer = w.request({"op": "task", **payload}, label, timeout or settings.timeout)
         finally:
             _pool.close()  # the task imported third-party modules: no reference runs after it there

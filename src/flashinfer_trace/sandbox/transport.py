@@ -1,11 +1,11 @@
 """Values across the worker boundary: tensors through shared memory, everything else as JSON.
 
-Tensors never go through the pipe. The parent owns one arena per device, shared with the worker once,
-before it is confined: on the CPU a sealed memfd (the worker maps it; `F_SEAL_SHRINK` means it cannot
-shrink the file under the parent's mapping and fault it with SIGBUS), on a GPU one CUDA buffer sent by
-CUDA IPC. A call copies its input tensors into the arena (a memcpy, device to device on a GPU), the
-worker runs the reference on views of it and copies its output tensors behind them; the parent
-clones them out.
+Tensors never go through the pipe. Each CPU worker has an arena of its own, a memfd sized for its
+call and sealed before the worker gets it (`HostArena`: it can neither shrink the file under the
+parent's mapping nor grow it), closed when the worker ends; a GPU worker shares its device's CUDA
+buffer, sent by CUDA IPC and zeroed by the parent before each new worker sees it. A call copies its
+input tensors into the arena (a memcpy, device to device on a GPU), the worker runs the reference on
+views of it and copies its output tensors behind them; the parent clones them out.
 
 Only the parent->worker direction uses pickle (the CUDA IPC handle, at start). What comes back is
 JSON that `decode` checks like any untrusted input: dtype names from a fixed table, shapes of bounded
@@ -14,6 +14,7 @@ non-negative ints, offsets and sizes inside the arena, bounded depth, counts and
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import math
 import mmap
@@ -51,26 +52,31 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 class HostArena:
-    """The parent's CPU arena: a memfd that grows (never shrinks) and is sealed against shrinking."""
+    """One worker's CPU arena: a memfd sized once, then sealed, closed when the worker ends.
 
-    def __init__(self, size: int = 1 << 20) -> None:
+    Sealed against growth, shrinking and further seals (F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) before
+    any worker holds it: a worker that shrinks it would fault the parent's mapping with SIGBUS, one that
+    grows it (ftruncate, posix_fallocate to 1 TiB) would make it unusable. Its own per worker, so no
+    reference ever maps what another wrote (a fresh memfd reads as zeros): a call that needs more gets a
+    new worker with a larger arena. OSError (or ValueError) when it cannot be sized or mapped."""
+
+    SEALS = fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+
+    def __init__(self, size: int) -> None:
+        page = mmap.PAGESIZE
+        self.size = max(page, (int(size) + page - 1) // page * page)
         self.fd = os.memfd_create("flashinfer-trace-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        self.size = 0
-        self.map: mmap.mmap | None = None
-        self.tensor = torch.empty(0, dtype=torch.uint8)
-        self.ensure(size)
-        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
-
-    def ensure(self, size: int) -> bool:
-        """Grow to at least `size` bytes (doubling); True if it grew."""
-        if size <= self.size:
-            return False
-        new = max(_align(size), 2 * self.size, 1 << 20)
-        os.ftruncate(self.fd, new)
-        self.size = new
-        self.map = mmap.mmap(self.fd, new)  # the old mapping goes when nothing views it any more
+        try:
+            os.ftruncate(self.fd, self.size)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, self.SEALS)
+            if fcntl.fcntl(self.fd, fcntl.F_GET_SEALS) & self.SEALS != self.SEALS or os.fstat(self.fd).st_size != \
+                    self.size:
+                raise OSError(errno.EPERM, "the arena's memfd did not take its seals")
+            self.map: mmap.mmap | None = mmap.mmap(self.fd, self.size)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
-        return True
 
     def release(self, keep: int = 64 << 20) -> None:
         """Give the pages past the first `keep` bytes back to the system (a 1 GB MoE weight would
@@ -82,13 +88,18 @@ class HostArena:
                 pass
 
     def close(self) -> None:
+        """Drop the parent's mapping and descriptor; the memory goes with the last user (the worker's
+        mapping dies with it; outputs were cloned out)."""
         self.tensor = torch.empty(0, dtype=torch.uint8)
-        os.close(self.fd)
+        self.map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
-def map_host_arena(fd: int, size: int) -> torch.Tensor:
-    """The worker's view of the parent's CPU arena."""
-    return torch.frombuffer(mmap.mmap(fd, size), dtype=torch.uint8)
+def map_host_arena(fd: int) -> torch.Tensor:
+    """The worker's view of its CPU arena, all of it (sealed: its size cannot change)."""
+    return torch.frombuffer(mmap.mmap(fd, os.fstat(fd).st_size), dtype=torch.uint8)
 
 
 @dataclass

@@ -5,9 +5,12 @@ takes its arenas from the parent, confines itself (`confine.py`) and then serves
 pipe, one at a time:
 
     {"op": "compile", "id": N, "code": ..., "definition": ..., "entry": "run", "names": null | [...]}
-    {"op": "call", "id": N, "args": [...], "keywords": [...], "seed": S, "cpu_size": BYTES}
+    {"op": "call", "id": N, "args": [...], "keywords": [...], "seed": S, "input_end": {kind: BYTES}}
                                               the last len(keywords) args go by those keywords
-    {"op": "deliver", "cpu_size": BYTES}      after a {"need": ...} answer: the arena has grown
+
+Its CPU arena is its own and sealed at the size the parent chose: outputs that do not fit behind the
+inputs are answered with {"need": {kind: BYTES}}, and the parent runs the call again in a new worker
+with a larger arena (as for the CUDA arena, which no worker can grow either).
 
 Every call starts from the same torch state (grad mode on, inference mode and autocast off, no torch
 function or dispatch modes, the default dtype and device, matmul and cuDNN flags, thread count as
@@ -144,8 +147,7 @@ class _Server:
         self.gpu = self.device.startswith("cuda")
         self.escaped = bool(settings.get("escaped"))  # only the parent's test API sets this
         self.functions: dict[int, tuple[Any, str]] = {}
-        self.fd = fd  # the parent's memfd arena
-        self.cpu_size = 0
+        self.fd = fd  # this worker's own memfd arena, sealed at its size
         self.buffers: dict[str, torch.Tensor] = {}
         self.state = _State()
         self.state.restore(0)  # whatever it imports lazily, it imports before the file system closes
@@ -169,10 +171,11 @@ class _Server:
                                          disable=settings.get("disable", ()))
         confine.finish(self.confinement)
 
-    def map_cpu(self, size: int) -> None:
-        if size > self.cpu_size:
-            self.buffers["cpu"] = map_host_arena(self.fd, size)
-            self.cpu_size = size
+    def map_cpu(self) -> None:
+        """Mapped at the first call, after confinement: the parent's RLIMIT_AS for a call counts the arena
+        on top of the address space measured at confinement (vm_base)."""
+        if "cpu" not in self.buffers:
+            self.buffers["cpu"] = map_host_arena(self.fd)
 
     def handle(self, msg: dict) -> dict | None:
         op = msg.get("op")
@@ -203,7 +206,7 @@ class _Server:
         if not (isinstance(keywords, list) and all(isinstance(k, str) for k in keywords)
                 and len(keywords) <= len(msg["args"]) and (names is None or not keywords)):
             return {"error": {"kind": "protocol", "message": "keywords must be names of the last arguments"}}
-        self.map_cpu(msg.get("cpu_size", 0))
+        self.map_cpu()
         arenas = Arenas(self.buffers)
         args = decode({"t": "seq", "kind": "list", "v": msg["args"]}, arenas, clone=False)
         split = len(args) - len(keywords)
@@ -227,12 +230,8 @@ class _Server:
             need = needed(out, input_end)
         except TypeError as e:
             return {"error": {"kind": "raised", "type": "TypeError", "message": f"run() returned {e}", "line": None}}
-        if need.get("cuda", 0) > self.buffers.get("cuda", torch.empty(0)).numel():
+        if any(need.get(kind, 0) > self.buffers.get(kind, torch.empty(0)).numel() for kind in ("cpu", "cuda")):
             return {"need": need}
-        if need.get("cpu", 0) > self.cpu_size:
-            _send(self.conn, {"need": need})
-            reply = json.loads(self.conn.recv_bytes(MAX_MESSAGE))
-            self.map_cpu(reply.get("cpu_size", 0))
         arenas = Arenas(self.buffers, cursor=dict(input_end))
         try:
             encoded = encode(out, arenas)
