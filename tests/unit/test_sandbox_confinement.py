@@ -68,7 +68,8 @@ def test_worker_is_fully_confined_here():
     assert abi > 0, why
     compile_reference("def run():\n    return 1\n")()
     s = status()
-    assert s["complete"] and set(s["active"]) == {"landlock", "rlimits", "seccomp"} and not s["missing"]
+    assert s["complete"] and set(s["active"]) == {"landlock", "rlimits", "seccomp", "privileges"} and not s["missing"]
+    assert "no capabilities" in s["active"]["privileges"] and "allowlist" in s["active"]["seccomp"]
 
 
 # -- escaped code: file system ------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = ["ENV_ALLOW", "Confinement", "apply", "landlock_abi", "scrubbed_environment", "secret_name"]
 
-MECHANISMS = ("landlock", "seccomp", "rlimits")
+MECHANISMS = ("landlock", "seccomp", "rlimits", "privileges")
 
 # The environment a fork server and its workers see: exact names only, what torch, CUDA, the math
 # libraries and the sandbox read. No prefix rules: `NVIDIA_` kept NVIDIA_API_KEY, `TORCH_` would keep
@@ -248,9 +248,95 @@ def _rlimits(c: Confinement, memory_bytes: int | None, gpu: bool) -> str:
     return ", ".join(parts)
 
 
-# -- 4. seccomp -------------------------------------------------------------------------------------
+# -- 4. privileges --------------------------------------------------------------------------------------
+_PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_CAP_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def capabilities() -> dict[str, int]:
+    """This process's capability sets, from /proc/self/status (mode 0444 even once the uid changed)."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in _CAP_FIELDS:
+                out[key] = int(value.strip(), 16)
+    return out
+
+
+def _others_can_read(path: str) -> bool:
+    """Whether a process of another uid, without capabilities, can reach and read `path`."""
+    import stat
+
+    path = os.path.realpath(path)
+    parts = path.split(os.sep)
+    for i in range(1, len(parts)):
+        d = os.sep + os.path.join(*parts[1:i]) if i > 1 else os.sep
+        if not os.stat(d).st_mode & stat.S_IXOTH:
+            return False
+    mode = os.stat(path).st_mode
+    return bool(mode & stat.S_IROTH) and (not stat.S_ISDIR(mode) or bool(mode & stat.S_IXOTH))
+
+
+def unprivileged_uid() -> int:
+    """The kernel's overflow uid (65534, "nobody", on every common distribution): owns no file."""
+    try:
+        with open("/proc/sys/kernel/overflowuid") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65534
+
+
+def _drop_privileges(gpu: bool) -> str:
+    """No capability in any set, no_new_privs, and where the process is root, another uid. The switch
+    needs every library root readable by others (a Python under /root, mode 0700, is not): where one is
+    not, the uid stays 0 without capabilities, and the result says which root kept it. GPU device files
+    were opened before (CUDA is up before confinement) and are 0666 where the driver creates them, so
+    they stay usable either way."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    notes = []
+    if os.geteuid() == 0 or os.getuid() == 0:
+        for cap in range(64):  # the bounding set: needs CAP_SETPCAP, which root has; EINVAL past the last cap
+            if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                if (err := ctypes.get_errno()) != errno.EINVAL:
+                    notes.append(f"bounding set kept ({errno.errorcode.get(err)}): exec is refused anyway")
+                break
+        closed = [r for r in read_roots() if not _others_can_read(r)]
+        if closed:
+            notes.append(f"uid stays 0: {closed[0]} is not readable by another uid")
+        else:
+            uid = unprivileged_uid()
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)  # clears the permitted and effective sets
+            notes.append(f"uid and gid {uid}")
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL before Linux 4.3: none there
+    empty = (_CapData * 2)()
+    if libc.capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), empty) != 0:
+        raise OSError(ctypes.get_errno(), "capset to empty sets failed")
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
+    left = {k: v for k, v in capabilities().items() if v and k != "CapBnd"}
+    if left:
+        raise OSError(errno.EPERM, f"capabilities left after dropping them: {left}")
+    return "no capabilities, no_new_privs" + "".join(f"; {n}" for n in notes)
+
+
+# -- 5. seccomp -------------------------------------------------------------------------------------
 _CLONE_THREAD = 0x00010000
 _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+# fcntl commands that reach other processes or watch files: F_SETOWN, F_SETSIG, F_SETOWN_EX (a signal to
+# any process on I/O), F_SETLEASE, F_NOTIFY
+_FCNTL_DENIED = (8, 10, 15, 1024, 1026)
 DENIED_SYSCALLS = (
     "execve", "execveat", "fork", "vfork",
     "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
@@ -265,9 +351,50 @@ DENIED_SYSCALLS = (
     "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
     "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "setxattrat",
     "removexattrat", "utime", "utimes", "utimensat", "futimesat",
+    # reached past the first denylist (issue 25): SysV IPC that outlives the worker, watches on folders
+    # Landlock hides, host-wide settings a root worker could change, other processes' priorities
+    "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop",
+    "semctl", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+    "sethostname", "setdomainname", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups", "setfsuid", "setfsgid",
+    "capset",
 )
+# denied on a GPU worker where they name a process (0, "this thread", passes: the driver may tune itself;
+# libseccomp takes one comparison per argument, so its own pid named explicitly is refused too)
+_DENIED_FOR_OTHERS = (("setpriority", 1), ("ioprio_set", 1), ("sched_setscheduler", 0), ("sched_setparam", 0),
+                      ("sched_setattr", 0))
 
-
+# The CPU worker's allowlist: what torch, Python and glibc were seen to call in confined workers (strace
+# of the CPU reference suite, docs/sandbox.md "System calls"), and the read-only or self-only calls of
+# the same kinds they make on other paths. Everything else is EPERM. Calls with an argument filter
+# (clone, kill, tgkill, fcntl, ioctl, prctl, prlimit64) are added in _seccomp.
+ALLOWED_SYSCALLS = (
+    # memory
+    "brk", "mmap", "munmap", "mprotect", "mremap", "madvise", "msync", "mincore", "membarrier", "get_mempolicy",
+    # threads and their synchronisation
+    "futex", "futex_waitv", "set_robust_list", "rseq", "set_tid_address", "exit", "exit_group", "sched_yield",
+    "sched_getaffinity", "sched_getparam", "sched_getscheduler", "sched_get_priority_max",
+    "sched_get_priority_min", "getpriority", "arch_prctl", "seccomp",
+    # signals (to itself: kill and tgkill are filtered)
+    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending", "rt_sigtimedwait", "sigaltstack",
+    "restart_syscall",
+    # time
+    "clock_gettime", "clock_getres", "gettimeofday", "time", "nanosleep", "clock_nanosleep",
+    # who and where it is
+    "getpid", "gettid", "getppid", "getuid", "geteuid", "getgid", "getegid", "getgroups", "getresuid",
+    "getresgid", "uname", "sysinfo", "getrlimit", "getrusage", "getcpu", "getrandom", "times",
+    # files: which ones is Landlock's (reads beneath the library roots; no writes, creation or removal)
+    "openat", "open", "close", "close_range", "read", "write", "pread64", "pwrite64", "readv", "writev",
+    "preadv", "pwritev", "preadv2", "pwritev2", "lseek", "fstat", "stat", "lstat", "newfstatat", "statx",
+    "statfs", "fstatfs", "access", "faccessat", "faccessat2", "readlink", "readlinkat", "getdents64",
+    "getcwd", "fadvise64", "dup", "dup2", "dup3", "pipe2", "eventfd2", "poll", "ppoll", "select",
+    "pselect6", "epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait", "epoll_pwait2",
+)
+_FCNTL_ALLOWED = (0, 1, 2, 3, 4, 1030, 1033, 1034)  # DUPFD, GETFD, SETFD, GETFL, SETFL, DUPFD_CLOEXEC, ADD/GET_SEALS
+_IOCTL_ALLOWED = (0x5401, 0x541B, 0x5421, 0x5451, 0x5450)  # TCGETS (isatty), FIONREAD, FIONBIO, FIOCLEX, FIONCLEX
+# PR_SET_NAME, PR_GET_NAME, PR_GET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS, PR_GET_SECCOMP,
+# PR_CAPBSET_READ, PR_GET_TIMERSLACK, PR_SET_VMA (glibc names its anonymous mappings)
+_PRCTL_ALLOWED = (15, 16, 3, 38, 39, 21, 23, 30, 0x53564D41)
 def _load_seccomp():
     """libseccomp's bindings, loaded at import: finding the library runs ldconfig, which a confined
     process could not."""
@@ -288,40 +415,66 @@ def _load_seccomp():
 _SECCOMP, _SECCOMP_MISSING = _load_seccomp()
 
 
-def _seccomp() -> str:
+def _seccomp(gpu: bool) -> str:
+    """A CPU worker: the allowlist above, EPERM for the rest. A GPU worker: the denylist, until the CUDA
+    driver's calls are measured on a GPU the way the CPU's were (docs/sandbox.md "System calls")."""
     sc = _SECCOMP
     if sc is None:
         raise OSError(errno.ENOSYS, _SECCOMP_MISSING)
     eperm = sc.ERRNO(errno.EPERM)
-    f = sc.SyscallFilter(sc.ALLOW)
+    f = sc.SyscallFilter(eperm if not gpu else sc.ALLOW)
     f.set_attr(sc.Attr.CTL_TSYNC, 1)  # every thread, CUDA's and torch's included
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)  # i386 syscalls (int 0x80) kill the worker
     try:
         f.add_arch(sc.Arch.X32)  # x32 numbers would otherwise pass a native denylist
     except Exception:
         pass
-    unknown = []
+    unknown, rules = [], 0
 
-    def deny(name: str, *args, action=eperm) -> None:
+    def rule(action, name: str, *args) -> None:
+        nonlocal rules
         try:
             f.add_rule(action, name, *args)
+            rules += 1
         except Exception:  # a syscall this libseccomp or architecture does not know
             unknown.append(name)
 
-    for name in DENIED_SYSCALLS:
-        deny(name)
-    deny("clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))  # threads only
-    deny("clone3", action=sc.ERRNO(errno.ENOSYS))  # flags live in memory; ENOSYS makes libc use clone
     pid = os.getpid()
-    for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
-        deny(name, sc.Arg(0, sc.NE, pid))  # signals to itself only (kill(0) would reach the group)
-    deny("prlimit64", sc.Arg(2, sc.NE, 0))  # reading limits is fine, setting them is not
-    deny("personality", sc.Arg(0, sc.NE, 0xFFFFFFFF))
-    for request in (_TIOCSTI, _TIOCLINUX):
-        deny("ioctl", sc.Arg(1, sc.EQ, request))
+    if gpu:
+        for name in DENIED_SYSCALLS:
+            rule(eperm, name)
+        rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))  # threads only
+        for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
+            rule(eperm, name, sc.Arg(0, sc.NE, pid))  # signals to itself only (kill(0) would reach the group)
+        rule(eperm, "prlimit64", sc.Arg(2, sc.NE, 0))  # reading limits is fine, setting them is not
+        rule(eperm, "personality", sc.Arg(0, sc.NE, 0xFFFFFFFF))
+        for request in (_TIOCSTI, _TIOCLINUX):
+            rule(eperm, "ioctl", sc.Arg(1, sc.EQ, request))
+        rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFF00, 0x8900))  # socket and interface requests
+        for name, arg in _DENIED_FOR_OTHERS:
+            rule(eperm, name, sc.Arg(arg, sc.NE, 0))
+        for cmd in _FCNTL_DENIED:
+            rule(eperm, "fcntl", sc.Arg(1, sc.EQ, cmd))
+        what = "denylist"
+    else:
+        allow = sc.ALLOW
+        for name in ALLOWED_SYSCALLS:
+            rule(allow, name)
+        rule(allow, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, _CLONE_THREAD))  # threads only
+        for name in ("kill", "tkill", "tgkill"):
+            rule(allow, name, sc.Arg(0, sc.EQ, pid))  # signals to itself only
+        rule(allow, "prlimit64", sc.Arg(2, sc.EQ, 0))  # reading limits only
+        for cmd in _FCNTL_ALLOWED:
+            rule(allow, "fcntl", sc.Arg(1, sc.EQ, cmd))
+        for request in _IOCTL_ALLOWED:
+            rule(allow, "ioctl", sc.Arg(1, sc.EQ, request))
+        for option in _PRCTL_ALLOWED:
+            rule(allow, "prctl", sc.Arg(0, sc.EQ, option))
+        what = "allowlist"
+    rule(sc.ERRNO(errno.ENOSYS), "clone3")  # flags live in memory; ENOSYS makes libc use clone
     f.load()
     note = f" ({len(unknown)} unknown to this libseccomp: {', '.join(unknown)})" if unknown else ""
-    return f"denylist of {len(DENIED_SYSCALLS) + 10} syscalls, EPERM, all threads{note}"
+    return f"{what} of {rules} rules, EPERM, all threads{note}"
 
 
 # -- the whole ---------------------------------------------------------------------------------------
@@ -344,13 +497,14 @@ def apply(*, memory_bytes: int | None, gpu: bool, disable=()) -> Confinement:
     return c
 
 
-def finish(c: Confinement) -> Confinement:
-    """The last step: seccomp."""
-    if "seccomp" in c.disabled:
-        c.missing["seccomp"] = "disabled by the user"
-        return c
-    try:
-        c.active["seccomp"] = _seccomp()
-    except Exception as e:
-        c.missing["seccomp"] = f"{type(e).__name__}: {e}"
+def finish(c: Confinement, *, gpu: bool = False) -> Confinement:
+    """The last steps: privileges, then seccomp (which refuses what dropping them needs)."""
+    for name, step in (("privileges", lambda: _drop_privileges(gpu)), ("seccomp", lambda: _seccomp(gpu))):
+        if name in c.disabled:
+            c.missing[name] = "disabled by the user"
+            continue
+        try:
+            c.active[name] = step()
+        except Exception as e:
+            c.missing[name] = f"{type(e).__name__}: {e}"
     return c

@@ -169,7 +169,7 @@ class _Server:
             self.task.preload()
         self.confinement = confine.apply(memory_bytes=settings.get("memory_bytes"), gpu=self.gpu,
                                          disable=settings.get("disable", ()))
-        confine.finish(self.confinement)
+        confine.finish(self.confinement, gpu=self.gpu)
 
     def map_cpu(self) -> None:
         """Mapped at the first call, after confinement: the parent's RLIMIT_AS for a call counts the arena
