@@ -156,7 +156,20 @@ def tests(session: nox.Session) -> None:
     result = install(CPU, _python(session), opts, project=ROOT, log=RESULTS / "tests" / "install.log")
     if not result.ok:
         session.error(f"install failed: {result.error}\n{result.tail()}")
-    session.run("python", "-m", "pytest", "tests/unit", "-q", *pytest_args)
+    # one test process per core (`-- -n 0` for one process); the tests share no files or ports. The
+    # heavy ones (inputs past 64 MiB: tests/unit/sizes.py) are tests-heavy's
+    session.run("python", "-m", "pytest", "tests/unit", "-q", "-n", "auto", "-m", "not heavy", *pytest_args)
+
+
+@nox.session(name="tests-heavy", venv_backend="virtualenv", tags=["nightly", "cpu"], default=False)
+def tests_heavy(session: nox.Session) -> None:
+    """The unit tests over definitions with more than 64 MiB of fixed-size inputs (MoE weights, vocabulary
+    GEMMs: minutes each on a CPU): the nightly workflow's."""
+    opts, pytest_args = parse_session_args(session.posargs)
+    result = install(CPU, _python(session), opts, project=ROOT, log=RESULTS / "tests-heavy" / "install.log")
+    if not result.ok:
+        session.error(f"install failed: {result.error}\n{result.tail()}")
+    session.run("python", "-m", "pytest", "tests/unit", "-q", "-n", "auto", "-m", "heavy", *pytest_args)
 
 
 @nox.session(venv_backend="virtualenv", tags=["lint"], default=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sizes import param
 
 from flashinfer_trace.check import Case, CheckConfig, Discovered, plan, run
 from flashinfer_trace.definition import Definition
@@ -106,9 +107,14 @@ def test_edits_apply_to_the_current_references():
         assert mutate(d, m).reference != d.reference
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+# The unit suite kills at the small size (its random cases and every edge case); `flashinfer-trace mutants`
+# runs the whole plan (small and medium). A MoE case is its weights (0.3-1.3 GiB), the same at every size.
+UNIT_PLAN = {"sizes": ("small",)}
+
+
+@pytest.mark.parametrize("mutant", [param(m, m.definition, m.name) for m in MUTANTS])
 def test_planted_bug_is_caught_against_torch(mutant):
-    k = kill(mutant, "torch", device="cpu")
+    k = kill(mutant, "torch", device="cpu", **UNIT_PLAN)
     if mutant.gpu_only:  # planted at the GPU settings' thresholds: judged on a GPU only
         assert k.killed is None and k.how.startswith("not judged on the CPU")
     elif mutant.survives:  # a known gap, kept visible; when something starts catching it, update the entry
@@ -117,9 +123,9 @@ def test_planted_bug_is_caught_against_torch(mutant):
         assert k.killed, f"{mutant.name} ({mutant.bug}) passed every check"
 
 
-@pytest.mark.parametrize("name", sorted({m.definition for m in MUTANTS}))
+@pytest.mark.parametrize("name", [param(n, n, n) for n in sorted({m.definition for m in MUTANTS})])
 def test_true_reference_passes_the_same_checks(name):
-    assert first_failure(load_definition(name), "torch") is None
+    assert first_failure(load_definition(name), "torch", **UNIT_PLAN) is None
 
 
 def test_kill_rate_counts_only_what_ran():
@@ -179,17 +185,19 @@ def test_a_surviving_bug_reports_how_close_it_came():
     assert k.baseline_margin.tolerance_used < k.margin.tolerance_used <= 1
 
 
+@pytest.mark.heavy  # the fp8 DeepSeek-routing MoE: 1.3 GiB of weights
 def test_the_fp8_cosine_floor_catches_what_the_element_tolerance_cannot():
     """Routing weights from the bias-corrected scores stay inside the fp8 element tolerance; the cosine floor of
     definitions/tolerances.toml catches them, and the true reference passes the same floor."""
     m = next(m for m in MUTANTS if m.id == "biased-weights")
-    k = kill(m, "torch")
+    k = kill(m, "torch", **UNIT_PLAN)
     assert k.killed and "below the floor 0.998" in k.how, k.how
     assert k.baseline_margin.cosine > 0.998 and k.baseline_margin.tolerance_used < 1
     # on the random cases, without the floor, the element tolerance alone lets it through (the tied_topk
     # boundary case, where the bias is most of each weight, catches it by elements as well)
     mutant = mutate(load_definition(m.definition), m)
-    assert first_failure(mutant, "torch", tolerance={"min_cosine": 0.0}, cases=()) is None
+    assert first_failure(mutant, "torch", tolerance={"min_cosine": 0.0}, cases=(),
+                         **UNIT_PLAN) is None
 
 
 @pytest.mark.parametrize("planted", KERNELS, ids=[k.name for k in KERNELS])

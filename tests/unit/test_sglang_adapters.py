@@ -510,6 +510,7 @@ def moe_definition() -> Definition:
     return load_definition(path)
 
 
+@pytest.mark.heavy  # the fp8 DeepSeek-routing MoE: 1.3 GiB of weights
 @pytest.mark.parametrize("version, published", [("0.5.10.post1", None), ("0.5.17", None), ("0.5.16", "theirs")])
 def test_triton_moe_arguments(monkeypatch, sm90, version, published):
     calls: list = []

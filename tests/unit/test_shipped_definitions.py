@@ -1,9 +1,11 @@
-"""Every definition the repository ships validates, and its reference runs on CPU at the small size."""
+"""Every definition the repository ships validates, and its reference runs on CPU at the small size.
+The runs over definitions with more than 64 MiB of fixed-size inputs are `heavy` (sizes.py)."""
 
 from pathlib import Path
 
 import pytest
 import torch
+from sizes import param
 
 from flashinfer_trace.dataset import Dataset
 from flashinfer_trace.testing import generate_inputs, output_problems, run_reference
@@ -26,7 +28,7 @@ def test_one_definition_per_family_at_least():
     assert REQUIRED_FAMILIES <= families
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [param(n, n, n) for n in NAMES])
 def test_reference_runs_on_cpu_small(name):
     d = Dataset(DEFINITIONS).load(name)
     inputs = generate_inputs(d, size="small", seed=0)
