@@ -334,9 +334,10 @@ def test_validate_output_prints_notes(fi, tmp_path):
 def test_real_emission_rejections_are_the_genuinely_broken_kinds():
     reports, summary = validate_paths([EMITTED])
     accepted = summary.files - summary.files_with_problems
-    # import-fi-trace of 0.7.2.post1 on a CPU: 121 files, 103 accepted (18 defective: no reference, a reference
-    # importing flashinfer, wrappers traced without their plan, a reference parameter no input gives)
-    assert summary.files == 121 and accepted >= 103
+    # the emission of 0.7.2.post1 on a CPU: 121 files, 103 accepted (2026-11-24); 128 files, 110 accepted
+    # (2026-11-26). The same 18 defective either time: no reference, a reference importing flashinfer, wrappers
+    # traced without their plan, a reference parameter no input gives
+    assert summary.files >= 121 and accepted >= 103 and summary.files_with_problems <= 18
     broken = {"reference-sandbox", "missing-field", "dtype", "reference-run"}
     assert set(summary.by_kind) <= broken
     for r in reports:  # every string dtype left is on a tensor, every dtype problem names the field
