@@ -299,9 +299,9 @@ def unprivileged_uid() -> int:
 def _drop_privileges(gpu: bool) -> str:
     """No capability in any set, no_new_privs, and where the process is root, another uid. The switch
     needs every library root readable by others (a Python under /root, mode 0700, is not): where one is
-    not, the uid stays 0 without capabilities, and the result says which root kept it. GPU device files
-    were opened before (CUDA is up before confinement) and are 0666 where the driver creates them, so
-    they stay usable either way."""
+    not, the uid stays 0 without capabilities, and the result says which root kept it. A GPU worker keeps
+    uid 0 (without capabilities) until the switch has run on a GPU: its device files were opened before
+    (CUDA is up before confinement) and the driver makes them 0666, but that is not yet measured."""
     libc = ctypes.CDLL(None, use_errno=True)
     notes = []
     if os.geteuid() == 0 or os.getuid() == 0:
@@ -311,7 +311,9 @@ def _drop_privileges(gpu: bool) -> str:
                     notes.append(f"bounding set kept ({errno.errorcode.get(err)}): exec is refused anyway")
                 break
         closed = [r for r in read_roots() if not _others_can_read(r)]
-        if closed:
+        if gpu:  # CUDA and its MPS client connection came up as root: the switch is to be tried on a GPU first
+            notes.append("uid stays 0 on a GPU worker until the switch is measured on a GPU")
+        elif closed:
             notes.append(f"uid stays 0: {closed[0]} is not readable by another uid")
         else:
             uid = unprivileged_uid()
