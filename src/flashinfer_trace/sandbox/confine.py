@@ -276,13 +276,11 @@ def capabilities() -> dict[str, int]:
 def _others_can_read(path: str) -> bool:
     """Whether a process of another uid, without capabilities, can reach and read `path`."""
     import stat
+    from pathlib import Path
 
-    path = os.path.realpath(path)
-    parts = path.split(os.sep)
-    for i in range(1, len(parts)):
-        d = os.sep + os.path.join(*parts[1:i]) if i > 1 else os.sep
-        if not os.stat(d).st_mode & stat.S_IXOTH:
-            return False
+    path = Path(os.path.realpath(path))
+    if any(not os.stat(d).st_mode & stat.S_IXOTH for d in path.parents):
+        return False
     mode = os.stat(path).st_mode
     return bool(mode & stat.S_IROTH) and (not stat.S_ISDIR(mode) or bool(mode & stat.S_IXOTH))
 
