@@ -30,7 +30,7 @@ import torch
 from .definition import Definition
 from .groundtruth import SOURCES, GroundTruthUnavailable, PrebuildLookup, default_device, get_ground_truth, paths
 from .inputs import InputGenerationError, Inputs, UnsupportedOpType, edge_cases, generate_inputs
-from .inputs.common import MEMORY_FACTOR, CaseTooLarge, EdgeCaseUnavailable, fixed_bytes, memory_budget
+from .inputs.common import CaseTooLarge, EdgeCaseUnavailable, fixed_bytes, memory_budget, peak_bytes
 from .options import DEFAULT_SEEDS, DEFAULT_SIZES, TOLERANCE_OPTIONS, fresh_seed
 from .reference import expected_dtypes, expected_shapes, output_dtypes, output_shapes, run_reference, shape_fits
 from .results.record import CaseRecord, Check, GroundTruthPath
@@ -222,12 +222,12 @@ def discover(targets: Iterable[str], config: CheckConfig) -> Discovered:
 # -- plan -------------------------------------------------------------------------------------------
 def too_large(d: Definition, budget: int) -> str | None:
     """Why a definition cannot be checked in this much memory, or None."""
-    fixed = fixed_bytes(d)
-    if fixed * MEMORY_FACTOR <= budget:
+    peak = peak_bytes(d)
+    if peak <= budget:
         return None
-    return (f"its fixed-size inputs alone are {fixed / 2**30:.1f} GiB; with the reference's float32 "
-            f"and the ground truth's float64 copies that is ~{fixed * MEMORY_FACTOR / 2**30:.0f} GiB, more than "
-            f"the {budget / 2**30:.0f} GiB here")
+    return (f"its fixed-size inputs alone are {fixed_bytes(d) / 2**30:.1f} GiB; with the worker's copy and the "
+            f"reference's float32 and the ground truth's float64 ones that is ~{peak / 2**30:.0f} GiB, more than "
+            f"the {budget / 2**30:.0f} GiB this check may use")
 
 
 def _fi_trace_inputs(d: Definition, device: str = "cpu") -> tuple[str | None, str | None]:
@@ -277,7 +277,7 @@ def definition_cases(d: Definition, config: CheckConfig, budget: int | None = No
 def plan(discovered: Discovered, config: CheckConfig) -> list[Case | CaseRecord]:
     """Cases in the order they run; a definition no generator supports is one skip record."""
     out: list[Case | CaseRecord] = list(discovered.errors)
-    budget = memory_budget(config.resolved_device)
+    budget = config.memory() or memory_budget(config.resolved_device)  # a shared device: this process's share
     for d in discovered.definitions:
         try:
             out += definition_cases(d, config, budget)

@@ -381,10 +381,11 @@ def test_cli_check_writes_the_stream(tmp_path, capsys):
     assert out["sandbox"]["complete"] in (True, False)
 
 
-def test_a_definition_too_large_for_the_machine_is_a_skip_with_its_size():
+def test_a_definition_too_large_for_the_machine_is_a_skip_with_its_size(monkeypatch):
+    from flashinfer_trace import check
     from flashinfer_trace.check import CheckConfig, Discovered, plan, too_large
     from flashinfer_trace.dataset import load_definition
-    from flashinfer_trace.inputs.common import fixed_bytes
+    from flashinfer_trace.inputs.common import fixed_bytes, peak_bytes
 
     d = load_definition("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048")
     weights = fixed_bytes(d)
@@ -392,10 +393,27 @@ def test_a_definition_too_large_for_the_machine_is_a_skip_with_its_size():
     assert too_large(d, budget=weights * 100) is None
     why = too_large(d, budget=weights)
     assert why.startswith("its fixed-size inputs alone are") and "more than the" in why
+    # the fp8 weights cost 15x their bytes at the check's peak (a flat 12x let a check be killed for memory)
+    assert peak_bytes(d) >= 15 * weights * 0.99
+    assert too_large(d, budget=int(12.5 * weights)) is not None
     small = load_definition("rmsnorm_h4096")
     assert fixed_bytes(small) == 4096 * 2  # only the weight: hidden_states has a var axis
+    assert peak_bytes(small) == 4096 * (3 * 2 + 12)
+    monkeypatch.setattr(check, "memory_budget", lambda device: 16 * weights)
     planned = plan(Discovered([d, small], []), CheckConfig(device="cpu", sources=("torch",)))
-    assert not any(getattr(p, "skip", None) for p in planned)  # both fit this machine
+    assert not any(getattr(p, "skip", None) for p in planned)  # both fit 16x the weights
+    monkeypatch.setattr(check, "memory_budget", lambda device: 14 * weights)
+    planned = plan(Discovered([d, small], []), CheckConfig(device="cpu", sources=("torch",)))
+    assert {p.definition.name for p in planned if getattr(p, "skip", None)} == {d.name}
+
+
+def test_the_cpu_budget_is_a_share_of_the_memory_available_now(monkeypatch):
+    from flashinfer_trace.inputs import common
+
+    monkeypatch.setattr(common, "_mem_available", lambda: 10 * 2**30)
+    assert common.memory_budget("cpu") == int(10 * 2**30 * common.CPU_MEMORY_SHARE)
+    monkeypatch.setattr(common, "_mem_available", lambda: None)  # no /proc/meminfo: the RAM installed
+    assert common.memory_budget("cpu") > 0
 
 
 def test_a_definition_whose_inputs_fail_never_runs_on_the_previous_ones():

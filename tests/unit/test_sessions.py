@@ -221,6 +221,20 @@ def test_the_session_sums_where_the_tests_spent_their_time():
     assert phase_totals(records) == {"inputs": 0.3, "reference": 1.8, "worker_starts": 1}
 
 
+def test_the_summary_names_each_bad_test_with_its_reason_escaped():
+    from flashinfer_trace.results.record import CaseRecord
+    from flashinfer_trace.sweep.session import bad_lines
+
+    bad = [CaseRecord(definition="d", check="match", status=Status.ERROR, kind=Kind.REFERENCE,
+                      detail="RuntimeError: boom\x1b[2J\nsecond line", nodeid="tests/references/test_x.py::t[d]"),
+           TestRecord("tests/bench/test_y.py::b", "failed", message="assert 1 == 2")]
+    lines = bad_lines(bad)
+    assert lines[0] == "  tests/references/test_x.py::t[d]: error [reference]: RuntimeError: boom\\x1b[2J"
+    assert lines[1] == "  tests/bench/test_y.py::b: failed: assert 1 == 2"
+    many = bad_lines(bad * 15, limit=20)
+    assert len(many) == 21 and many[-1].startswith("  ... and 10 more")
+
+
 def test_a_jit_session_of_a_cpu_combination_has_nothing_to_build(tmp_path):
     combo = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
     assert run_session("jit", combo, "jit-cpu", tmp_path, cwd=ROOT) == 0

@@ -82,29 +82,60 @@ class CaseTooLarge(InputGenerationError):
 # A check holds the inputs, the reference's float32 copies and the torch ground truth's float64 ones
 # (an fp8 weight grows 8x there) at once: about this many times the inputs' bytes at the peak.
 MEMORY_FACTOR = 12
+# What is left of a CPU's available memory for the check's tensors: Python, torch and the workers' own
+# pages take the rest.
+CPU_MEMORY_SHARE = 0.9
 
 
 def memory_budget(device: str | torch.device) -> int:
-    """Bytes the checks may use: the GPU's memory on CUDA, the machine's RAM on the CPU."""
+    """Bytes the checks may use: the GPU's memory on CUDA; on the CPU a share of what the kernel says is
+    available now (MemAvailable), not the RAM installed: other processes' pages are not ours to count."""
     import os
 
     dev = torch.device(device)
     if dev.type == "cuda":
         return torch.cuda.get_device_properties(dev).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    available = _mem_available()
+    if available is None:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(available * CPU_MEMORY_SHARE)
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def peak_bytes(definition: Definition) -> int:
+    """The check's peak memory for the fixed-size inputs, per element: the input, the worker's arena
+    copy and the mutation check's copy (3 x its itemsize), the reference's float32 (4) and the ground
+    truth's float64 (8). An fp8 weight costs 15x its bytes, a bf16 one 9x, a float32 one 8x: a flat
+    factor under-counts fp8 (a check over an fp8 MoE was killed for memory at 12x)."""
+    return sum(n * (3 * itemsize + 12) for n, itemsize in _fixed_elements(definition))
 
 
 def fixed_bytes(definition: Definition) -> int:
     """Bytes of the inputs whose every dimension is a const axis (weights, caches of a fixed size):
     what any size tier allocates at least. A public MoE with 384 local experts has 17 GB of them."""
+    return sum(n * itemsize for n, itemsize in _fixed_elements(definition))
+
+
+def _fixed_elements(definition: Definition) -> list[tuple[int, int]]:
+    """(elements, itemsize) of each input whose every dimension is a const axis."""
     from ..dtypes import torch_dtype
 
-    consts, total = definition.const_axes, 0
+    consts, out = definition.const_axes, []
     for spec in definition.inputs.values():
         if spec.shape and spec.dtype is not None and all(a in consts for a in spec.shape):
             itemsize = torch.empty(0, dtype=torch_dtype(spec.dtype)).element_size()
-            total += math.prod(consts[a] for a in spec.shape) * itemsize
-    return total
+            out.append((math.prod(consts[a] for a in spec.shape), itemsize))
+    return out
 
 
 # -- the result -------------------------------------------------------------------------------------

@@ -159,9 +159,30 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         info.jit["compiled_during_tests"] = compiled_since(built_before)
     info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
     write_session(results, info, records=records, manifest=mf.finish(manifest))
+    seed = f", fresh seed {info.fresh_seed}" if info.fresh_seed is not None else ""
     print(f"{session}: {info.status}: " + ", ".join(f"{k} {v}" for k, v in info.counts.items())
-          + f" in {info.wall_seconds} s", file=sys.stderr)
+          + f" in {info.wall_seconds} s{seed}", file=sys.stderr)
+    for line in bad_lines(bad):
+        print(line, file=sys.stderr)
     return 1 if bad else 0
+
+
+def bad_lines(bad: list, limit: int = 20) -> list[str]:
+    """One line per failed or errored test, so a CI log names them without the results folder: the test,
+    its status and kind, the first line of its detail (escaped: a definition controls the message)."""
+    from ..escape import for_terminal
+
+    lines = []
+    for r in bad[:limit]:
+        if isinstance(r, CaseRecord):
+            name, why = r.nodeid or r.definition, f"{r.status}" + (f" [{r.kind}]" if r.kind else "")
+            detail = (r.detail or "").strip().splitlines()
+        else:
+            name, why, detail = r.nodeid, str(r.status), (r.message or "").strip().splitlines()
+        lines.append(f"  {for_terminal(name)}: {why}" + (f": {for_terminal(detail[0][:300])}" if detail else ""))
+    if len(bad) > limit:
+        lines.append(f"  ... and {len(bad) - limit} more (the session's results folder has them all)")
+    return lines
 
 
 STREAM = "tests.jsonl"
