@@ -349,8 +349,9 @@ def _install(combo: Combination, python: str, options: InstallOptions, *, projec
             run.steps.append(f"layered {project / 'src'} via flashinfer_trace_src.pth")
             run([*pip, *wh, "-c", str(constraints), *PROJECT_REQUIREMENTS])
         else:
-            if others:
-                run([*pip, "-c", str(constraints), *others])
+            if others:  # a combination's own indexes: FlashInfer's, for its prebuilt flashinfer-jit-cache
+                run([*pip, "-c", str(constraints), *(a for i in combo.indexes for a in ("--extra-index-url", i)),
+                     *others])
             run([*pip, "-c", str(constraints), "-e", f"{project}[dev]"])
         result.ok = True
     except (subprocess.CalledProcessError, OSError, RuntimeError, ValueError) as e:

@@ -248,19 +248,33 @@ def k_expression(pytest_args: list[str]) -> str | None:
 
 
 def prebuild(results: Path, pytest_args: list[str], *, cwd: Path | None = None, resume: bool = False,
-             budget: float | None = None, cores: int | None = None) -> tuple[dict, dict[str, float]]:
-    """Build every module the selected tests' kernels need; (summary, the cache's libraries after it)."""
+             budget: float | None = None, cores: int | None = None, versions: dict[str, str | None] | None = None
+             ) -> tuple[dict, dict[str, float]]:
+    """Build every module the selected tests' kernels need; (summary, the cache's libraries after it). With
+    FlashInfer's prebuilt package of the installed release (`versions`: default this environment's), build
+    nothing: every job is `prebuilt`."""
     from ..check import CheckConfig, discover
     from ..dataset import definitions_dir
-    from . import jit
+    from . import jit, prebuilt
+    from .manifest import package_versions
 
     t0 = time.monotonic()
     config = jit.JitConfig(report=str(results / JIT_STREAM), log_dir=str(results / "jit-logs"), resume=resume,
                            select=jit.select_k(k_expression(pytest_args)), budget=budget or jit.DEFAULT_BUDGET,
                            stamps=jit.default_stamps(), cores=cores)
     found = discover([str(definitions_dir(cwd / "definitions" if cwd else None))], CheckConfig())
-    records = list(jit.run(jit.plan(found.definitions, config), config))
-    summary = jit.summarise(records) | {"wall_seconds": round(time.monotonic() - t0, 1), "report": JIT_STREAM}
+    jobs = jit.plan(found.definitions, config)
+    package, why_not = prebuilt.package_of(package_versions() if versions is None else versions)
+    if package is not None:  # FlashInfer's own prebuilt modules: nothing to build
+        records = prebuilt.prebuilt_records(jobs, package)
+        with JsonlStream(config.report, append=resume) as stream:
+            for r in records:
+                stream.write(r.as_dict())
+    else:
+        records = list(jit.run(jobs, config))
+    summary = jit.summarise(records) | {"wall_seconds": round(time.monotonic() - t0, 1), "report": JIT_STREAM,
+                                        **({"prebuilt": package} if package else {}),
+                                        **({"note": why_not} if why_not else {})}
     print(f"prebuild: {len(records)} job(s): " + ", ".join(f"{k} {v}" for k, v in summary["counts"].items())
           + f" in {summary['wall_seconds']} s", file=sys.stderr)
     return summary, jit.libraries(jit.cache_roots())
