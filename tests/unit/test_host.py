@@ -142,3 +142,42 @@ def test_concurrent_sessions_get_their_own_mps_daemon_directories(tmp_path, monk
     assert [c.split()[0] for c in calls] == ["0", "1"]  # each daemon started pinned to its session's GPU
     for state, env in states:
         mps.stop(state, env)
+
+
+NOX = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+if "-l" in args:
+    print(json.dumps([{{"session": n, "tags": ["nightly", "sm90", "combo:" + n]}} for n in ("good", "bad")]
+                     + [{{"session": "other-arch", "tags": ["nightly", "sm80", "combo:x"]}}]))
+    sys.exit(0)
+name = args[args.index("-s") + 1]
+out = os.path.join(os.environ["FLASHINFER_TRACE_RESULTS"], name)
+os.makedirs(out, exist_ok=True)
+status = "tests-failed" if name == "bad" else "ok"
+json.dump({{"status": status, "posargs": args[args.index("--") + 1:], "gpu": os.environ["CUDA_VISIBLE_DEVICES"]}},
+          open(os.path.join(out, "session.json"), "w"))
+sys.exit(1 if name == "bad" else 0)
+"""
+
+
+def test_the_command_lists_runs_and_sums_up(tmp_path, monkeypatch, capsys):
+    from flashinfer_trace.cli import main
+
+    nox = tmp_path / "nox"
+    nox.write_text(NOX.format(python=sys.executable))
+    nox.chmod(0o755)
+    monkeypatch.setattr(host, "host_gpus", lambda: (["0", "1", "2"], "sm90"))
+    monkeypatch.setenv("FLASHINFER_TRACE_RESULTS", str(tmp_path / "results"))
+    rc = main(["sweep", "run", "-t", "nightly", "--gpus", "0,1", "--cores", "6", "--nox", str(nox), "--",
+               "--wheelhouse", "wh"])
+    assert rc == 1  # one session failed
+    text = capsys.readouterr().out
+    assert "left out (for another arch than this host's sm90, or uninstallable): 1" in text
+    summary = json.loads((tmp_path / "results" / "host" / "summary.json").read_text())
+    assert summary["counts"] == {"ok": 1, "tests-failed": 1} and summary["failed"] == ["bad"]
+    assert summary["cores_per_session"] == 3
+    for name in ("good", "bad"):
+        written = json.loads((tmp_path / "results" / name / "session.json").read_text())
+        assert written["posargs"] == ["--cores", "3", "--wheelhouse", "wh"] and written["gpu"] in ("0", "1")
+    assert main(["sweep", "run", "--gpus", "0"]) == 2 and "-t TAG or -s NAME" in capsys.readouterr().err
