@@ -153,3 +153,26 @@ def test_visible_gpus_follow_cuda_visible_devices():
     rows = [{"compute_cap": "9.0", "i": "0"}, {"compute_cap": "8.0", "i": "1"}]
     assert visible(rows, "1") == [rows[1]] and visible(rows, "1,0") == [rows[1], rows[0]]
     assert visible(rows, None) == rows and visible(rows, "GPU-abc") == rows
+
+
+def test_jit_build_puts_the_cache_in_front_for_its_workers(tmp_path, monkeypatch):
+    """`flashinfer-trace jit build` on a GPU: the build workers inherit the compiler variables; on the CPU nothing."""
+    import argparse
+
+    from flashinfer_trace.cli.jit import compiler_cache_for
+
+    _script(tmp_path / "bin" / "ccache", "#!/bin/sh\necho 'ccache version 4.14.2'\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for k in ("FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER", "FLASHINFER_CXX_LAUNCHER", "CCACHE_DIR",
+              "CCACHE_COMPILERCHECK", "CCACHE_NAMESPACE", "CCACHE_MAXSIZE", "CCACHE_STATSLOG"):
+        monkeypatch.delenv(k, raising=False)  # set by the call below; put back as they were after the test
+    args = argparse.Namespace(device="cuda", ccache=True, ccache_binary=None, ccache_dir=tmp_path / "cache",
+                              report=str(tmp_path / "results" / "jit.jsonl"))
+    record = compiler_cache_for(args)
+    assert record["used"] and record["stats_log"] == str(tmp_path / "results" / "ccache-stats.log")
+    assert os.environ["CCACHE_DIR"] == str(tmp_path / "cache")
+    assert os.environ.get("FLASHINFER_NVCC_LAUNCHER") or os.environ.get("FLASHINFER_NVCC", "").endswith(
+        "$cuda_home/bin/nvcc")
+    assert compiler_cache_for(argparse.Namespace(**{**vars(args), "device": "cpu"})) is None
+    off = compiler_cache_for(argparse.Namespace(**{**vars(args), "ccache": False}))
+    assert off == {"used": False, "reason": "turned off (--no-ccache)"}
