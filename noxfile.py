@@ -11,10 +11,13 @@ this file makes environments and calls flashinfer_trace.sweep.install / flashinf
     nox -s jit-cuda13 -- -k moe --jit-budget 1800    only the JIT prebuild (start long builds ahead; resumable)
     nox -s references-cuda13 -- --no-mps     without the session's own CUDA MPS daemon (sweep/mps.py)
     nox -s references-cuda13 -- --jit-modules DIR    load the modules another machine built (sweep/prebuilt.py)
+    nox -s jit-cuda13 -- --no-ccache         JIT builds without the shared compiler cache (sweep/compiler_cache.py)
+    flashinfer-trace sweep run -t nightly    the nightly sessions over every GPU of the host (sweep/host.py)
     nox -s matrix                            results/ -> matrix/ (JSON, Markdown, HTML)
 
 Results go to results/<session>/ ($FLASHINFER_TRACE_RESULTS); each combination gets its own FlashInfer
-JIT cache under $FLASHINFER_TRACE_JIT_CACHE (default ~/.cache/flashinfer-trace/jit/<combination>).
+JIT cache under $FLASHINFER_TRACE_JIT_CACHE (default ~/.cache/flashinfer-trace/jit/<combination>); every GPU
+session shares one compiler cache, $FLASHINFER_TRACE_CCACHE_DIR (default ~/.cache/flashinfer-trace/ccache).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))  # the nox interpreter reads combos with the package's own code
 
-from flashinfer_trace.sweep import mps, prebuilt  # noqa: E402
+from flashinfer_trace.sweep import compiler_cache, mps, prebuilt  # noqa: E402
 from flashinfer_trace.sweep.combos import arch_env, arch_of, default_combination, load_combinations  # noqa: E402
 from flashinfer_trace.sweep.install import install, parse_session_args  # noqa: E402
-from flashinfer_trace.sweep.manifest import nvidia_smi  # noqa: E402
+from flashinfer_trace.sweep.jitarchive import cuda_of_variant  # noqa: E402
+from flashinfer_trace.sweep.manifest import nvidia_smi, visible  # noqa: E402
 from flashinfer_trace.sweep.results import SessionInfo, write_json, write_session  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -43,6 +47,7 @@ nox.options.reuse_venv = "yes"
 COMBOS = load_combinations(ROOT / "constraints")
 RESULTS = Path(os.environ.get("FLASHINFER_TRACE_RESULTS", ROOT / "results"))
 JIT_CACHE = Path(os.environ.get("FLASHINFER_TRACE_JIT_CACHE", Path.home() / ".cache" / "flashinfer-trace" / "jit"))
+CCACHE_DIR = Path(os.environ.get("FLASHINFER_TRACE_CCACHE_DIR") or compiler_cache.DEFAULT_DIR)
 CPU = default_combination(COMBOS, "cpu")
 
 
@@ -67,9 +72,11 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
     if version not in combo.python:
         info.status, info.reason = "install-failed", f"{combo.id} needs Python {combo.python}, nox runs {version}"
         _skip(session, info)
-    env = {"MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 4))}
+    cores = opts.cores or os.cpu_count() or 4
+    env = {"MAX_JOBS": str(opts.cores) if opts.cores else os.environ.get("MAX_JOBS", str(cores))}
     if combo.gpu:  # before installing: no GPU or the wrong one skips the session, recorded
-        found = [arch_of(g["compute_cap"]) for g in nvidia_smi() if g.get("compute_cap")]
+        gpus = visible(nvidia_smi(), os.environ.get("CUDA_VISIBLE_DEVICES"))  # the host runner pins one
+        found = [arch_of(g["compute_cap"]) for g in gpus if g.get("compute_cap")]
         target = arch or (found[0] if found else None)
         if not found:
             info.status, info.reason = "no-gpu", "nvidia-smi finds no GPU"
@@ -90,6 +97,13 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
         info.log_tail = result.tail()
         write_session(out, info)
         session.error(f"install failed: {result.error} (log: {out / 'install.log'})")
+    if combo.gpu:  # ccache in front of FlashInfer's compilers, one cache for every combination (compiler_cache.py)
+        state, cache_env = compiler_cache.setup(
+            compiler_cache.CompilerCacheConfig(enabled=opts.ccache, directory=opts.ccache_dir or CCACHE_DIR,
+                                               stats_log=out / "ccache-stats.log"),
+            cuda=cuda_of_variant(combo.torch_variant), arch=info.arch, flashinfer=combo.flashinfer,
+            python=_python(session), wheelhouse=opts.wheelhouse, install=True)
+        env |= cache_env | {compiler_cache.STATE_ENV: json.dumps(state)}
     jobs = opts.jobs or (4 if combo.gpu else 2)
     # a GPU reference session's processes share the GPU through an MPS daemon of its own, quit once
     # the session process has exited (sweep/mps.py); benchmarks time kernels alone, without it
@@ -99,6 +113,7 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
                     "--combination", str(combo.path.relative_to(ROOT)), "--session", name,
                     "--results", str(out), "--arch", arch or "auto", "--install-json", str(out / "install.json"),
                     "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900),
+                    *(["--cores", str(opts.cores)] if opts.cores else []),
                     *(["--resume"] if opts.resume else []),
                     *(["--jit-budget", str(opts.jit_budget)] if opts.jit_budget else []), "--", *pytest_args,
                     env=env, success_codes=[0, 3])

@@ -105,6 +105,7 @@ class BuildStatus(str, enum.Enum):
 
     BUILT = "built"
     CACHED = "cached"
+    PREBUILT = "prebuilt"  # not built: FlashInfer's own prebuilt package (flashinfer-jit-cache) supplies the modules
     BUILD_FAILED = "build-failed"
     BUILD_TIMEOUT = "build-timeout"
     ERROR = "error"

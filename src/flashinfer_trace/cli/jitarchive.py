@@ -12,6 +12,7 @@ from packaging.version import Version
 from ..escape import for_terminal
 from ..sweep import jitarchive, prebuilt
 from ..sweep.combos import CombinationError, find_combination
+from ..sweep.compiler_cache import DEFAULT_DIR as DEFAULT_CCACHE
 from ..sweep.jitarchive import Build, JitArchiveError
 
 
@@ -28,6 +29,8 @@ def add_commands(sub) -> None:
                                                  "torch, else the combination's torch variant)")
     e.add_argument("--python", metavar="PYTHON", help="the interpreter of the environment that built them")
     e.add_argument("--constraints", default="constraints", metavar="DIR", help="the combinations' folder")
+    e.add_argument("--with-ccache", nargs="?", const=str(DEFAULT_CCACHE), type=Path, metavar="DIR",
+                   help="also carry the compiler cache's entries (default folder ~/.cache/flashinfer-trace/ccache)")
     e.add_argument("--json", action="store_true", help="print the manifest")
     e.set_defaults(func=run_export)
 
@@ -49,6 +52,10 @@ def add_commands(sub) -> None:
                    help="also copy them into --python's FlashInfer AOT folder (FlashInfer < 0.7), for runs outside "
                         "the sessions")
     i.add_argument("--constraints", default="constraints", metavar="DIR", help="the combinations' folder")
+    i.add_argument("--ccache-dir", type=Path, default=DEFAULT_CCACHE, metavar="DIR",
+                   help="where the archive's compiler cache entries go, if it has any (default "
+                        "~/.cache/flashinfer-trace/ccache)")
+    i.add_argument("--no-ccache", action="store_true", help="leave the archive's compiler cache entries out")
     i.add_argument("--json", action="store_true", help="print the manifest and where each module went")
     i.set_defaults(func=run_import)
 
@@ -79,7 +86,8 @@ def run_export(args: argparse.Namespace) -> int:
                 raise JitArchiveError(f"no GPU here to tell the arch, and {root}/{combo.id} has modules of "
                                       f"{', '.join(built) or 'no arch'} for flashinfer {version}: pass --arch")
             arch = built[0]
-        manifest = jitarchive.export(root, combo, args.out, Build(version, cuda, jitarchive.check_arch(arch)))
+        manifest = jitarchive.export(root, combo, args.out, Build(version, cuda, jitarchive.check_arch(arch)),
+                                     ccache_dir=args.with_ccache)
     except (CombinationError, JitArchiveError) as e:
         return _error(str(e))
     if args.json:
@@ -88,6 +96,9 @@ def run_export(args: argparse.Namespace) -> int:
     size = sum(m["size"] for m in manifest["modules"]) / 2**20
     print(f"exported {len(manifest['modules'])} module(s), {size:.1f} MiB, of {_describe(manifest)} to {args.out}: "
           + ", ".join(m["name"] for m in manifest["modules"]))
+    if "ccache" in manifest:
+        print(f"with {len(manifest['ccache'])} compiler cache file(s) of {args.with_ccache}, "
+              f"{sum(e['size'] for e in manifest['ccache']) / 2**20:.1f} MiB")
     return 0
 
 
@@ -123,7 +134,8 @@ def run_import(args: argparse.Namespace) -> int:
             package = prebuilt.flashinfer_package(args.python or sys.executable)
             if package is None:
                 raise JitArchiveError(f"--place: {args.python or sys.executable} finds no flashinfer package")
-        manifest, placed = jitarchive.import_archive(args.archive, args.dest, expect, combo.id if combo else None)
+        manifest, placed = jitarchive.import_archive(args.archive, args.dest, expect, combo.id if combo else None,
+                                                     ccache_dest=None if args.no_ccache else args.ccache_dir)
         aot = prebuilt.place(placed, package) if package is not None else []
     except (CombinationError, JitArchiveError, OSError) as e:
         return _error(str(e))
@@ -136,6 +148,9 @@ def run_import(args: argparse.Namespace) -> int:
           f"them with --jit-modules {args.dest}")
     if aot:
         print(f"placed {len(aot)} into {package / 'data' / 'aot'}")
+    if manifest.get("ccache"):
+        print(f"{len(manifest['ccache'])} compiler cache file(s) " + (
+            "left out (--no-ccache)" if args.no_ccache else f"into {args.ccache_dir} (those it had stay)"))
     if Version(expect.flashinfer) >= prebuilt.SUPPORTED_BELOW:
         print(f"note: flashinfer {expect.flashinfer} finds AOT modules through an index of artifacts: --jit-modules "
               "places nothing for it, the modules compile", file=sys.stderr)

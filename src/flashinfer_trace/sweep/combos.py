@@ -8,6 +8,8 @@
     default_for = ["cuda13"]       # optional: alias sessions (references-cuda13, bench-cuda13)
     status = "ok"                  # or "uninstallable", with `reason`: kept so the matrix shows it
     nightly = true
+    indexes = ["https://flashinfer.ai/whl/cu130"]   # optional: more package indexes for the pins (FlashInfer's
+                                   # own, for flashinfer-jit-cache: its prebuilt JIT modules)
 
     [pins]                         # exact versions only
     torch = "2.11.0"
@@ -40,7 +42,7 @@ CUDA_MAJORS = ("none", "12", "13")
 ALIASES = ("cpu", "cuda12", "cuda13")
 STATUSES = ("ok", "uninstallable")
 REQUIRED = ("cuda", "torch_variant", "archs", "python")
-KNOWN_FIELDS = (*REQUIRED, "default_for", "status", "reason", "nightly")
+KNOWN_FIELDS = (*REQUIRED, "default_for", "status", "reason", "nightly", "indexes")
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.+_-]*$")
 
 
@@ -69,6 +71,7 @@ class Combination:
     reason: str | None = None
     nightly: bool = True
     sha256: str = field(default="", compare=False)
+    indexes: tuple[str, ...] = ()  # extra package indexes for the pins (pip --extra-index-url)
 
     @property
     def installable(self) -> bool:
@@ -113,7 +116,7 @@ class Combination:
         return {"id": self.id, "cuda": self.cuda, "torch_variant": self.torch_variant, "archs": list(self.archs),
                 "python": str(self.python), "pins": {k: str(v) for k, v in self.pins.items()},
                 "default_for": list(self.default_for), "status": self.status, "reason": self.reason,
-                "label": self.label, "file": str(self.path), "sha256": self.sha256}
+                "label": self.label, "file": str(self.path), "sha256": self.sha256, "indexes": list(self.indexes)}
 
 
 def _need(cond: bool, path: Path, where: str, message: str) -> None:
@@ -165,6 +168,10 @@ def load_combination(path: str | Path) -> Combination:
     _need(status == "ok" or bool(meta.get("reason")), path, "combination.reason",
           "an uninstallable combination says why")
     _need(isinstance(meta.get("nightly", True), bool), path, "combination.nightly", "must be true or false")
+    indexes = meta.get("indexes", [])
+    _need(isinstance(indexes, list) and all(isinstance(i, str) and re.fullmatch(r"(https?|file)://\S+", i)
+                                            for i in indexes), path, "combination.indexes",
+          f"{indexes!r}: must be a list of http(s):// or file:// index URLs")
     exact: dict[str, Version] = {}
     for name, value in pins.items():
         where = f"pins.{name}"
@@ -180,7 +187,7 @@ def load_combination(path: str | Path) -> Combination:
         exact[key] = version
     _need("torch" in exact, path, "pins.torch", "missing: every combination pins torch")
     return Combination(cid, path, cuda, variant, tuple(archs), python, exact, tuple(default_for), status,
-                       meta.get("reason"), meta.get("nightly", True), hashlib.sha256(raw).hexdigest())
+                       meta.get("reason"), meta.get("nightly", True), hashlib.sha256(raw).hexdigest(), tuple(indexes))
 
 
 def load_combinations(directory: str | Path = "constraints") -> list[Combination]:

@@ -47,7 +47,7 @@ LAYERS = ("zz_flashinfer_trace_base.pth", "flashinfer_trace_src.pth", "flashinfe
 INSTALLED = "flashinfer_trace_install.json"  # in the environment's site-packages: what the last install was
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 SESSION_FLAGS = ("--wheelhouse", "--extra-wheels", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout",
-                 "--resume", "--jit-budget", "--no-mps", "--jit-modules")
+                 "--resume", "--jit-budget", "--no-mps", "--jit-modules", "--no-ccache", "--ccache-dir", "--cores")
 
 
 @dataclass
@@ -65,6 +65,9 @@ class InstallOptions:
     jit_modules: Path | None = None  # another machine's JIT cache root: loaded, not rebuilt (prebuilt.py)
     resume: bool = False  # keep the tests a killed or interrupted run streamed, run the rest
     mps: bool = True  # GPU sessions: a CUDA MPS daemon of their own where one can start (sweep/mps.py)
+    ccache: bool = True  # GPU sessions: ccache in front of FlashInfer's JIT compilers (compiler_cache.py)
+    ccache_dir: Path | None = None  # the compiler cache (default ~/.cache/flashinfer-trace/ccache)
+    cores: int | None = None  # the cores this session may use (MAX_JOBS, the prebuild's pool): sweep/host.py's share
 
     @property
     def mode(self) -> str:
@@ -111,9 +114,10 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             rest.append(a)
             i += 1
             continue
-        if name in ("--resume", "--no-mps"):
+        if name in ("--resume", "--no-mps", "--no-ccache"):
             opts.resume = opts.resume or name == "--resume"
             opts.mps = opts.mps and name != "--no-mps"
+            opts.ccache = opts.ccache and name != "--no-ccache"
             i += 1
             continue
         takes_value = name != "--preinstalled-torch" or bool(eq) or (
@@ -140,6 +144,12 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             opts.jit_budget = float(value)
         elif name == "--jit-modules":
             opts.jit_modules = Path(value)
+        elif name == "--ccache-dir":
+            opts.ccache_dir = Path(value)
+        elif name == "--cores":
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"--cores {value!r}: expected a whole number of cores, at least 1")
+            opts.cores = int(value)
     for flag, folder in (("--wheelhouse", opts.wheelhouse), ("--extra-wheels", opts.extra_wheels),
                          ("--jit-modules", opts.jit_modules)):
         if folder is not None and not folder.is_dir():
@@ -339,8 +349,9 @@ def _install(combo: Combination, python: str, options: InstallOptions, *, projec
             run.steps.append(f"layered {project / 'src'} via flashinfer_trace_src.pth")
             run([*pip, *wh, "-c", str(constraints), *PROJECT_REQUIREMENTS])
         else:
-            if others:
-                run([*pip, "-c", str(constraints), *others])
+            if others:  # a combination's own indexes: FlashInfer's, for its prebuilt flashinfer-jit-cache
+                run([*pip, "-c", str(constraints), *(a for i in combo.indexes for a in ("--extra-index-url", i)),
+                     *others])
             run([*pip, "-c", str(constraints), "-e", f"{project}[dev]"])
         result.ok = True
     except (subprocess.CalledProcessError, OSError, RuntimeError, ValueError) as e:

@@ -13,8 +13,14 @@ temporary folder inside the destination, checks its size and sha256, and only wh
 matched moves them into place, in prebuilt.py's layout, so the destination is a `--jit-modules ROOT`
 for the sessions; `--place` also copies them into an interpreter's FlashInfer AOT folder.
 
-    export(root, combo, archive, build)                  -> manifest
-    import_archive(archive, dest, expect, combination)   -> (manifest, {name: library})
+Optionally the archive also carries the compiler cache (compiler_cache.py: ccache's entries, under `ccache/`,
+each listed with its size and sha256 in the manifest's `ccache` and checked like a module): another machine
+then compiles what the modules do not cover (other releases, other definitions) from the same cache. Its entries
+are keyed by compiler, flags and a CUDA/arch namespace, so entries of another CUDA version that come along are
+never used for this one. An entry the destination cache already has stays as it is.
+
+    export(root, combo, archive, build, ccache_dir=None)                   -> manifest
+    import_archive(archive, dest, expect, combination, ccache_dest=None)   -> (manifest, {name: library})
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ COMPRESSION = {".tar": "", ".tar.gz": "gz", ".tgz": "gz", ".tar.xz": "xz", ".txz
 DEFAULT_DEST = Path.home() / ".cache" / "flashinfer-trace" / "jit-modules"
 MODULE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 CUDA = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?")
+CCACHE_PREFIX = "ccache"
+CCACHE_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+CCACHE_SKIP = ("stats", "CACHEDIR.TAG", "ccache.conf")  # counters and settings, not entries
 CHUNK = 1 << 20
 MANIFEST_LIMIT = 16 << 20
 
@@ -148,8 +157,25 @@ def built_archs(root: Path, combination: str, version: str) -> list[str]:
     return [a for a in ARCHS if (base / prebuilt.arch_folder(a)).is_dir()]
 
 
-def export(root: str | Path, combo: Combination, archive: str | Path, build: Build) -> dict:
-    """Pack `combo`'s modules of `build` under `root` into `archive` (written whole, then renamed)."""
+def ccache_entries(directory: Path) -> list[tuple[str, Path]]:
+    """(member path, file) for each cache entry in a ccache folder: not its counters, settings, locks or tmp/."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise JitArchiveError(f"--with-ccache {directory}: not a folder")
+    found = []
+    for p in sorted(directory.rglob("*")):
+        rel = p.relative_to(directory)
+        if (not p.is_file() or p.is_symlink() or rel.parts[0] == "tmp" or p.name in CCACHE_SKIP
+                or p.name.endswith(".lock") or not all(CCACHE_PART.fullmatch(part) for part in rel.parts)):
+            continue
+        found.append((str(PurePosixPath(CCACHE_PREFIX, *rel.parts)), p))
+    return found
+
+
+def export(root: str | Path, combo: Combination, archive: str | Path, build: Build,
+           ccache_dir: str | Path | None = None) -> dict:
+    """Pack `combo`'s modules of `build` under `root` into `archive` (written whole, then renamed); with
+    `ccache_dir`, the compiler cache's entries too."""
     root, archive = Path(root), Path(archive)
     mode = compression(archive)
     if combo.flashinfer is None or str(combo.flashinfer) != build.flashinfer:
@@ -167,14 +193,19 @@ def export(root: str | Path, combo: Combination, archive: str | Path, build: Bui
     manifest = {"kind": KIND, "format": FORMAT, "combination": combo.id, "constraints_sha256": combo.sha256,
                 **asdict(build), "arch_folder": prebuilt.arch_folder(build.arch),
                 "exported": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "modules": entries}
+    sources = {e["path"]: modules[e["name"]] for e in entries}
+    if ccache_dir is not None:
+        cached = ccache_entries(Path(ccache_dir))
+        manifest["ccache"] = [{"path": path, "size": f.stat().st_size, "sha256": _sha256(f)} for path, f in cached]
+        sources |= dict(cached)
     archive.parent.mkdir(parents=True, exist_ok=True)
     part = archive.with_name(f".{archive.name}.part")
     try:
         with tarfile.open(part, f"w:{mode}" if mode else "w") as tar:
             data = json.dumps(manifest, indent=1).encode()
             tar.addfile(_info(MANIFEST, len(data)), io.BytesIO(data))
-            for entry in entries:
-                with open(modules[entry["name"]], "rb") as f:
+            for entry in entries + manifest.get("ccache", []):
+                with open(sources[entry["path"]], "rb") as f:
                     tar.addfile(_info(entry["path"], entry["size"]), f)
         os.replace(part, archive)
     except BaseException:
@@ -219,10 +250,25 @@ def read_manifest(data: bytes, archive: Path) -> dict:
         if entry.get("path") != str(folder / name / f"{name}.so"):
             raise JitArchiveError(f"{where}: module {name}: path {entry.get('path')!r} is not "
                                   f"{folder / name / f'{name}.so'}")
-        if not isinstance(entry.get("size"), int) or entry["size"] < 0 or not (
-                isinstance(entry.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", entry["sha256"])):
+        if not _sized(entry):
             raise JitArchiveError(f"{where}: module {name}: size and sha256 are needed")
+    cached = m.get("ccache", [])
+    if not isinstance(cached, list):
+        raise JitArchiveError(f"{where}: `ccache` is not a list")
+    for entry in cached:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        parts = PurePosixPath(path).parts if isinstance(path, str) else ()
+        if (len(parts) < 2 or parts[0] != CCACHE_PREFIX or not all(CCACHE_PART.fullmatch(p) for p in parts[1:])
+                or path in seen or not _sized(entry)):
+            raise JitArchiveError(f"{where}: ccache entry {entry!r:.120}: a unique path {CCACHE_PREFIX}/... of "
+                                  "letters, digits, _.+- with its size and sha256 is needed")
+        seen.add(path)
     return m
+
+
+def _sized(entry: dict) -> bool:
+    return isinstance(entry.get("size"), int) and entry["size"] >= 0 and isinstance(entry.get("sha256"), str) and \
+        bool(re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]))
 
 
 def _member_path(member: tarfile.TarInfo, archive: Path) -> str:
@@ -254,10 +300,11 @@ def _copy(source, path: Path, size: int) -> str:
     return h.hexdigest()
 
 
-def import_archive(archive: str | Path, dest: str | Path, expect: Build,
-                   combination: str | None = None) -> tuple[dict, dict[str, Path]]:
+def import_archive(archive: str | Path, dest: str | Path, expect: Build, combination: str | None = None,
+                   ccache_dest: str | Path | None = None) -> tuple[dict, dict[str, Path]]:
     """Check `archive` against the target `expect` (and `combination`, when given), then write its
-    modules under `dest`. Every refusal comes before the first file is moved into `dest`."""
+    modules under `dest` (and its compiler cache entries, if any, into `ccache_dest` when given). Every refusal
+    comes before the first file is moved into `dest`."""
     archive, dest = Path(archive), Path(dest)
     if not archive.is_file():
         raise JitArchiveError(f"{archive}: no such file")
@@ -285,11 +332,27 @@ def import_archive(archive: str | Path, dest: str | Path, expect: Build,
         except OSError as e:
             raise JitArchiveError(f"{dest}: cannot write there ({e}); {len(placed)} of {len(staged)} module(s) "
                                   "moved in, each whole") from None
+        if ccache_dest is not None and manifest.get("ccache"):
+            _place_ccache(manifest["ccache"], staged, Path(ccache_dest))
         return manifest, placed
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if made is not None and not placed:
             shutil.rmtree(made, ignore_errors=True)  # only folders this call made, holding nothing else
+
+
+def _place_ccache(entries: list[dict], staged: dict[str, Path], target: Path) -> None:
+    """Checked cache entries into a ccache folder; one it already has stays (an entry's name is its key)."""
+    try:
+        for entry in entries:
+            path = target.joinpath(*PurePosixPath(entry["path"]).parts[1:])
+            if path.exists():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(staged[entry["path"]], path.with_name(path.name + ".part"))  # staging may be elsewhere
+            os.replace(path.with_name(path.name + ".part"), path)
+    except OSError as e:
+        raise JitArchiveError(f"--ccache-dir {target}: cannot write there ({e}); the modules are in place") from None
 
 
 def _stage(tar: tarfile.TarFile, archive: Path, expect: Build, combination: str | None,
@@ -306,7 +369,7 @@ def _stage(tar: tarfile.TarFile, archive: Path, expect: Build, combination: str 
     if differences:
         raise JitArchiveError(f"{archive}: built for another target ({'; '.join(differences)}): they would not load "
                               "here; nothing written")
-    listed = {e["path"]: e for e in manifest["modules"]}
+    listed = {e["path"]: e for e in manifest["modules"] + manifest.get("ccache", [])}
     staged: dict[str, Path] = {}
     while (member := tar.next()) is not None:  # a stream: each member once, in order
         path = _member_path(member, archive)
@@ -319,7 +382,7 @@ def _stage(tar: tarfile.TarFile, archive: Path, expect: Build, combination: str 
         if member.size != entry["size"]:
             raise JitArchiveError(f"{archive}: {path}: {member.size} bytes, the manifest says {entry['size']}: "
                                   "damaged, nothing written")
-        staged[path] = staging / f"{len(staged)}.so"
+        staged[path] = staging / f"{len(staged)}.part"
         digest = _copy(tar.extractfile(member), staged[path], member.size)
         if digest != entry["sha256"]:
             raise JitArchiveError(f"{archive}: {path}: sha256 {digest}, the manifest says {entry['sha256']}: "

@@ -25,7 +25,7 @@ PACKAGES = ("torch", "triton", "flashinfer-python", "flashinfer-cubin", "flashin
             "sglang-kernel", "sgl-kernel", "apache-tvm-ffi", "nvidia-cudnn-frontend", "cuda-python",
             "nvidia-cutlass-dsl", "pytest", "pytest-benchmark")
 ENV_PREFIXES = ("FLASHINFER_", "TORCH_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "MAX_JOBS",
-                "FLASHINFER_TRACE_")
+                "FLASHINFER_TRACE_", "CCACHE_")
 SMI_FIELDS = ("name", "compute_cap", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw",
               "power.limit", "temperature.gpu", "pstate", "clocks_event_reasons.active")
 
@@ -60,6 +60,17 @@ def nvidia_smi() -> list[dict[str, str]]:
         if len(values) == len(SMI_FIELDS):
             rows.append(dict(zip(SMI_FIELDS, values, strict=True)))
     return rows
+
+
+def visible(rows: list[dict[str, str]], spec: str | None) -> list[dict[str, str]]:
+    """The GPUs a process pinned with CUDA_VISIBLE_DEVICES=`spec` sees, in its order (nvidia-smi lists them all);
+    every row when unset or not a list of indices (UUIDs)."""
+    if spec is None or not spec.strip():
+        return rows
+    parts = [p.strip() for p in spec.split(",")]
+    if not all(p.isdigit() for p in parts):
+        return rows
+    return [rows[int(p)] for p in parts if int(p) < len(rows)]
 
 
 def gpu_snapshot() -> dict[str, Any]:
@@ -157,8 +168,11 @@ def collect(*, combination: dict | None = None, install: dict | None = None, rep
 
 
 def finish(manifest: dict) -> dict:
-    """Add the end-of-session GPU snapshot."""
-    return {**manifest, "clocks_end": gpu_snapshot(), "finished": now()}
+    """Add the end-of-session GPU snapshot, and the compiler cache's counters after the session."""
+    from .compiler_cache import finish_record
+
+    extra = {"compiler_cache": finish_record(manifest["compiler_cache"])} if manifest.get("compiler_cache") else {}
+    return {**manifest, "clocks_end": gpu_snapshot(), "finished": now(), **extra}
 
 
 if __name__ == "__main__":  # python -m flashinfer_trace.sweep.manifest: print this environment's manifest

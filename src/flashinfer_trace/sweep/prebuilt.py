@@ -17,6 +17,11 @@ never meets another release's headers; what was placed is a line of the install 
 
 `flashinfer-trace jit export / import` (jitarchive.py) carry such a root's modules between machines
 as one checked archive, in this same layout.
+
+FlashInfer also publishes the modules itself, per release and CUDA version, as flashinfer-jit-cache on its own
+index (https://flashinfer.ai/whl/<cu130>; a combination names it in `indexes` and pins the package). Where the
+session's environment has flashinfer-jit-cache of its flashinfer-python's release, the prebuild builds nothing:
+every job is recorded `prebuilt` (`package_of`, `prebuilt_records`).
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from .combos import Combination, arch_env
 
+JIT_PACKAGE = "flashinfer-jit-cache"
 SUPPORTED_BELOW = Version("0.7")  # from 0.7 FlashInfer looks AOT modules up in an index (jit/env.py get_aot_path)
 
 
@@ -96,3 +102,29 @@ def carry_in(root: Path, combo: Combination, python: str, arch: str) -> str:
         return f"--jit-modules {root}: nothing more placed ({type(e).__name__}: {e}); the rest compiles here"
     return (f"placed {len(names)} prebuilt JIT modules of flashinfer {version} ({arch_folder(arch)}) from {root} "
             f"into {package / 'data' / 'aot'}, loaded there instead of compiled: {', '.join(names)}")
+
+
+def package_of(versions: dict[str, str | None]) -> tuple[dict | None, str | None]:
+    """(FlashInfer's prebuilt-modules package when it is of the installed release, else None; why not, when one is
+    installed for another). `versions`: distribution name -> installed version (manifest.package_versions)."""
+    fi, package = versions.get("flashinfer-python"), versions.get(JIT_PACKAGE)
+    if not fi or not package:
+        return None, None
+    try:
+        same = Version(package).public == Version(fi).public  # 0.6.6+cu130 is of flashinfer-python 0.6.6
+    except InvalidVersion:
+        return None, f"{JIT_PACKAGE} {package!r}: not a version; the modules are built"
+    if not same:
+        return None, f"{JIT_PACKAGE} {package} is not of flashinfer-python {fi}; the modules are built"
+    return {"package": JIT_PACKAGE, "version": package, "flashinfer-cubin": versions.get("flashinfer-cubin")}, None
+
+
+def prebuilt_records(jobs: list, package: dict) -> list:
+    """One `prebuilt` record per prebuild job: nothing built, the package's modules load (a module it lacks would
+    be compiled by the tests and show in the session's `compiled_during_tests`)."""
+    from .jit.report import BuildRecord
+
+    return [BuildRecord(j.definition, j.source, "prebuilt", api=j.api, op_type=j.op_type, budget=j.budget,
+                        checked_by="package", message=f"{package['package']} {package['version']} is installed: its "
+                                                      "modules load, the prebuild builds nothing")
+            for j in jobs]

@@ -90,7 +90,7 @@ def session_fresh_seed(results: Path, resume: bool) -> int:
 def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
                 install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
                 extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False,
-                jit_budget: float | None = None) -> int:
+                jit_budget: float | None = None, cores: int | None = None) -> int:
     from . import manifest as mf
     from . import mps
     from .isolation import collect_files, run_isolated
@@ -104,6 +104,10 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
                        constraints_sha256=combo.sha256, started=started, mps=mps.recorded(),
                        fresh_seed=session_fresh_seed(results, resume) if kind == "references" else None)
     manifest = mf.collect(combination=combo.metadata(), install=install, repo=cwd or ".")
+    if combo.gpu:  # its version, folder, namespace and counters before; finish() adds those after
+        from . import compiler_cache
+
+        manifest["compiler_cache"] = compiler_cache.start_record(compiler_cache.recorded())
     status, reason, found = check_gpu(combo, arch)
     info.arch = found or (arch if combo.gpu else "cpu")
     if status != "ok":
@@ -124,7 +128,8 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     built_before = None
     try:
         if combo.gpu:
-            info.jit, built_before = prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget)
+            info.jit, built_before = prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget,
+                                              cores=cores)
             write_session(results, info, manifest=manifest)
     except KeyboardInterrupt:  # the finished builds are in jit.jsonl, an earlier run's tests in tests.jsonl
         from . import jit
@@ -146,7 +151,7 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         with JsonlStream(results / STREAM, append=resume) as stream:
             records = earlier + [convert(r) for r in run_isolated(
                 targets, pytest_args(kind, combo, results, extra or [], info.fresh_seed, jobs), python=sys.executable,
-                env=child_environment(1 if kind == "bench" else jobs),
+                env=child_environment(1 if kind == "bench" else jobs, cores),
                 cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
                 log_dir=results / "logs", on_record=lambda r: stream.write(convert(r).as_dict()),
                 skip={r.nodeid for r in earlier})]
@@ -227,13 +232,14 @@ def phase_totals(records: list[TestRecord] | list[CaseRecord]) -> dict[str, floa
     return {k: round(v, 1) for k, v in totals.items()}
 
 
-def child_environment(jobs: int) -> dict[str, str]:
+def child_environment(jobs: int, cores: int | None = None) -> dict[str, str]:
     """The test processes' environment: each gets its share of the cores for torch's CPU threads
     (the comparisons run in float64 on the CPU). Left alone, each of N processes starts one thread
-    per core, N x cores threads in all, and OpenMP's spinning threads then slow every CPU op."""
+    per core, N x cores threads in all, and OpenMP's spinning threads then slow every CPU op. `cores`: the
+    session's share of the host (sessions side by side on several GPUs), else every core."""
     env = dict(os.environ)
     if "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+        env["OMP_NUM_THREADS"] = str(max(1, (cores or os.cpu_count() or 1) // max(1, jobs)))
     return env
 
 
@@ -263,19 +269,33 @@ def k_expression(pytest_args: list[str]) -> str | None:
 
 
 def prebuild(results: Path, pytest_args: list[str], *, cwd: Path | None = None, resume: bool = False,
-             budget: float | None = None) -> tuple[dict, dict[str, float]]:
-    """Build every module the selected tests' kernels need; (summary, the cache's libraries after it)."""
+             budget: float | None = None, cores: int | None = None, versions: dict[str, str | None] | None = None
+             ) -> tuple[dict, dict[str, float]]:
+    """Build every module the selected tests' kernels need; (summary, the cache's libraries after it). With
+    FlashInfer's prebuilt package of the installed release (`versions`: default this environment's), build
+    nothing: every job is `prebuilt`."""
     from ..check import CheckConfig, discover
     from ..dataset import definitions_dir
-    from . import jit
+    from . import jit, prebuilt
+    from .manifest import package_versions
 
     t0 = time.monotonic()
     config = jit.JitConfig(report=str(results / JIT_STREAM), log_dir=str(results / "jit-logs"), resume=resume,
                            select=jit.select_k(k_expression(pytest_args)), budget=budget or jit.DEFAULT_BUDGET,
-                           stamps=jit.default_stamps())
+                           stamps=jit.default_stamps(), cores=cores)
     found = discover([str(definitions_dir(cwd / "definitions" if cwd else None))], CheckConfig())
-    records = list(jit.run(jit.plan(found.definitions, config), config))
-    summary = jit.summarise(records) | {"wall_seconds": round(time.monotonic() - t0, 1), "report": JIT_STREAM}
+    jobs = jit.plan(found.definitions, config)
+    package, why_not = prebuilt.package_of(package_versions() if versions is None else versions)
+    if package is not None:  # FlashInfer's own prebuilt modules: nothing to build
+        records = prebuilt.prebuilt_records(jobs, package)
+        with JsonlStream(config.report, append=resume) as stream:
+            for r in records:
+                stream.write(r.as_dict())
+    else:
+        records = list(jit.run(jobs, config))
+    summary = jit.summarise(records) | {"wall_seconds": round(time.monotonic() - t0, 1), "report": JIT_STREAM,
+                                        **({"prebuilt": package} if package else {}),
+                                        **({"note": why_not} if why_not else {})}
     print(f"prebuild: {len(records)} job(s): " + ", ".join(f"{k} {v}" for k, v in summary["counts"].items())
           + f" in {summary['wall_seconds']} s", file=sys.stderr)
     return summary, jit.libraries(jit.cache_roots())
@@ -307,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-timeout", type=float, default=900.0)
     p.add_argument("--resume", action="store_true", help="keep the tests already in tests.jsonl, run the rest")
     p.add_argument("--jit-budget", type=float, help="seconds per prebuild job (default 600)")
+    p.add_argument("--cores", type=int, help="this session's share of the host's cores (default: all)")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
@@ -314,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     install = json.loads(Path(args.install_json).read_text()) if args.install_json else None
     return run_session(args.kind, load_combination(args.combination), args.session, Path(args.results),
                        arch=args.arch, install=install, jobs=args.jobs, test_timeout=args.test_timeout,
-                       extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume, jit_budget=args.jit_budget)
+                       extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume, jit_budget=args.jit_budget,
+                       cores=args.cores)
 
 
 if __name__ == "__main__":

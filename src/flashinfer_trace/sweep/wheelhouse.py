@@ -242,7 +242,8 @@ def build(combo: Combination, dest: str | Path, *, version: str, platforms: Sequ
     pip = pip or pip_runner()
     if torch_index is None and combo.torch_variant != "cpu":
         torch_index = DEFAULT_TORCH_INDEX.format(variant=combo.torch_variant)
-    indexes = ["--extra-index-url", torch_index] if torch_index else []
+    index_urls = ([torch_index] if torch_index else []) + list(combo.indexes)  # the combination's own: FlashInfer's
+    indexes = [a for i in index_urls for a in ("--extra-index-url", i)]
     target = ["--only-binary=:all:", "--python-version", version, "--implementation", "cp",
               *(a for t in tags for a in ("--platform", t)), *indexes, "--disable-pip-version-check"]
     with tempfile.TemporaryDirectory(prefix="flashinfer-trace-wheelhouse-") as tmp:
@@ -278,7 +279,7 @@ def build(combo: Combination, dest: str | Path, *, version: str, platforms: Sequ
             (dest / old["file"]).unlink()
     manifest = {"format": FORMAT, "combination": combo.id, "constraints_file": combo.path.name,
                 "constraints_sha256": combo.sha256, "python_version": version, "implementation": "cp",
-                "platforms": list(platforms), "platform_tags": tags, "indexes": [torch_index] if torch_index else [],
+                "platforms": list(platforms), "platform_tags": tags, "indexes": index_urls,
                 "requirements": wanted_requirements,
                 "excluded": sorted({canonicalize_name(n) for n in exclude}),
                 "left_out": [{"name": n, "version": i["metadata"]["version"]} for n, i in sorted(left_out.items())],

@@ -56,6 +56,7 @@ class JitConfig:
     select: Callable[[Job], bool] | None = None  # e.g. a pytest -k expression over the job's keywords
     stamps: str | None = None  # the stamp file (`default_stamps()`: beside the JIT cache); None keeps none
     recheck: bool = False  # run every job even where its stamp says nothing changed
+    cores: int | None = None  # the cores the builds may use (a share of the host's: sweep/host.py); None: all
 
     def stamp_path(self) -> Path | None:
         return Path(self.stamps) if self.stamps else None
@@ -68,7 +69,7 @@ class JitConfig:
         (gemm_sm90: 8, most 1-3), so the compilers running at once stay near the core count, and
         the long module of many sources finishes in one round instead of two. Memory bounds it (NVCC_GB
         a compiler)."""
-        cores = os.cpu_count() or 4
+        cores = self.cores or os.cpu_count() or 4
         workers = self.workers or max(1, min(8, cores // 2))
         memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
         return workers, self.max_jobs or max(2, min(cores, int(memory_gb // NVCC_GB)))

@@ -1,0 +1,80 @@
+"""`flashinfer-trace sweep run`: a set of nox sessions over every GPU of this host (sweep/host.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from ..escape import for_rich
+from .common import err, out, print_json
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("sweep", help="run matrix sessions over the host's GPUs")
+    ssub = s.add_subparsers(dest="sweep_command", required=True)
+    r = ssub.add_parser("run", help="nox sessions (by tag or name), one per GPU at a time, CUDA_VISIBLE_DEVICES "
+                                    "pinned, the cores shared; a summary at the end. Exit 1 if any failed")
+    r.add_argument("-t", "--tag", action="append", default=[], help="nox tag (repeatable), e.g. nightly")
+    r.add_argument("-s", "--session", action="append", default=[], help="nox session name (repeatable)")
+    r.add_argument("--gpus", help="GPU indices to use, e.g. 0,1 (default: every GPU nvidia-smi lists)")
+    r.add_argument("--cores", type=int, help="the cores to share among the sessions (default: all)")
+    r.add_argument("--all-archs", action="store_true",
+                   help="keep sessions tagged for another arch than this host's (they record arch-mismatch)")
+    r.add_argument("--nox", default=f"{shlex.quote(sys.executable)} -m nox", help="the nox command")
+    r.add_argument("--results", type=Path, help="the sessions' results (default $FLASHINFER_TRACE_RESULTS or "
+                                                "results/)")
+    r.add_argument("--log-dir", type=Path, help="one console log per session and summary.json (default "
+                                                "RESULTS/host)")
+    r.add_argument("--dry-run", action="store_true", help="list what would run where, run nothing")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON")
+    r.add_argument("posargs", nargs=argparse.REMAINDER, help="after --: every session's arguments (nox posargs)")
+    r.set_defaults(func=cmd_sweep_run)
+
+
+def cmd_sweep_run(args: argparse.Namespace) -> int:
+    from ..sweep import host
+
+    posargs = args.posargs[1:] if args.posargs[:1] == ["--"] else args.posargs
+    if not args.tag and not args.session:
+        err.print("error: name the sessions: -t TAG or -s NAME (e.g. -t nightly)", style="red", highlight=False)
+        return 2
+    results = args.results or Path(os.environ.get("FLASHINFER_TRACE_RESULTS") or "results")
+    nox = shlex.split(args.nox)
+    try:
+        gpus, arch = host.host_gpus()
+        gpus = host.parse_gpus(args.gpus) if args.gpus else gpus
+        todo, left = host.sessions(host.list_sessions(nox, args.tag, args.session), None if args.all_archs else arch)
+        config = host.HostConfig(gpus=gpus, command=host.nox_command(nox, posargs), results=results,
+                                 log_dir=args.log_dir or results / "host", cores=args.cores or os.cpu_count() or 1)
+    except host.HostError as e:
+        err.print(f"error: {for_rich(str(e))}", style="red", highlight=False)
+        return 2
+    if left:
+        out.print(f"left out (for another arch than this host's {arch}, or uninstallable): {len(left)}",
+                  highlight=False)
+    if not todo:
+        err.print("error: no session selected", style="red", highlight=False)
+        return 2
+    if args.dry_run:
+        slots = min(len(config.gpus), len(todo))
+        out.print(f"{len(todo)} session(s) over GPU(s) {', '.join(config.gpus[:slots])}, "
+                  f"{max(1, config.cores // slots)} cores each:", highlight=False)
+        for s in todo:
+            out.print(f"  {for_rich(' '.join(config.command(s, max(1, config.cores // slots))))}", highlight=False)
+        return 0
+
+    def ended(r) -> None:
+        out.print(f"GPU {r.gpu}: {for_rich(r.session)} {for_rich(r.status)} in {r.wall_seconds} s", highlight=False)
+
+    summary = host.run(todo, config, on_end=None if args.json else ended)
+    if args.json:
+        print_json(summary)
+    else:
+        out.print(f"{len(summary['sessions'])} session(s) on {len(summary['gpus'])} GPU(s) in "
+                  f"{summary['wall_seconds']} s (the sessions' own times add up to {summary['session_seconds']} s): "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
+                  + f"; summary in {for_rich(str(config.log_dir / 'summary.json'))}", highlight=False)
+    return 1 if summary["failed"] else 0

@@ -1,0 +1,204 @@
+"""Every GPU of a host: a set of nox sessions spread over the GPUs, one session per GPU at a time.
+
+The nightly sessions ran one after another on one GPU while the others idled. Here each GPU takes the next
+session as its last one ends, with CUDA_VISIBLE_DEVICES pinned to it (the session's MPS daemon, its test
+processes and reference workers see that one GPU; mps.py gives each daemon private directories). The host's
+cores are shared: a session gets cores / (sessions at once), passed as `--cores N` (MAX_JOBS for its JIT
+builds, the prebuild's pool, the test processes' CPU threads). Two sessions of one combination never run at once:
+they share its install folder and its JIT cache, and the second would wait on the first's locks or redo its
+builds. Each session writes results/<session>/ exactly as alone; its console output goes to
+<log_dir>/<session>.log; a failing session does not stop the others. The end is a summary (per session: GPU,
+status, wall time; the total wall time), written as JSON.
+
+    sessions(entries, arch)         -> [HostSession]   from `nox -l --json`, those for this host's arch
+    run(sessions, config)           -> summary dict    config.command(session, cores) builds the command (a seam)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .combos import ARCHS
+
+
+class HostError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class HostSession:
+    name: str
+    group: str  # sessions of one group (a combination) run one at a time
+
+
+@dataclass
+class HostConfig:
+    gpus: list[str]  # CUDA_VISIBLE_DEVICES values, one per slot
+    command: Callable[[HostSession, int], list[str]]  # the session's command line, given its share of the cores
+    results: Path  # where the sessions write results/<session>/ (their session.json is read back)
+    log_dir: Path  # one console log per session, and summary.json
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    env: dict[str, str] | None = None  # the sessions' environment (default: this process's)
+    cwd: str | None = None
+
+    def __post_init__(self):
+        if not self.gpus:
+            raise HostError("no GPUs to run on: nvidia-smi finds none; pass --gpus 0,1")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise HostError(f"--gpus {','.join(self.gpus)}: a GPU named twice")
+        if self.cores < 1:
+            raise HostError(f"--cores {self.cores}: at least 1")
+
+
+@dataclass
+class SessionRun:
+    session: str
+    gpu: str
+    cores: int
+    rc: int | None = None
+    status: str | None = None  # session.json's status when this run wrote it, else from the exit status
+    reason: str | None = None
+    started: float = 0.0
+    finished: float = 0.0
+    wall_seconds: float = 0.0
+    log: str | None = None
+
+
+def parse_gpus(text: str) -> list[str]:
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise HostError(f"--gpus {text!r}: expected GPU indices separated by commas, e.g. 0,1")
+    return parts
+
+
+def host_gpus() -> tuple[list[str], str | None]:
+    """(the indices nvidia-smi lists, the first one's arch)."""
+    from .combos import arch_of
+    from .manifest import nvidia_smi
+
+    rows = nvidia_smi()
+    arch = arch_of(rows[0]["compute_cap"]) if rows and rows[0].get("compute_cap") else None
+    return [str(i) for i in range(len(rows))], arch
+
+
+def list_sessions(nox: Sequence[str], tags: Sequence[str], names: Sequence[str], cwd: str | None = None) -> list[dict]:
+    """`nox -l --json` for the tags and names: the entries (name, tags) of the sessions they select."""
+    cmd = [*nox, "-l", "--json", *[a for t in tags for a in ("-t", t)], *[a for n in names for a in ("-s", n)]]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
+    if p.returncode != 0:
+        raise HostError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+    try:
+        return json.loads(p.stdout)
+    except ValueError:
+        raise HostError(f"{' '.join(cmd)}: not JSON: {p.stdout[:200]!r}") from None
+
+
+def sessions(entries: list[dict], arch: str | None) -> tuple[list[HostSession], list[str]]:
+    """(the sessions to run, those left out: tagged for another arch than this host's, or uninstallable)."""
+    keep, left = [], []
+    for e in entries:
+        tags = e.get("tags") or []
+        archs = [t for t in tags if t in ARCHS]
+        if "uninstallable" in tags or (arch and archs and arch not in archs):
+            left.append(e["session"])
+            continue
+        group = next((t.removeprefix("combo:") for t in tags if t.startswith("combo:")), e["session"])
+        keep.append(HostSession(e["session"], group))
+    return keep, left
+
+
+def nox_command(nox: Sequence[str], posargs: Sequence[str]) -> Callable[[HostSession, int], list[str]]:
+    """A session's command: nox -s NAME -- --cores N POSARGS."""
+    return lambda s, cores: [*nox, "-s", s.name, "--", "--cores", str(cores), *posargs]
+
+
+class _Queue:
+    """The sessions not started yet; a slot takes the first whose group is not running."""
+
+    def __init__(self, todo: list[HostSession]):
+        self.todo, self.running = list(todo), set()
+        self.cond = threading.Condition()
+
+    def take(self) -> HostSession | None:
+        with self.cond:
+            while self.todo:
+                ready = next((s for s in self.todo if s.group not in self.running), None)
+                if ready is not None:
+                    self.todo.remove(ready)
+                    self.running.add(ready.group)
+                    return ready
+                self.cond.wait()  # every waiting session's group is running: one ends, then look again
+            return None
+
+    def done(self, session: HostSession) -> None:
+        with self.cond:
+            self.running.discard(session.group)
+            self.cond.notify_all()
+
+
+def _status(results: Path, run: SessionRun) -> tuple[str, str | None]:
+    """session.json's status and reason when this run wrote it; else what the exit status says."""
+    path = results / run.session / "session.json"
+    try:
+        if path.stat().st_mtime >= run.started - 1:
+            data = json.loads(path.read_text())
+            return str(data.get("status")), data.get("reason")
+    except (OSError, ValueError):
+        pass
+    return ("ok" if run.rc == 0 else f"exit {run.rc}"), None
+
+
+def _slot(gpu: str, queue: _Queue, config: HostConfig, cores: int, runs: list[SessionRun], lock: threading.Lock,
+          on_end: Callable[[SessionRun], None] | None) -> None:
+    while (s := queue.take()) is not None:
+        run = SessionRun(s.name, gpu, cores, log=str(config.log_dir / f"{s.name}.log"))
+        env = dict(config.env if config.env is not None else os.environ)
+        env |= {"CUDA_VISIBLE_DEVICES": gpu, "MAX_JOBS": str(cores)}
+        run.started = time.time()
+        try:
+            with open(run.log, "wb") as log:
+                run.rc = subprocess.run(config.command(s, cores), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                        cwd=config.cwd).returncode
+        except OSError as e:  # the command could not start: this session's failure, not the host's
+            run.rc, run.reason = 127, f"{type(e).__name__}: {e}"
+        run.finished = time.time()
+        run.wall_seconds = round(run.finished - run.started, 1)
+        run.status, reason = _status(config.results, run)
+        run.reason = run.reason or reason
+        queue.done(s)
+        with lock:
+            runs.append(run)
+        if on_end:
+            on_end(run)
+
+
+def run(todo: list[HostSession], config: HostConfig, on_end: Callable[[SessionRun], None] | None = None) -> dict:
+    """Run every session, one per GPU at a time; the summary (also written to log_dir/summary.json)."""
+    config.log_dir.mkdir(parents=True, exist_ok=True)
+    slots = config.gpus[:max(1, min(len(config.gpus), len(todo)))]
+    cores = max(1, config.cores // len(slots))
+    queue, runs, lock = _Queue(todo), [], threading.Lock()
+    t0 = time.time()
+    threads = [threading.Thread(target=_slot, args=(g, queue, config, cores, runs, lock, on_end), daemon=True)
+               for g in slots]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.status or "?"] = counts.get(r.status or "?", 0) + 1
+    summary = {"gpus": slots, "cores": config.cores, "cores_per_session": cores, "started": t0,
+               "wall_seconds": round(time.time() - t0, 1),
+               "session_seconds": round(sum(r.wall_seconds for r in runs), 1),
+               "counts": counts, "failed": sorted(r.session for r in runs if r.rc != 0),
+               "sessions": [asdict(r) for r in sorted(runs, key=lambda r: r.started)]}
+    (config.log_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

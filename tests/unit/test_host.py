@@ -1,0 +1,183 @@
+"""The host runner (sweep/host.py) with stand-in sessions: each is a short Python process that records when it ran
+and on which GPU (CUDA_VISIBLE_DEVICES) and writes its session.json; the GPU list is given, not read from
+nvidia-smi. Two GPUs run two sessions at once, never one GPU twice at once, never two sessions of one combination
+at once; a failing session does not stop the others; the summary says what ran where."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from flashinfer_trace.sweep import host
+from flashinfer_trace.sweep.host import HostConfig, HostError, HostSession
+
+FAKE = """
+import json, os, sys, time
+name, results, seconds, rc = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+start = time.time()
+time.sleep(seconds)
+out = os.path.join(results, name)
+os.makedirs(out, exist_ok=True)
+if rc == 0:
+    json.dump({"status": "ok"}, open(os.path.join(out, "session.json"), "w"))
+with open(os.path.join(results, "ran.jsonl"), "a") as f:
+    f.write(json.dumps({"name": name, "gpu": os.environ["CUDA_VISIBLE_DEVICES"], "max_jobs": os.environ["MAX_JOBS"],
+                        "cores": sys.argv[5], "start": start, "end": time.time()}) + "\\n")
+print("session", name, "done")
+sys.exit(rc)
+"""
+
+
+def _config(tmp_path, gpus, fail=(), seconds=0.6, cores=8):
+    def command(s: HostSession, share: int) -> list[str]:
+        return [sys.executable, "-c", FAKE, s.name, str(tmp_path), str(seconds), "1" if s.name in fail else "0",
+                str(share)]
+
+    return HostConfig(gpus=gpus, command=command, results=tmp_path, log_dir=tmp_path / "host", cores=cores)
+
+
+def _ran(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "ran.jsonl").read_text().splitlines()]
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["start"] < b["end"] and b["start"] < a["end"]
+
+
+def test_two_gpus_run_two_sessions_at_once_never_one_gpu_twice(tmp_path):
+    todo = [HostSession(f"s{i}", f"combo{i}") for i in range(4)]
+    summary = host.run(todo, _config(tmp_path, ["0", "1"]))
+    ran = _ran(tmp_path)
+    assert sorted(r["name"] for r in ran) == ["s0", "s1", "s2", "s3"]
+    assert {r["gpu"] for r in ran} == {"0", "1"}
+    assert any(_overlap(a, b) for a in ran for b in ran if a is not b)  # side by side
+    for a in ran:
+        for b in ran:
+            if a is not b and a["gpu"] == b["gpu"]:
+                assert not _overlap(a, b), (a, b)
+    assert {(r["max_jobs"], r["cores"]) for r in ran} == {("4", "4")}  # 8 cores over 2 sessions at once
+    assert summary["gpus"] == ["0", "1"] and summary["cores_per_session"] == 4
+    assert summary["counts"] == {"ok": 4} and summary["failed"] == []
+    # two GPUs: about half the summed time (four 0.6 s sessions, two at a time)
+    assert summary["wall_seconds"] < 0.8 * summary["session_seconds"]
+    by = {s["session"]: s for s in summary["sessions"]}
+    assert all(by[r["name"]]["gpu"] == r["gpu"] for r in ran)
+    assert json.loads((tmp_path / "host" / "summary.json").read_text()) == summary
+    assert "session s2 done" in (tmp_path / "host" / "s2.log").read_text()
+
+
+def test_a_failing_session_does_not_stop_the_others(tmp_path):
+    todo = [HostSession(f"s{i}", f"combo{i}") for i in range(3)]
+    summary = host.run(todo, _config(tmp_path, ["0", "1"], fail={"s0"}, seconds=0.1))
+    assert sorted(r["name"] for r in _ran(tmp_path)) == ["s0", "s1", "s2"]
+    assert summary["failed"] == ["s0"] and summary["counts"] == {"ok": 2, "exit 1": 1}
+    assert next(s for s in summary["sessions"] if s["session"] == "s0")["rc"] == 1
+
+
+def test_sessions_of_one_combination_never_run_at_once(tmp_path):
+    todo = [HostSession("references-a", "a"), HostSession("bench-a", "a"), HostSession("references-b", "b")]
+    host.run(todo, _config(tmp_path, ["0", "1"], seconds=0.4))
+    ran = {r["name"]: r for r in _ran(tmp_path)}
+    assert not _overlap(ran["references-a"], ran["bench-a"])
+    assert _overlap(ran["references-a"], ran["references-b"])  # the other GPU took the other combination
+
+
+def test_one_gpu_runs_them_one_after_another_with_every_core(tmp_path):
+    summary = host.run([HostSession("s0", "a"), HostSession("s1", "b")], _config(tmp_path, ["3"], seconds=0.2))
+    ran = _ran(tmp_path)
+    assert {r["gpu"] for r in ran} == {"3"} and not _overlap(ran[0], ran[1])
+    assert summary["cores_per_session"] == 8
+
+
+def test_sessions_from_nox_listing_keep_this_hosts_arch_and_group_by_combination():
+    entries = [
+        {"session": "references-c1-sm90", "tags": ["references", "sm90", "combo:c1", "nightly"]},
+        {"session": "references-c1-sm80", "tags": ["references", "sm80", "combo:c1", "nightly"]},
+        {"session": "bench-c1-sm90", "tags": ["bench", "sm90", "combo:c1", "nightly"]},
+        {"session": "references-cpu", "tags": ["references", "cpu", "combo:cpu", "nightly"]},
+        {"session": "references-old", "tags": ["references", "uninstallable", "combo:old", "nightly"]},
+        {"session": "tests-heavy", "tags": ["nightly", "cpu"]},
+    ]
+    keep, left = host.sessions(entries, "sm90")
+    assert [(s.name, s.group) for s in keep] == [("references-c1-sm90", "c1"), ("bench-c1-sm90", "c1"),
+                                                 ("references-cpu", "cpu"), ("tests-heavy", "tests-heavy")]
+    assert left == ["references-c1-sm80", "references-old"]
+    assert host.nox_command(["nox"], ["--wheelhouse", "wh"])(keep[0], 8) == [
+        "nox", "-s", "references-c1-sm90", "--", "--cores", "8", "--wheelhouse", "wh"]
+
+
+def test_bad_gpu_lists_are_refused_by_name(tmp_path):
+    assert host.parse_gpus("0, 1") == ["0", "1"]
+    with pytest.raises(HostError, match="'a,b'"):
+        host.parse_gpus("a,b")
+    with pytest.raises(HostError, match="none"):
+        _config(tmp_path, [])
+    with pytest.raises(HostError, match="named twice"):
+        _config(tmp_path, ["0", "0"])
+
+
+def test_concurrent_sessions_get_their_own_mps_daemon_directories(tmp_path, monkeypatch):
+    """Two sessions' daemons (one per GPU) never share pipe or log directories."""
+    import os
+    import stat
+
+    from flashinfer_trace.sweep import mps
+
+    script = tmp_path / "bin" / mps.CONTROL
+    script.parent.mkdir()
+    script.write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES ${mps.PIPE_ENV}\" >> {tmp_path / 'calls'}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv(mps.PIPE_ENV, raising=False)
+    states = []
+    for gpu in ("0", "1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpu)
+        states.append(mps.start())
+    (a, env_a), (b, env_b) = states
+    assert a["used"] and b["used"] and a["dir"] != b["dir"]
+    assert not set(env_a.values()) & set(env_b.values())
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["0", "1"]  # each daemon started pinned to its session's GPU
+    for state, env in states:
+        mps.stop(state, env)
+
+
+NOX = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+if "-l" in args:
+    print(json.dumps([{{"session": n, "tags": ["nightly", "sm90", "combo:" + n]}} for n in ("good", "bad")]
+                     + [{{"session": "other-arch", "tags": ["nightly", "sm80", "combo:x"]}}]))
+    sys.exit(0)
+name = args[args.index("-s") + 1]
+out = os.path.join(os.environ["FLASHINFER_TRACE_RESULTS"], name)
+os.makedirs(out, exist_ok=True)
+status = "tests-failed" if name == "bad" else "ok"
+json.dump({{"status": status, "posargs": args[args.index("--") + 1:], "gpu": os.environ["CUDA_VISIBLE_DEVICES"]}},
+          open(os.path.join(out, "session.json"), "w"))
+sys.exit(1 if name == "bad" else 0)
+"""
+
+
+def test_the_command_lists_runs_and_sums_up(tmp_path, monkeypatch, capsys):
+    from flashinfer_trace.cli import main
+
+    nox = tmp_path / "nox"
+    nox.write_text(NOX.format(python=sys.executable))
+    nox.chmod(0o755)
+    monkeypatch.setattr(host, "host_gpus", lambda: (["0", "1", "2"], "sm90"))
+    monkeypatch.setenv("FLASHINFER_TRACE_RESULTS", str(tmp_path / "results"))
+    rc = main(["sweep", "run", "-t", "nightly", "--gpus", "0,1", "--cores", "6", "--nox", str(nox), "--",
+               "--wheelhouse", "wh"])
+    assert rc == 1  # one session failed
+    text = capsys.readouterr().out
+    assert "left out (for another arch than this host's sm90, or uninstallable): 1" in text
+    summary = json.loads((tmp_path / "results" / "host" / "summary.json").read_text())
+    assert summary["counts"] == {"ok": 1, "tests-failed": 1} and summary["failed"] == ["bad"]
+    assert summary["cores_per_session"] == 3
+    for name in ("good", "bad"):
+        written = json.loads((tmp_path / "results" / name / "session.json").read_text())
+        assert written["posargs"] == ["--cores", "3", "--wheelhouse", "wh"] and written["gpu"] in ("0", "1")
+    assert main(["sweep", "run", "--gpus", "0"]) == 2 and "-t TAG or -s NAME" in capsys.readouterr().err
