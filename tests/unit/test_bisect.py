@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from flashinfer_trace.bisect import (
     BisectConfig,
@@ -29,7 +30,6 @@ from flashinfer_trace.matrix.diff import bisect_commands, bisectable_change, dif
 from flashinfer_trace.results.record import CaseRecord, Check, GroundTruthPath
 from flashinfer_trace.status import CellState, Kind, Status
 from flashinfer_trace.sweep.combos import load_combination
-from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 V = Version
