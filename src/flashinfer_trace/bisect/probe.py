@@ -54,10 +54,13 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 
 def venv_python(folder: Path, config: BisectConfig) -> str:
-    """A fresh venv (kept where an earlier run made it: the install then finds nothing to do)."""
+    """A fresh venv (kept where an earlier run made it: the install then finds nothing to do). With a preinstalled
+    torch it gets no pip of its own: the install layers that interpreter's packages in first, pip among them
+    (seeding pip costs more than the rest of a CPU probe's install)."""
     python = folder / "venv" / "bin" / "python"
     if not python.exists():
-        subprocess.run([config.python, "-m", "venv", str(folder / "venv")], check=True, capture_output=True,
+        bare = ["--without-pip"] if config.preinstalled_torch else []
+        subprocess.run([config.python, "-m", "venv", *bare, str(folder / "venv")], check=True, capture_output=True,
                        text=True, timeout=600)
     return str(python)
 

@@ -157,7 +157,7 @@ def classify(version: Version | str, records: list[CaseRecord], source: str, fol
     if passed and not others:
         return Probe(str(version), Verdict.GOOD, worst, f"{len(passed)} case(s) pass", counts, cases, folder=folder)
     why = others[0] if others else (mine[0] if mine else None)
-    detail = f"{why.status.value}: {why.detail}" if why else f"no {source} case ran"
+    detail = (why.detail or why.status.value) if why else f"no {source} case ran"
     return Probe(str(version), Verdict.UNTESTABLE, worst, detail, counts, cases, folder=folder)
 
 
@@ -204,7 +204,7 @@ class BisectReport:
         out.append(f"  the same {len(same)} case(s) on {self.last_good}: {passed} pass"
                    + ("" if passed == len(same) else f", others {sorted(set(same.values()) - {'pass'})}"))
         for p in self.untestable:
-            out.append(f"skipped {p.version} (untestable: {p.state.value}: {p.detail})")
+            out.append(f"skipped {p.version}, untestable ({p.state.value}): {p.detail}")
         if self.changelog:
             out.append(f"changelog: {self.changelog['url']}")
         return "\n".join(out) + "\n"
