@@ -315,3 +315,66 @@ def test_check_kernel_options_are_checked(capsys):
     assert "expected MODULE:FUNCTION" in capsys.readouterr().err
     assert main(["check", "rmsnorm_h128", "--kernel", "m:f", "--ground-truth", "torch", "--results", ""]) == 2
     assert "not torch" in capsys.readouterr().err
+
+
+# -- listing from an index, and the probe's mechanics -----------------------------------------------------------
+def test_index_versions_asks_pip_with_its_configured_index_or_the_one_named(tmp_path):
+    from flashinfer_trace.bisect import index_versions
+
+    args_file = tmp_path / "args"
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f'#!/bin/sh\necho "$@" > {args_file}\necho "demo (1.3)"\n'
+                           'echo "Available versions: 1.3, 1.2, 1.1rc1, 1.0"\n')
+    fake_python.chmod(0o755)
+    assert index_versions("demo", python=str(fake_python)) == [V("1.0"), V("1.1rc1"), V("1.2"), V("1.3")]
+    assert args_file.read_text().split()[:4] == ["-m", "pip", "index", "versions"]
+    assert "--index-url" not in args_file.read_text()  # pip's configured index
+    index_versions("demo", pre=True, index_url="https://example.invalid/simple", python=str(fake_python))
+    assert "--pre --index-url https://example.invalid/simple" in args_file.read_text()
+    fake_python.write_text("#!/bin/sh\necho 'ERROR: No matching distribution found for demo' >&2\nexit 1\n")
+    with pytest.raises(BisectError, match="no releases of demo from the index.*No matching distribution"):
+        index_versions("demo", python=str(fake_python))
+
+
+def test_check_command_runs_one_definition_one_source_the_same_inputs(tmp_path):
+    from flashinfer_trace.bisect.probe import check_command
+
+    cfg = config(tmp_path, check_args=("--repeats", "5"))
+    cmd = check_command("py", cfg, tmp_path / "1.4")
+    assert cmd[:5] == ["py", "-m", "flashinfer_trace.cli", "check", "rmsnorm_h128"]
+    assert " ".join(cmd[5:]) == (f"--ground-truth flashinfer --results {tmp_path / '1.4' / 'check.jsonl'} --resume "
+                                 "--no-progress --fresh-seed off --repeats 5")
+
+
+def test_a_probe_with_a_verdict_is_not_run_again(tmp_path):
+    from flashinfer_trace.bisect.probe import PROBE, probe_release
+
+    cfg = config(tmp_path, python=str(tmp_path / "no-such-python"))  # anything it ran would fail
+    done = Probe("1.4", Verdict.BAD, CellState.FAIL, "wrong", {"fail": 1}, {"m": "fail"}, [{"case": "m"}], "f")
+    cfg.folder("1.4").mkdir(parents=True)
+    (cfg.folder("1.4") / PROBE).write_text(json.dumps(done.as_dict()))
+    assert probe_release(V("1.4"), cfg) == done
+
+
+def test_a_release_that_does_not_install_is_untestable(tmp_path, monkeypatch):
+    import sys
+
+    from flashinfer_trace.bisect.probe import PROBE, probe_release
+    from flashinfer_trace.sweep.install import SITE_ENV
+
+    monkeypatch.setenv(SITE_ENV, str(tmp_path / "site"))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()  # no wheel of flashinfer-python 1.4 in it
+    cfg = config(tmp_path, wheelhouse=wheels, preinstalled_torch=sys.executable, project=ROOT)
+    p = probe_release(V("1.4"), cfg)
+    assert (p.verdict, p.state) == (Verdict.UNTESTABLE, CellState.INSTALL_FAILED)
+    assert "flashinfer-python==1.4" in p.detail and (cfg.folder("1.4") / PROBE).is_file()
+
+
+def test_a_wheelhouse_built_for_one_combination_is_refused_up_front(tmp_path):
+    from flashinfer_trace.bisect.probe import check_wheelhouse
+
+    (tmp_path / "wheelhouse.json").write_text("{}")
+    with pytest.raises(BisectError, match="built for one combination"):
+        check_wheelhouse(config(tmp_path, wheelhouse=tmp_path))
+    check_wheelhouse(config(tmp_path, wheelhouse=tmp_path / "elsewhere"))  # a plain folder is fine
