@@ -260,6 +260,9 @@ def test_from_cell():
         from_cell(m, "fi066", "t214")
     with pytest.raises(BisectError, match="not found"):
         from_cell(m, "fi066", "nope")
+    # an environment without a manifest: the versions its record names
+    bare = matrix({}, [{k: v for k, v in e.items() if k != "manifest"} for e in (OLD, NEW)])
+    assert from_cell(bare, "fi066", "fi072")["good"] == "0.6.6"
 
 
 def test_bisect_cli_refuses_bad_inputs_by_name(tmp_path, capsys):
