@@ -28,7 +28,15 @@ from typing import Any
 import torch
 
 from .definition import Definition
-from .groundtruth import SOURCES, GroundTruthUnavailable, PrebuildLookup, default_device, get_ground_truth, paths
+from .groundtruth import (
+    KERNEL,
+    SOURCES,
+    GroundTruthUnavailable,
+    PrebuildLookup,
+    default_device,
+    get_ground_truth,
+    paths,
+)
 from .inputs import InputGenerationError, Inputs, UnsupportedOpType, edge_cases, generate_inputs
 from .inputs.common import CaseTooLarge, EdgeCaseUnavailable, fixed_bytes, memory_budget, peak_bytes
 from .options import DEFAULT_SEEDS, DEFAULT_SIZES, TOLERANCE_OPTIONS, fresh_seed
@@ -69,6 +77,7 @@ class CheckConfig:
     paths: bool = True  # every path of a source (call modes: groundtruth.paths); False: its plain path only
     # where a comparison's ground truth comes from (get_ground_truth's signature): planted kernels replace it
     resolve: Callable[..., Any] | None = None
+    kernel: str | None = None  # the source "kernel": the user's MODULE:FUNCTION (groundtruth/kernel.py)
     # test processes sharing the device: a case whose point is a large tensor (Builder.require_bytes) may use
     # 1/gpu_share of its memory (eight such cases at once ran the H100 out of memory)
     gpu_share: int = 1
@@ -381,8 +390,9 @@ def _path(gt) -> GroundTruthPath:
 def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> CaseRecord:
     d = case.definition
     tol = tolerance_for(d, cli=config.tolerance)
+    mine = {"kernel": config.kernel} if case.source == KERNEL else {}  # the user's function, where it is the source
     gt = (config.resolve or get_ground_truth)(case.source, d, device=memo.device, prebuild=config.prebuild(),
-                                              path=case.path)
+                                              path=case.path, **mine)
     if d.is_sampler:
         settings = config.sampling(edge=case.check is Check.EDGE)
         inputs = memo.copy(case, phases)

@@ -46,7 +46,12 @@ def add_commands(sub) -> None:
     add_common_options(s)
     add_check_options(s.add_argument)  # the engine's options, the same as the pytest suite's (check.py)
     s.add_argument("targets", nargs="*", help="definition files, folders or names (default: the definitions folder)")
-    s.add_argument("--ground-truth", default="all", choices=("all", "torch", "flashinfer", "sglang"))
+    s.add_argument("--ground-truth", default="all", choices=("all", "torch", "flashinfer", "sglang", "kernel"),
+                   help="the source compared with; 'kernel' is the function --kernel names (default: all, with "
+                        "that kernel among them when --kernel is given)")
+    s.add_argument("--kernel", metavar="MODULE:FUNCTION",
+                   help="check your own kernel: FUNCTION of MODULE, called with the definition's inputs in its "
+                        "order, returning its outputs (a tensor, a tuple, or a dict by output name)")
     s.add_argument("--case", action="append", help="only these edge cases (repeatable)")
     s.add_argument("--no-edge-cases", action="store_true")
     s.add_argument("--results", default="results/check.jsonl", metavar="FILE",
@@ -169,18 +174,32 @@ def _fmt(x: Any) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     from ..check import config_from_options, configure_sandbox, discover, plan, run, summarise
     from ..dataset import definitions_dir
-    from ..groundtruth import SOURCES
+    from ..groundtruth import KERNEL, SOURCES
+    from ..groundtruth.kernel import KernelSpec
     from ..sandbox import status
 
+    if args.kernel is not None and args.ground_truth not in ("all", KERNEL):
+        err.print(f"error: --kernel is checked as --ground-truth kernel (or all), not {args.ground_truth}", style="red",
+                  highlight=False)
+        return 2
+    if args.kernel is not None:
+        try:
+            KernelSpec.parse(args.kernel)
+        except ValueError as e:
+            err.print(f"error: {for_rich(str(e))}", style="red", highlight=False)
+            return 2
+    elif args.ground_truth == KERNEL:
+        err.print("error: --ground-truth kernel needs --kernel MODULE:FUNCTION", style="red", highlight=False)
+        return 2
     configure_sandbox(lambda name: getattr(args, name))
-    sources = SOURCES if args.ground_truth == "all" else (args.ground_truth,)
-    config = config_from_options(lambda name: getattr(args, name), sources=sources,
+    sources = (*SOURCES, *((KERNEL,) if args.kernel else ())) if args.ground_truth == "all" else (args.ground_truth,)
+    config = config_from_options(lambda name: getattr(args, name), sources=sources, kernel=args.kernel,
                                  cases=(tuple(args.case) if args.case else None) if not args.no_edge_cases else (),
                                  definitions_dir=args.definitions, results_file=args.results or None,
                                  resume=args.resume)
     targets = args.targets or [str(definitions_dir(args.definitions))]
     found = discover(targets, config)
-    kernels = tuple(s for s in sources if s != "torch")
+    kernels = tuple(s for s in sources if s in ("flashinfer", "sglang"))  # the JIT-built ones
     if kernels and config.resolved_device.startswith("cuda") and not args.no_prebuild:
         code, config.jit_report = _prebuild(found.definitions, kernels, config.resolved_device, args)
         if code:

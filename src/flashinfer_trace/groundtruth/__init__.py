@@ -15,15 +15,25 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
-from . import fi_api, flashinfer, flashinfer_dsa, modes, sglang, torch_ref
-from .base import SOURCES, Adapter, Call, GroundTruthUnavailable, PrebuildLookup, arch_gate, availability
+from . import fi_api, flashinfer, flashinfer_dsa, kernel, modes, sglang, torch_ref
+from .base import (
+    ALL_SOURCES,
+    KERNEL,
+    SOURCES,
+    Adapter,
+    Call,
+    GroundTruthUnavailable,
+    PrebuildLookup,
+    arch_gate,
+    availability,
+)
 
 if TYPE_CHECKING:
     from ..definition import Definition
     from ..inputs import Inputs
 
-__all__ = ["SOURCES", "Adapter", "GroundTruth", "GroundTruthUnavailable", "adapters_for", "get_ground_truth",
-           "ground_truths", "default_device", "paths", "split_path"]
+__all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "GroundTruthUnavailable", "adapters_for",
+           "get_ground_truth", "ground_truths", "default_device", "paths", "split_path"]
 
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS,
@@ -45,7 +55,7 @@ def default_device() -> str:
 def adapters_for(op_type: str, source: str | None = None) -> list[Adapter]:
     """Adapters for an op type, in preference order (FlashInfer, SGLang, torch)."""
     sources = (source,) if source else SOURCES
-    return [a for s in sources for a in ADAPTERS[s] if a.op_type == op_type]
+    return [a for s in sources for a in ADAPTERS.get(s, ()) if a.op_type == op_type]
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,9 @@ class GroundTruth:
         return out if isinstance(out, tuple) else (out,)
 
 
+kernel_adapter = kernel.adapter
+
+
 def join_path(path: str, mode: str | None) -> str | None:
     return "+".join(p for p in (path, mode) if p) or None
 
@@ -129,7 +142,10 @@ def _candidates(source: str, definition: Definition) -> list[Adapter]:
 def paths(source: str, definition: Definition) -> list[str | None]:
     """The ground-truth paths of a source for a definition, each checked on its own: one per `Adapter.path`
     among the adapters that apply to it, then each call mode of those. Decided from the definition alone
-    (nothing imported): whether the installed release has a path is the case's to find out (api-missing)."""
+    (nothing imported): whether the installed release has a path is the case's to find out (api-missing).
+    A user's kernel has one path, its plain call."""
+    if source == KERNEL:
+        return [None]
     out: list[str | None] = []
     applying = [a for a in _candidates(source, definition) if a.applies(definition) is None]
     for path in dict.fromkeys(a.path for a in applying):
@@ -140,21 +156,25 @@ def paths(source: str, definition: Definition) -> list[str | None]:
 
 
 def get_ground_truth(source: str, definition: Definition | str, *, device: str | None = None,
-                     prebuild: PrebuildLookup | None = None, path: str | None = None) -> GroundTruth:
+                     prebuild: PrebuildLookup | None = None, path: str | None = None,
+                     kernel: str | None = None) -> GroundTruth:
     """The first adapter of `source` on `path` (None: the plain path, `paths`) that can run `definition` on
     `device`; otherwise raises GroundTruthUnavailable with the most telling reason among the source's
     adapters. For FlashInfer, a definition no hand-written adapter applies to is tried with the API its
     `fi_api:` tag names. With `prebuild` (the JIT prebuild's report), a module it failed to build makes the
-    adapter unavailable."""
-    if source not in SOURCES:
-        raise ValueError(f"unknown ground-truth source {source!r}; expected one of {', '.join(SOURCES)}")
+    adapter unavailable. The source "kernel" is the user's function `kernel` names (MODULE:FUNCTION)."""
+    if source not in ALL_SOURCES:
+        raise ValueError(f"unknown ground-truth source {source!r}; expected one of {', '.join(ALL_SOURCES)}")
+    if (source == KERNEL) != (kernel is not None):
+        raise ValueError("the ground-truth source 'kernel' is the function --kernel MODULE:FUNCTION names, and "
+                         f"--kernel goes with it only (source {source!r}, kernel {kernel!r})")
     if isinstance(definition, str):
         from ..dataset import load_definition
 
         definition = load_definition(definition)
     device = device or default_device()
     hand_written = adapters_for(definition.op_type, source)
-    every = _candidates(source, definition)
+    every = [kernel_adapter(kernel, definition)] if kernel is not None else _candidates(source, definition)
     fallback = every[len(hand_written):]
     if not every:
         raise GroundTruthUnavailable("unsupported", f"no {source} ground truth for op_type "

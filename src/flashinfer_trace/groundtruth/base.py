@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from ..inputs import Inputs
 
 SOURCES = ("flashinfer", "sglang", "torch")
+# the user's own kernel (`--kernel MODULE:FUNCTION`, kernel.py): a source only where one is named
+KERNEL = "kernel"
+ALL_SOURCES = (*SOURCES, KERNEL)
 
 # (definition, source) -> the prebuild's record of that job (`.api`, `.status`, `.message`), or None
 PrebuildLookup = Callable[[str, str], Any]
@@ -97,7 +100,7 @@ class Adapter:
     races: bool = False
 
     def __post_init__(self):
-        if self.source not in SOURCES:
+        if self.source not in ALL_SOURCES:
             raise ValueError(f"unknown source {self.source!r}")
         if self.kind not in ("exact", "sampler"):
             raise ValueError(f"unknown adapter kind {self.kind!r}")

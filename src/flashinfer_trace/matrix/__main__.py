@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..escape import for_terminal
 from . import build, diff_environments, diff_matrices, render_diff_md, render_releases_md, write_matrix
+from .diff import bisect_commands
 from .portable import portable, portable_file
 
 TEXT_SUFFIXES = (".json", ".jsonl", ".log", ".txt", ".md", ".html", ".toml")
@@ -42,6 +43,8 @@ def add_commands(sub) -> None:
     d.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     d.add_argument("--envs", nargs=2, metavar=("OLD_ENV", "NEW_ENV"),
                    help="compare OLD_ENV's column of OLD with NEW_ENV's of NEW (an id, or a unique start of one)")
+    d.add_argument("--bisect-out", metavar="FILE",
+                   help="write the bisect of each wrong-result regression here as JSON (a list; [] when none)")
     d.set_defaults(run=run_diff)
     r = sub.add_parser("releases", help="one matrix.json's environments diffed pair by pair (release to release) "
                                         "-> one Markdown page")
@@ -95,8 +98,11 @@ def run_diff(args: argparse.Namespace) -> int:
     old, new = _load(args.old), _load(args.new)
     try:
         d = diff_environments(old, new, *args.envs) if args.envs else diff_matrices(old, new)
+        d.bisect = bisect_commands(old, new, d, tuple(args.envs) if args.envs else None)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    if args.bisect_out:
+        Path(args.bisect_out).write_text(json.dumps(d.bisect, indent=1) + "\n")
     text = render_diff_md(d)
     if args.markdown:
         with open(args.markdown, "a") as f:

@@ -17,6 +17,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
 from ..escape import for_markdown
 
 BROKEN = ("fail", "flaky-wrong", "mutates-inputs", "error", "timeout", "install-failed")
@@ -35,6 +38,8 @@ class MatrixDiff:
     faster: list[dict[str, Any]] = field(default_factory=list)
     timed: list[dict[str, Any]] = field(default_factory=list)  # a timing where the old matrix had none
     untimed: list[dict[str, Any]] = field(default_factory=list)  # a timing the new matrix lost
+    # the `flashinfer-trace bisect` command of each wrong-result regression between two releases of one package
+    bisect: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -134,6 +139,66 @@ def diff_environments(old: dict[str, Any], new: dict[str, Any], env_old: str, en
     return diff_matrices(environment_column(old, env_old, label), environment_column(new, env_new, label))
 
 
+# what bisect can search: the packages whose releases it installs one by one, and the states it looks for
+BISECTABLE = ("flashinfer-python", "sglang")
+BISECT_STATES = ("fail", "flaky-wrong")
+
+
+def environment_record(matrix: dict[str, Any], environment: str) -> dict[str, Any]:
+    env_id = resolve_environment(matrix, environment)
+    return next(e for e in matrix["environments"] if e.get("id") == env_id)
+
+
+def environment_pins(matrix: dict[str, Any], environment: str) -> dict[str, str]:
+    """An environment's pins: its manifest's combination, else the versions its record names."""
+    env = environment_record(matrix, environment)
+    pins = ((env.get("manifest") or {}).get("combination") or {}).get("pins") or {
+        name: env.get(key) for name, key in (("torch", "torch"), ("flashinfer-python", "flashinfer"),
+                                             ("sglang", "sglang")) if env.get(key)}
+    return {canonicalize_name(k): str(v) for k, v in pins.items()}
+
+
+def bisectable_change(old: dict[str, str], new: dict[str, str]) -> tuple[str, str, str]:
+    """(package, good, bad) where two environments' pins move one of BISECTABLE forward and torch not at all;
+    ValueError saying why not otherwise."""
+    if old.get("torch") != new.get("torch"):
+        raise ValueError(f"torch differs ({old.get('torch')} -> {new.get('torch')}): bisect moves one package")
+    moved = [p for p in BISECTABLE if old.get(p) != new.get(p)]
+    if len(moved) != 1:
+        raise ValueError(f"{'neither' if not moved else 'both'} of {', '.join(BISECTABLE)} differ: bisect moves one")
+    package = moved[0]
+    good, bad = old.get(package), new.get(package)
+    try:
+        forward = good is not None and bad is not None and Version(good) < Version(bad)
+    except InvalidVersion:
+        forward = False
+    if not forward:
+        raise ValueError(f"{package} does not move forward ({good} -> {bad}): nothing to bisect")
+    return package, good, bad
+
+
+def bisect_commands(old: dict[str, Any], new: dict[str, Any], d: MatrixDiff,
+                    envs: tuple[str, str] | None = None) -> list[dict[str, Any]]:
+    """For each regression to a wrong result between two environments whose pins differ in one package's release,
+    the bisect that finds the first bad release (`envs`: the two environments diffed; else each regressed
+    environment in both files)."""
+    out = []
+    for r in d.regressions:
+        if r["old"] is None or r["new"] not in BISECT_STATES:
+            continue  # no good release to start from, or nothing bisect can tell from a release that cannot run
+        env_old, env_new = envs or (r["environment"], r["environment"])
+        try:
+            package, good, bad = bisectable_change(environment_pins(old, env_old), environment_pins(new, env_new))
+        except ValueError:
+            continue
+        env = environment_record(new, env_new)
+        command = (f"flashinfer-trace bisect {r['definition']} --package {package} --good {good} --bad {bad} "
+                   f"--combination {env.get('combination')}")
+        out.append({"definition": r["definition"], "environment": env.get("id"), "combination": env.get("combination"),
+                    "arch": env.get("arch"), "package": package, "good": good, "bad": bad, "command": command})
+    return out
+
+
 def render_releases_md(matrix: dict[str, Any], pairs: list[tuple[str, str]], note: str | None = None,
                        command: str | None = None) -> str:
     """Release to release within one snapshot: each (old, new) pair's columns diffed like two runs, in order,
@@ -181,6 +246,9 @@ def render_diff_md(d: MatrixDiff) -> str:
         table(title, [{"environment": e, "timer": t, "source": src, "cells": n} for (e, t, src), n in sorted(
             counts.items(), key=str)], ["environment", "timer", "source", "cells"])
     table("Vanished cells", d.vanished, ["definition", "environment", "state"])
+    if d.bisect:
+        lines += ["### Bisect", "", "The first bad release of each wrong result between two releases:", ""]
+        lines += [f"    {b['command']}" for b in d.bisect] + [""]
     if d.problems:
         lines += ["### Problems", ""] + [f"- {for_markdown(p)}" for p in d.problems]
     return "\n".join(lines) + "\n"
