@@ -120,9 +120,9 @@ class CheckConfig:
     def prebuild(self) -> PrebuildLookup | None:
         if not self.jit_report:
             return None
-        from .sweep.jit.report import cached
+        from .sweep.jit.report import watch
 
-        return cached(self.jit_report).outcome
+        return watch(self.jit_report).outcome  # waits for a job a running prebuild has not ended yet
 
 
 def config_from_options(get: Callable[[str], Any], **more: Any) -> CheckConfig:

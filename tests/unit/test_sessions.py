@@ -291,7 +291,7 @@ def test_an_interrupt_during_the_prebuild_keeps_every_record(tmp_path, monkeypat
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sess, "check_gpu", lambda combo, arch: ("ok", None, "sm90"))
-    monkeypatch.setattr(sess, "prebuild", prebuild)
+    monkeypatch.setattr(sess, "plan_prebuild", prebuild)
     rc = run_session("references", combo, "references-cuda13", out, cwd=_planted_tree(tmp_path), resume=True)
     s = json.loads((out / "session.json").read_text())
     assert rc == 130 and s["status"] == "interrupted" and "during the JIT prebuild after 2 test(s)" in s["reason"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +26,6 @@ from .common import (
     print_json,
     progress,
 )
-from .jit import run_builds
 
 
 def add_commands(sub) -> None:
@@ -200,11 +200,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     targets = args.targets or [str(definitions_dir(args.definitions))]
     found = discover(targets, config)
     kernels = tuple(s for s in sources if s in ("flashinfer", "sglang"))  # the JIT-built ones
+    background, ready = None, {}
     if kernels and config.resolved_device.startswith("cuda") and not args.no_prebuild:
-        code, config.jit_report = _prebuild(found.definitions, kernels, config.resolved_device, args)
-        if code:
-            return code
-    planned = plan(found, config)
+        background, config.jit_report, ready = _prebuild(found.definitions, kernels, config.resolved_device, args)
+    planned = ready_first(plan(found, config), ready)
     results = []
     try:
         with progress(len(planned), enabled=not args.no_progress) as advance:
@@ -215,7 +214,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                     out.print(f"[red]{r.status.value.upper()}[/] " + for_rich(
                         f"{r.definition} {r.check} {r.source or ''} {r.size or ''} seed={r.seed} {r.case or ''}: "
                         f"{r.detail or ''}", multiline=True), highlight=False)
+        if background is not None:
+            _, built = background.join()
+            if built["jobs"]:
+                err.print("prebuild: " + ", ".join(f"{k} {v}" for k, v in sorted(built["counts"].items()))
+                          + f" in {built['wall_seconds']} s", highlight=False)
     except KeyboardInterrupt:
+        if background is not None:
+            background.stop()
         kept = f"; the {len(results)} finished are in {config.results_file} (--resume goes on)" \
             if config.results_file else ""
         err.print(f"interrupted after {len(results)} of {len(planned)} case(s){for_rich(kept)}", style="yellow")
@@ -253,23 +259,36 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _prebuild(definitions, sources, device: str, args: argparse.Namespace) -> tuple[int, str | None]:
-    """check on a GPU builds every module first, in parallel, and its ground truths then skip what
-    could not be built (build-failed / build-timeout) instead of compiling inside the checks: (exit
-    code, the report the checks read)."""
-    from ..sweep import jit
+def _prebuild(definitions, sources, device: str, args: argparse.Namespace):
+    """check on a GPU builds every module in the background while it checks: a definition's cases wait for its
+    jobs (the engine's lookup of the report), its ground truths then skip what could not be built
+    (build-failed / build-timeout) instead of compiling inside the checks. (the prebuild or None when it has
+    nothing to build, the report the checks read, each definition's expected seconds until its modules are ready)."""
+    import tempfile
 
-    report = str(Path(args.results).with_name("jit.jsonl")) if args.results else None
+    from ..sweep import jit
+    from ..sweep.jit.pipeline import Background, readiness
+
+    report = str(Path(args.results).with_name("jit.jsonl")) if args.results else \
+        str(Path(tempfile.mkdtemp(prefix="flashinfer-trace-jit-")) / "jit.jsonl")
     config = jit.JitConfig(sources=sources, device=device, report=report, resume=args.resume,
-                           log_dir=str(Path(report).with_name("jit-logs")) if report else None,
-                           stamps=jit.default_stamps(), budget=args.jit_budget)
-    records = run_builds(jit.plan(definitions, config), config, progress_bar=not args.no_progress)
-    if records is None:
-        return 130, report
-    counts = jit.summarise(records)["counts"]
-    if records:
-        err.print("prebuild: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), highlight=False)
-    return 0, report
+                           log_dir=str(Path(report).with_name("jit-logs")), stamps=jit.default_stamps(),
+                           budget=args.jit_budget)
+    jobs = jit.plan(definitions, config)
+    if not jobs:
+        return None, report, {}
+    ready = readiness(jobs, jit.read_report(report) if args.resume else ())
+    return Background(jobs, config, progress=None if args.no_progress else sys.stderr), report, ready
+
+
+def ready_first(cases: list, ready: dict[str, float]) -> list:
+    """The cases of the definitions whose modules are expected ready first (a definition's cases stay together,
+    in their order)."""
+    def name(case) -> str:
+        d = case.definition
+        return d if isinstance(d, str) else d.name
+
+    return sorted(cases, key=lambda c: ready.get(name(c), 0.0))
 
 
 # -- mutants ------------------------------------------------------------------------------------

@@ -53,7 +53,8 @@ Target = str | tuple[str, tuple[str, ...]]  # a path or nodeid, or one with pyte
 def run_isolated(targets: list[Target], pytest_args: list[str], *, python: str = sys.executable,
                  env: dict[str, str] | None = None, cwd: str | None = None, test_timeout: float = 900.0,
                  jobs: int = 1, log_dir: str | Path | None = None,
-                 on_record: Callable[[TestRecord], None] | None = None, skip: Collection[str] = ()) -> list[TestRecord]:
+                 on_record: Callable[[TestRecord], None] | None = None, skip: Collection[str] = (),
+                 before: Callable[[Target, threading.Event], None] | None = None) -> list[TestRecord]:
     """Run each target in its own pytest child (up to `jobs` at once) and return one record per test,
     in collection order per target, targets in the given order.
 
@@ -61,7 +62,8 @@ def run_isolated(targets: list[Target], pytest_args: list[str], *, python: str =
     streams go to `log_dir` (kept) or a temporary directory (removed). Parallelism is `jobs`, not
     pytest-xdist: a `-n` child reports no collection to the supervisor. `on_record` gets each record
     the moment it is final (from the supervisor's threads: make it thread-safe); tests in `skip` (node
-    ids recorded by an earlier run) are deselected.
+    ids recorded by an earlier run) are deselected. `before(target, stop)` is called in the target's pool thread
+    before its child starts (the session waits there for the target's JIT modules; `stop` is set on Ctrl-C).
     """
     with tempfile.TemporaryDirectory(prefix="flashinfer-trace-isolation-") as tmp:
         logs = Path(log_dir) if log_dir is not None else Path(tmp)
@@ -69,6 +71,8 @@ def run_isolated(targets: list[Target], pytest_args: list[str], *, python: str =
         stop = threading.Event()
 
         def one(i: int, target: Target) -> list[TestRecord]:
+            if before is not None and not stop.is_set():
+                before(target, stop)
             path, own = (target, ()) if isinstance(target, str) else target
             slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", " ".join((path, *own)))[-80:].strip("_.") or "target"
             return _run_target(path, [*pytest_args, *own], python=python, env=env, cwd=cwd,

@@ -81,6 +81,8 @@ class SessionInfo:
     phases: dict[str, float] | None = None  # the tests' time summed by phase (inputs, reference, ...)
     mps: dict[str, Any] | None = None  # GPU sessions: whether CUDA MPS was used, and why not (sweep/mps.py)
     fresh_seed: int | None = None  # the run's fresh seed, the same in every test process (replay: --seeds N)
+    # seconds from the session's start to its first and last comparison, and to the prebuild's end (session.py)
+    timeline: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):

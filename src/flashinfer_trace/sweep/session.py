@@ -6,9 +6,10 @@
 
 A pipeline of plain steps: check the GPU against the combination (a mismatch is recorded and the
 session skips), collect the manifest, build the JIT modules the selected tests need (jit/, in
-parallel, each with its own budget; a `jit` session stops there), run the tests with every file
-(or shard of one) in its own process (isolation.py: a crash or a hang fails one test, the rest
-still run), sample the clocks again,
+parallel, each with its own budget; a `jit` session stops there) and, while they build, run the tests
+with every file (or shard of one) in its own process (isolation.py: a crash or a hang fails one test,
+the rest still run), each started once its definitions' builds have ended, those expected ready first
+(session.json's `timeline`: seconds to the first and the last comparison), sample the clocks again,
 write results/<session>/ (results.py). Exit status: 0 when everything ran and passed, 1 on test
 failures, 3 when the session was skipped (arch mismatch, no GPU).
 """
@@ -19,7 +20,9 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..results.record import CaseRecord, from_test, parse
@@ -125,17 +128,26 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     earlier = streamed_records(results, kind) if resume else []
     info.status = "running"  # until the end: a session killed outright is read as partial, from tests.jsonl
     write_session(results, info, manifest=manifest)
-    built_before = None
+    built_before, background, before, noted = None, None, None, {}
     try:
         if combo.gpu:
-            info.jit, built_before = prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget,
-                                              cores=cores)
-            write_session(results, info, manifest=manifest)
-    except KeyboardInterrupt:  # the finished builds are in jit.jsonl, an earlier run's tests in tests.jsonl
-        from . import jit
+            builds, config = plan_prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget,
+                                           cores=cores)
+            built_before = cache_libraries()
+            background, noted = start_prebuild(builds, config)
+            if kind == "jit":
+                info.jit = finish_prebuild(background, noted)
+                write_session(results, info, manifest=manifest)
+            else:
+                from .jit import PrebuildWatch
+                from .jit.pipeline import readiness
 
-        info.jit = jit.summarise(jit.read_report(results / JIT_STREAM)) | {"interrupted": True, "report": JIT_STREAM}
-        return _interrupted(info, results, manifest, t0, "during the JIT prebuild", kind)
+                ready = readiness(builds, read_prebuild(results) if resume else ())
+                definitions = (cwd or Path(".")) / "definitions"
+                targets = order_targets(targets, ready, definitions)
+                before = gate(PrebuildWatch(results / JIT_STREAM), definitions)
+    except KeyboardInterrupt:  # the finished builds are in jit.jsonl, an earlier run's tests in tests.jsonl
+        return _interrupted_prebuild(info, results, manifest, t0, kind, background)
     if kind == "jit":
         if info.jit is None:
             info.jit = {"counts": {}, "wall_seconds": 0.0, "note": f"{combo.id} has no GPU: nothing to build"}
@@ -147,21 +159,35 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
               + f" in {info.jit['wall_seconds']} s", file=sys.stderr)
         return 1 if bad else 0
     convert = record_of(kind, f"{combo.id}@{info.arch}")
+    timeline = Timeline(t0)
+
+    def streamed(r: TestRecord) -> None:
+        record = convert(r)
+        timeline.note(record)
+        stream.write(record.as_dict())
+
     try:
         with JsonlStream(results / STREAM, append=resume) as stream:
             records = earlier + [convert(r) for r in run_isolated(
                 targets, pytest_args(kind, combo, results, extra or [], info.fresh_seed, jobs), python=sys.executable,
                 env=child_environment(1 if kind == "bench" else jobs, cores),
                 cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
-                log_dir=results / "logs", on_record=lambda r: stream.write(convert(r).as_dict()),
-                skip={r.nodeid for r in earlier})]
+                log_dir=results / "logs", on_record=streamed, skip={r.nodeid for r in earlier}, before=before)]
+        if background is not None:
+            info.jit = finish_prebuild(background, noted)
     except KeyboardInterrupt:  # what finished is in the stream: keep it readable as the session's result
+        if background is not None:
+            background.stop()
+            info.jit = _prebuild_so_far(results)
+        info.timeline = timeline.as_dict(background)
         return _interrupted(info, results, manifest, t0, "", kind)
+    info.timeline = timeline.as_dict(background)
     bad = [r for r in records if str(r.status) in FAILURES + ERRORS]
     info.status = "tests-failed" if bad else "ok"
     info.phases = phase_totals(records)
-    if built_before is not None:
-        info.jit["compiled_during_tests"] = compiled_since(built_before)
+    if built_before is not None and info.jit is not None:  # modules the tests built, not the prebuild
+        info.jit["compiled_during_tests"] = sorted(set(compiled_since(built_before))
+                                                   - set(info.jit.get("modules_built", ())))
     info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
     write_session(results, info, records=records, manifest=mf.finish(manifest))
     seed = f", fresh seed {info.fresh_seed}" if info.fresh_seed is not None else ""
@@ -192,6 +218,20 @@ def bad_lines(bad: list, limit: int = 20) -> list[str]:
 
 STREAM = "tests.jsonl"
 JIT_STREAM = "jit.jsonl"
+
+
+def _prebuild_so_far(results: Path) -> dict:
+    from . import jit
+
+    return jit.summarise(jit.read_report(results / JIT_STREAM)) | {"interrupted": True, "report": JIT_STREAM}
+
+
+def _interrupted_prebuild(info: SessionInfo, results: Path, manifest: dict, t0: float, kind: str,
+                          background) -> int:
+    if background is not None:
+        background.stop()
+    info.jit = _prebuild_so_far(results)
+    return _interrupted(info, results, manifest, t0, "during the JIT prebuild", kind)
 
 
 def _interrupted(info: SessionInfo, results: Path, manifest: dict, t0: float, where: str, kind: str) -> int:
@@ -268,37 +308,163 @@ def k_expression(pytest_args: list[str]) -> str | None:
     return None
 
 
-def prebuild(results: Path, pytest_args: list[str], *, cwd: Path | None = None, resume: bool = False,
-             budget: float | None = None, cores: int | None = None, versions: dict[str, str | None] | None = None
-             ) -> tuple[dict, dict[str, float]]:
-    """Build every module the selected tests' kernels need; (summary, the cache's libraries after it). With
-    FlashInfer's prebuilt package of the installed release (`versions`: default this environment's), build
-    nothing: every job is `prebuilt`."""
+def plan_prebuild(results: Path, pytest_args: list[str], *, cwd: Path | None = None, resume: bool = False,
+                  budget: float | None = None, cores: int | None = None):
+    """The jobs that build every module the selected tests' kernels need, and their configuration."""
     from ..check import CheckConfig, discover
     from ..dataset import definitions_dir
-    from . import jit, prebuilt
-    from .manifest import package_versions
+    from . import jit
 
-    t0 = time.monotonic()
     config = jit.JitConfig(report=str(results / JIT_STREAM), log_dir=str(results / "jit-logs"), resume=resume,
                            select=jit.select_k(k_expression(pytest_args)), budget=budget or jit.DEFAULT_BUDGET,
                            stamps=jit.default_stamps(), cores=cores)
     found = discover([str(definitions_dir(cwd / "definitions" if cwd else None))], CheckConfig())
-    jobs = jit.plan(found.definitions, config)
-    package, why_not = prebuilt.package_of(package_versions() if versions is None else versions)
-    if package is not None:  # FlashInfer's own prebuilt modules: nothing to build
-        records = prebuilt.prebuilt_records(jobs, package)
-        with JsonlStream(config.report, append=resume) as stream:
-            for r in records:
+    return jit.plan(found.definitions, config), config
+
+
+class _Prebuilt:
+    """FlashInfer's prebuilt package of the installed release supplies the modules: one `prebuilt` record per job,
+    written at once (the interface of jit.pipeline.Background: nothing runs in the background)."""
+
+    def __init__(self, jobs, config, package: dict):
+        from . import prebuilt
+
+        self.t0 = time.monotonic()
+        self.records = prebuilt.prebuilt_records(jobs, package)
+        with JsonlStream(config.report, append=config.resume) as stream:
+            for r in self.records:
                 stream.write(r.as_dict())
-    else:
-        records = list(jit.run(jobs, config))
-    summary = jit.summarise(records) | {"wall_seconds": round(time.monotonic() - t0, 1), "report": JIT_STREAM,
-                                        **({"prebuilt": package} if package else {}),
-                                        **({"note": why_not} if why_not else {})}
+        self.ended_at = round(time.monotonic() - self.t0, 1)
+
+    def stop(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None):
+        from . import jit
+
+        return self.records, jit.summarise(self.records) | {"wall_seconds": self.ended_at}
+
+
+def start_prebuild(jobs, config, versions: dict[str, str | None] | None = None):
+    """(the prebuild, what the summary notes of it): in the background (jit.Background: records to jit.jsonl, a
+    progress line each to stderr), or with FlashInfer's prebuilt package of the installed release (`versions`:
+    default this environment's) nothing to build, every job `prebuilt`."""
+    from . import prebuilt
+    from .jit.pipeline import Background
+    from .manifest import package_versions
+
+    package, why_not = prebuilt.package_of(package_versions() if versions is None else versions)
+    noted = {**({"prebuilt": package} if package else {}), **({"note": why_not} if why_not else {})}
+    return (_Prebuilt(jobs, config, package) if package is not None else Background(jobs, config)), noted
+
+
+def finish_prebuild(background, noted: dict | None = None) -> dict:
+    """Wait for the prebuild's end: its summary."""
+    records, summary = background.join()
+    summary |= {"report": JIT_STREAM, **(noted or {})}
     print(f"prebuild: {len(records)} job(s): " + ", ".join(f"{k} {v}" for k, v in summary["counts"].items())
           + f" in {summary['wall_seconds']} s", file=sys.stderr)
-    return summary, jit.libraries(jit.cache_roots())
+    return summary
+
+
+def prebuild(results: Path, pytest_args: list[str], *, cwd: Path | None = None, resume: bool = False,
+             budget: float | None = None, cores: int | None = None, versions: dict[str, str | None] | None = None
+             ) -> tuple[dict, dict[str, float]]:
+    """Build every module the selected tests' kernels need and wait for the end; (summary, the cache's libraries
+    after it)."""
+    jobs, config = plan_prebuild(results, pytest_args, cwd=cwd, resume=resume, budget=budget, cores=cores)
+    return finish_prebuild(*start_prebuild(jobs, config, versions)), cache_libraries()
+
+
+def cache_libraries() -> dict[str, float]:
+    """The JIT cache's libraries now (what the session's builds are measured against)."""
+    from . import jit
+
+    return jit.libraries(jit.cache_roots())
+
+
+def read_prebuild(results: Path):
+    from . import jit
+
+    return jit.read_report(results / JIT_STREAM)
+
+
+def target_definitions(target: Target, definitions: Path) -> list[str] | None:
+    """The definitions a test target runs (test_<op>.py: definitions/<op>/; a `--shard I/N` of it: every N-th of
+    their sorted names from the I-th, the plugin's rule); None when not known (the target then waits for the whole
+    prebuild). A -k filter can move definitions between shards: their cases then wait inside the test process."""
+    path, own = (target, ()) if isinstance(target, str) else target
+    folder = definitions / Path(path.split("::")[0]).stem.removeprefix("test_")
+    if not folder.is_dir():
+        return None
+    names = sorted(f.stem for f in folder.glob("*.json"))
+    if "--shard" in own:
+        index, _, count = own[own.index("--shard") + 1].partition("/")
+        i, n = int(index), int(count)
+        names = [d for k, d in enumerate(names) if k % n == i]
+    return names
+
+
+def order_targets(targets: list[Target], ready: dict[str, float], definitions: Path) -> list[Target]:
+    """The targets whose definitions' modules are expected ready first (their slowest job's expected seconds);
+    otherwise in the given order (the big files' shards first)."""
+    def key(item: tuple[int, Target]) -> tuple[float, int]:
+        names = target_definitions(item[1], definitions)
+        worst = max(ready.values(), default=0.0) if names is None else max((ready.get(d, 0.0) for d in names),
+                                                                             default=0.0)
+        return worst, item[0]
+
+    return [t for _, t in sorted(enumerate(targets), key=key)]
+
+
+def gate(watch, definitions: Path) -> Callable[[Target, threading.Event], None]:
+    """What a test target waits for before it starts: every prebuild job of its definitions has ended (the
+    definitions' tests then neither build nor wait inside their time limit), unless the run is stopped."""
+    def before(target: Target, stop: threading.Event) -> None:
+        names = target_definitions(target, definitions)
+        if names is None:
+            state = watch.state()
+            names = [j.get("definition") for j in state["jobs"].values()] if state else []
+        watch.wait(names, stop=stop.is_set)
+
+    return before
+
+
+class Timeline:
+    """When the session's comparisons came (wall seconds from the session's start): the first and the last case
+    that compared a kernel or the torch ground truth with the reference (pass, fail, xfail, xpass), and the same
+    for the kernels' comparisons alone (FlashInfer, SGLang). Thread-safe: the records arrive from the
+    supervisor's threads."""
+
+    RAN = ("pass", "fail", "xfail", "xpass", "passed", "failed")
+    KERNELS = ("flashinfer", "sglang")
+
+    def __init__(self, t0: float):
+        self.t0, self.lock = t0, threading.Lock()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.first_kernel: float | None = None
+        self.last_kernel: float | None = None
+        self.comparisons = 0
+
+    def note(self, record, at: float | None = None) -> None:
+        if str(getattr(record, "status", getattr(record, "outcome", ""))) not in self.RAN:
+            return
+        now = round((time.monotonic() if at is None else at) - self.t0, 1)
+        with self.lock:
+            self.comparisons += 1
+            self.first = now if self.first is None else self.first
+            self.last = now
+            if getattr(record, "source", None) in self.KERNELS:
+                self.first_kernel = now if self.first_kernel is None else self.first_kernel
+                self.last_kernel = now
+
+    def as_dict(self, background=None) -> dict:
+        return {"first_comparison_s": self.first, "last_comparison_s": self.last,
+                "first_kernel_comparison_s": self.first_kernel, "last_kernel_comparison_s": self.last_kernel,
+                "comparisons": self.comparisons,
+                "prebuild_end_s": None if background is None or background.ended_at is None else
+                round(background.t0 - self.t0 + background.ended_at, 1)}
 
 
 def compiled_since(before: dict[str, float]) -> list[str]:

@@ -2,11 +2,14 @@
 
 FlashInfer compiles each kernel family with nvcc on first use (minutes for the largest). Left to the
 tests, those builds run one after another inside test time limits, and an interrupt loses them.
-Here they run first, in parallel, each with its own time budget, and every outcome is a record:
+Here they run in parallel, short ones first, each with its own time budget counted from its own start, and every
+outcome is a record; the comparisons of a definition start as soon as its jobs have ended (PrebuildWatch):
 
     plan(definitions, config)  -> list[Job]            one job per (definition, kernel source) that can run here
-    order(jobs, previous)      -> list[Job]            longest first (recorded seconds, else a guess by op type)
-    run(jobs, config)          -> Iterator[BuildRecord]  a pool of warm-up workers; each record streamed
+    order(jobs, previous)      -> list[Job]            shortest expected first (recorded seconds, else a guess)
+    run(jobs, config)          -> Iterator[BuildRecord]  a pool of warm-up workers; each record streamed, the
+                                                       long jobs on a bounded share of the workers
+    PrebuildWatch(report).outcome(definition, source)   the same, waiting while a running prebuild has the job
     summarise(records)         -> dict                 counts by status, seconds, modules built
     JitReport.load(path).outcome(definition, source) -> BuildRecord | None   what the report says of a job
 
@@ -25,7 +28,8 @@ back by `availability` (the engine's `--jit-report FILE`, CheckConfig.jit_report
 over): a failed or
 timed-out build makes the tests of that definition skip as `build-failed` / `build-timeout`, its own matrix state.
 
-The modules: plan.py (jobs, config, order), scheduler.py (the pool, budgets, streaming), worker.py (the child
+The modules: plan.py (jobs, config, order), scheduler.py (the pool, budgets, streaming), pipeline.py (the prebuild
+in the background, the order comparisons start in), worker.py (the child
 process that builds one job), cache.py (the JIT cache's libraries, stamps) and report.py (jit.jsonl: a leaf,
 standard library only, so the ground truths read it without importing the sweep).
 """
@@ -35,8 +39,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .plan import DEFAULT_BUDGET, GUESS, KERNEL_SOURCES, NVCC_GB, JitConfig, Job, keywords, order, plan, select_k
-from .report import STATUSES, BuildRecord, JitReport, read_report, summarise
+from .plan import (
+    DEFAULT_BUDGET,
+    GUESS,
+    KERNEL_SOURCES,
+    LONG_SECONDS,
+    LONG_SHARE,
+    NVCC_GB,
+    JitConfig,
+    Job,
+    expected,
+    keywords,
+    order,
+    plan,
+    select_k,
+)
+from .report import STATUSES, BuildRecord, JitReport, PrebuildWatch, read_report, state_path, summarise
 
 if TYPE_CHECKING:
     from .cache import (
@@ -49,7 +67,7 @@ if TYPE_CHECKING:
         loaded_libraries,
         new_modules,
     )
-    from .scheduler import LOG_TAIL, URGENT, group_key, run
+    from .scheduler import HEARTBEAT, LOG_TAIL, group_key, run
     from .scheduler import _Schedule as _Schedule
     from .worker import BUILD_FRAMES, NICE, is_build_failure, worker_main
 
@@ -58,17 +76,18 @@ if TYPE_CHECKING:
 # its own module twice. plan.py is imported above: importing it later would bind the submodule over the
 # re-exported function `plan`.
 _LAZY = {
-    **dict.fromkeys(("LOG_TAIL", "URGENT", "_Schedule", "group_key", "run"), "scheduler"),
+    **dict.fromkeys(("HEARTBEAT", "LOG_TAIL", "_Schedule", "group_key", "run"), "scheduler"),
     **dict.fromkeys(("BUILD_FRAMES", "NICE", "is_build_failure", "worker_main"), "worker"),
     **dict.fromkeys(("STAMPS", "Stamps", "cache_roots", "default_stamps", "fingerprint", "libraries",
                      "loaded_libraries", "new_modules"), "cache"),
 }
-_SUBMODULES = ("cache", "scheduler", "worker")
+_SUBMODULES = ("cache", "pipeline", "scheduler", "worker")
 
 __all__ = ["BUILD_FRAMES", "DEFAULT_BUDGET", "GUESS", "KERNEL_SOURCES", "LOG_TAIL", "NICE", "NVCC_GB",
-           "STAMPS", "STATUSES", "URGENT", "BuildRecord", "JitConfig", "JitReport", "Job", "Stamps", "cache_roots",
+           "STAMPS", "STATUSES", "HEARTBEAT", "BuildRecord", "JitConfig", "JitReport", "Job", "Stamps", "cache_roots",
            "default_stamps", "fingerprint", "group_key", "is_build_failure", "keywords", "libraries",
-           "loaded_libraries", "new_modules", "order", "plan", "read_report", "run", "select_k",
+           "loaded_libraries", "new_modules", "order", "plan", "read_report", "run", "select_k", "LONG_SECONDS",
+           "LONG_SHARE", "PrebuildWatch", "expected", "state_path",
            "summarise", "worker_main"]
 
 

@@ -1,5 +1,6 @@
 """Which prebuild jobs a set of definitions needs here (one per definition and kernel source whose ground truth
-can run it), the configuration they run with, and the order they start in (longest first)."""
+can run it), the configuration they run with, and the order they start in (shortest expected first, so the
+comparisons of most definitions can start while the long builds go on)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,25 @@ from .report import BuildRecord
 if TYPE_CHECKING:
     from ...definition import Definition
 
-__all__ = ["DEFAULT_BUDGET", "GUESS", "KERNEL_SOURCES", "Job", "JitConfig", "keywords", "order", "plan", "select_k"]
+__all__ = ["DEFAULT_BUDGET", "GUESS", "KERNEL_SOURCES", "LONG_SECONDS", "LONG_SHARE", "Job", "JitConfig", "expected",
+           "keywords", "order", "plan", "select_k"]
 
 KERNEL_SOURCES = ("flashinfer", "sglang")
 DEFAULT_BUDGET = 600.0
-# First guesses of a job's cost (seconds, cold, measured on an H100 with 0.6.6/0.7.2), used only to
-# start the long jobs first when no earlier report says better.
+# First guesses of a job's cost (seconds, cold, measured on an H100 with 0.6.6/0.7.2), used to order the jobs and
+# tell the long ones when no earlier report says better.
 GUESS = {"moe": 450, "gemm": 176, "sampling": 146, "gqa_ragged": 68, "mla_ragged": 68, "gqa_paged": 68, "rope": 59,
          "rmsnorm": 35, "mla_paged": 26, "activation": 8,
          "mamba_ssu": 90}  # mamba_ssu: a guess (one selective_state_update module per dtypes/dim/dstate)
 # gdn: a guess, not measured (0.6.x gdn_prefill_sm90 compiles 32 CUTLASS sm90a kernel instantiations)
 GUESS["gdn"] = 300
+GUESS_DEFAULT = 30
 NVCC_GB = 4  # memory one nvcc of a CUTLASS kernel can take: bounds the compilers a job may run
+# A job expected to take longer than LONG_SECONDS is long: long jobs hold at most LONG_SHARE of the workers at
+# once and build below the others' CPU priority, so one long module (fp8 MoE: ~41 min on 16 cores) never keeps
+# the short ones, and the comparisons waiting for them, from starting.
+LONG_SECONDS = 240.0
+LONG_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,22 @@ class JitConfig:
     stamps: str | None = None  # the stamp file (`default_stamps()`: beside the JIT cache); None keeps none
     recheck: bool = False  # run every job even where its stamp says nothing changed
     cores: int | None = None  # the cores the builds may use (a share of the host's: sweep/host.py); None: all
+    long_seconds: float = LONG_SECONDS  # expected seconds above which a job is long
+    long_share: float = LONG_SHARE  # the share of the workers long jobs may hold at once (at least one)
+    # the worker's command line before `--worker FD DEVICE` (None: `python -m ...jit.worker`): a seam for stand-ins
+    worker_command: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if not self.long_seconds > 0:
+            raise ValueError(f"JitConfig.long_seconds: expected seconds > 0, got {self.long_seconds!r}")
+        if not 0 < self.long_share <= 1:
+            raise ValueError(f"JitConfig.long_share: expected a share in (0, 1], got {self.long_share!r}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"JitConfig.workers: expected at least 1, got {self.workers!r}")
+
+    def long_slots(self, workers: int) -> int:
+        """How many of `workers` may build long jobs at once."""
+        return max(1, int(workers * self.long_share))
 
     def stamp_path(self) -> Path | None:
         return Path(self.stamps) if self.stamps else None
@@ -113,7 +137,15 @@ def select_k(expression: str | None) -> Callable[[Job], bool] | None:
     return keep
 
 
-def order(jobs: list[Job], previous: Iterable[BuildRecord] = ()) -> list[Job]:
-    """Longest first, so the long builds do not start last: a job's earlier build time, else a guess."""
+def expected(jobs: Iterable[Job], previous: Iterable[BuildRecord] = ()) -> dict[tuple[str, str], float]:
+    """Each job's expected seconds: its earlier build's time (a timed-out one took at least that), else a guess by
+    op type."""
     seen = {r.key: r.seconds for r in previous if r.status in ("built", "build-timeout")}
-    return sorted(jobs, key=lambda j: -seen.get(j.key, GUESS.get(j.op_type, 30)))
+    return {j.key: float(seen.get(j.key, GUESS.get(j.op_type, GUESS_DEFAULT))) for j in jobs}
+
+
+def order(jobs: list[Job], previous: Iterable[BuildRecord] = ()) -> list[Job]:
+    """Shortest expected first, so the comparisons of most definitions can start early (the long jobs are kept to
+    their share of the workers by the scheduler, which starts them longest first)."""
+    guess = expected(jobs, previous)
+    return sorted(jobs, key=lambda j: guess[j.key])

@@ -1,5 +1,7 @@
-"""Running prebuild jobs: a pool of worker processes, each job within its time budget (its process group killed
-past it), the jobs of one API group after their leader, every record streamed to the report as it ends."""
+"""Running prebuild jobs: a pool of worker processes, the short jobs first and the long ones on a bounded share of
+the workers, each job within its own time budget (its process group killed past it), the jobs of one API group
+after their leader, every record streamed to the report as it ends and the prebuild's progress to its state file
+(report.py: what the comparisons waiting for a definition's modules read)."""
 
 from __future__ import annotations
 
@@ -17,73 +19,92 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .cache import Stamps
-from .plan import JitConfig, Job, order
-from .report import BuildRecord, read_report
+from .plan import JitConfig, Job, expected, order
+from .report import BuildRecord, StateWriter, read_report
 
-__all__ = ["LOG_TAIL", "URGENT", "group_key", "run"]
+__all__ = ["HEARTBEAT", "LOG_TAIL", "group_key", "run"]
 
-URGENT = 2  # the expected-longest groups' first jobs build at normal priority, every other job at worker.NICE
 LOG_TAIL = 4000
+HEARTBEAT = 2.0  # seconds between the state file's heartbeats: a waiter takes a silent prebuild for dead
 
 
-def run(jobs: list[Job], config: JitConfig) -> Iterator[BuildRecord]:
+def run(jobs: list[Job], config: JitConfig, stop: threading.Event | None = None) -> Iterator[BuildRecord]:
     """Every job's record, as each ends (also appended to `config.report`, fsynced). With
-    `config.resume`, jobs already `built` or `cached` in the report are not run again."""
+    `config.resume`, jobs already `built` or `cached` in the report are not run again. Beside the report, its
+    state (report.state_path): the jobs planned, which started when, a heartbeat, and whether the prebuild ended.
+    Setting `stop` (from another thread) ends the running jobs as at a timeout and takes no new one."""
     from ..results import JsonlStream
 
     done = {r.key: r for r in read_report(config.report)} if (config.resume and config.report) else {}
+    # the report (emptied unless resuming) and the state are there when this returns, before the first record:
+    # a comparison that looks a job up from now on waits for it
+    stream = JsonlStream(config.report, append=config.resume) if config.report else None
+    guess = expected(jobs, done.values())
+    state = StateWriter(config.report, [(j.definition, j.source, j.api, j.budget, guess[j.key]) for j in jobs])
+    return _records(jobs, config, done, guess, stream, state, stop or threading.Event())
+
+
+def _records(jobs: list[Job], config: JitConfig, done: dict, guess: dict, stream, state: StateWriter,
+             stop: threading.Event) -> Iterator[BuildRecord]:
     kept = {k for k, r in done.items() if r.status in ("built", "cached")}
     todo = [j for j in order(jobs, done.values()) if j.key not in kept]
-    for j in jobs:
-        if j.key in kept:
-            yield done[j.key]
-    stamps = Stamps(config.stamp_path())
-    stream = JsonlStream(config.report, append=config.resume) if config.report else None
-    unchanged = [] if config.recheck else [(j, stamps.fresh(j)) for j in todo]
-    for job, entry in unchanged:
-        if entry is not None:
-            r = BuildRecord(job.definition, job.source, "cached", api=job.api, op_type=job.op_type, budget=job.budget,
-                            uses=sorted(Path(p).stem for p in entry["libraries"]), checked_by="stamp",
-                            message=f"stamped {entry['recorded']}: the same definition, versions and arch, and its "
-                                    f"{len(entry['libraries'])} module(s) unchanged; not run again")
-            if stream:
-                stream.write(r.as_dict())
-            yield r
-    todo = [j for j, entry in unchanged if entry is None] if unchanged else todo
-    if not todo:
-        if stream:
-            stream.close()
-        return
-    results: queue.Queue[BuildRecord | None] = queue.Queue()
-    pending = _Schedule(todo)
-    pending.urgent = {id(j) for j in pending.ready[:URGENT]}
-    workers, max_jobs = config.pool_size()
-    threads = [threading.Thread(target=_drive, args=(pending, results, config, max_jobs), daemon=True)
-               for _ in range(min(workers, len(todo)))]
-    for t in threads:
-        t.start()
+    threads: list[threading.Thread] = []
     try:
+        for j in jobs:
+            if j.key in kept:
+                state.ended(j.definition, j.source)
+                yield done[j.key]
+        stamps = Stamps(config.stamp_path())
+        unchanged = [] if config.recheck else [(j, stamps.fresh(j)) for j in todo]
+        for job, entry in unchanged:
+            if entry is not None:
+                r = BuildRecord(job.definition, job.source, "cached", api=job.api, op_type=job.op_type,
+                                budget=job.budget, uses=sorted(Path(p).stem for p in entry["libraries"]),
+                                checked_by="stamp",
+                                message=f"stamped {entry['recorded']}: the same definition, versions and arch, and its "
+                                        f"{len(entry['libraries'])} module(s) unchanged; not run again")
+                if stream:
+                    stream.write(r.as_dict())
+                state.ended(r.definition, r.source)
+                yield r
+        todo = [j for j, entry in unchanged if entry is None] if unchanged else todo
+        if not todo:
+            return
+        workers, max_jobs = config.pool_size()
+        workers = min(workers, len(todo))
+        pending = _Schedule(todo, guess, config.long_seconds, config.long_slots(workers), stop)
+        results: queue.Queue[BuildRecord | None] = queue.Queue()
+        threads += [threading.Thread(target=_drive, args=(pending, results, config, max_jobs), daemon=True)
+                    for _ in range(workers)]
+        for t in threads:
+            t.start()
         finished = 0
         while finished < len(threads):
-            r = results.get()
+            try:
+                r = results.get(timeout=HEARTBEAT)
+            except queue.Empty:
+                r = False
+            for key, t0 in pending.started_since():
+                state.started(*key, at=t0)
+            if r is False:
+                state.beat()
+                continue
             if r is None:
                 finished += 1
                 continue
             if stream:
                 stream.write(r.as_dict())
+            state.ended(r.definition, r.source)
             if r.status in ("built", "cached") and r.libraries is not None:
                 stamps.record(r)
             yield r
     finally:
-        _stop.set()
+        stop.set()
         for t in threads:
             t.join(timeout=5)
-        _stop.clear()
         if stream:
             stream.close()
-
-
-_stop = threading.Event()
+        state.finish()
 
 
 def group_key(job: Job) -> tuple[str, str]:
@@ -94,44 +115,74 @@ def group_key(job: Job) -> tuple[str, str]:
 
 
 class _Schedule:
-    """The first job of each group first (in the given order), the rest of a group only once that one
-    has ended, so workers do not sit on the lock of one module while other modules wait (`group_key`:
-    a group per Python module of the APIs, not per API, since APIs of one module share its kernels). A
-    group whose first job ran out of budget is not tried again job by job."""
+    """Which job a free worker takes. A long job (expected above `long_seconds`) only while fewer than
+    `long_slots` long ones run, the longest first, so the long builds start early but never hold more than their
+    share; otherwise the shortest-expected ready job. Of each group (`group_key`: the APIs of one Python module
+    share its kernels) the first job runs first and the rest once it has ended, so workers do not sit on the lock
+    of one module while other modules wait. When a group's job runs out of its budget the next one of the group
+    runs alone, with its own budget, resuming the objects ninja kept: every job is tried in its own time, and a
+    module too slow for one budget still costs one worker at a time."""
 
-    def __init__(self, jobs: list[Job]):
+    def __init__(self, jobs: list[Job], guess: dict[tuple[str, str], float], long_seconds: float, long_slots: int,
+                 stop: threading.Event | None = None):
+        self.guess, self.long_seconds, self.long_slots = guess, long_seconds, long_slots
+        self.stop = stop or threading.Event()
         groups: dict[tuple[str, str], list[Job]] = {}
         for j in jobs:
             groups.setdefault(group_key(j), []).append(j)
         self.ready = [g[0] for g in groups.values()]
         self.waiting = {k: g[1:] for k, g in groups.items() if len(g) > 1}
         self.leaders = {id(g[0]) for g in groups.values()}
-        self.urgent: set[int] = set()  # jobs on the critical path: their workers stay at normal priority
-        self.skipped: list[BuildRecord] = []
+        self.running_long = 0
+        self.started: dict[tuple[str, str], float] = {}  # job key -> wall time it was taken (time.time())
+        self._reported: set[tuple[str, str]] = set()
         self.cond = threading.Condition()
+
+    def is_long(self, job: Job) -> bool:
+        return self.guess.get(job.key, 0.0) > self.long_seconds
 
     def take(self) -> Job | None:
         with self.cond:
-            while not self.ready:
-                if not self.waiting or _stop.is_set():
+            while True:
+                if self.stop.is_set():
+                    return None
+                job = self._pick()
+                if job is not None:
+                    self.ready.remove(job)
+                    self.running_long += self.is_long(job)
+                    self.started[job.key] = time.time()
+                    return job
+                if not self.ready and not self.waiting:
                     return None
                 self.cond.wait(0.5)
-            return self.ready.pop(0)
 
-    def done(self, job: Job, record: BuildRecord) -> list[BuildRecord]:
-        """The group's other jobs become ready; records for those not run (their leader timed out)."""
+    def _pick(self) -> Job | None:
+        longs = [j for j in self.ready if self.is_long(j)]
+        if longs and self.running_long < self.long_slots:
+            return max(longs, key=lambda j: self.guess.get(j.key, 0.0))
+        shorts = [j for j in self.ready if not self.is_long(j)]
+        return min(shorts, key=lambda j: self.guess.get(j.key, 0.0)) if shorts else None
+
+    def done(self, job: Job, record: BuildRecord) -> None:
+        """The group's other jobs become ready: all of them, or after a timeout only the next, as its new leader."""
         with self.cond:
-            rest = self.waiting.pop(group_key(job), []) if id(job) in self.leaders else []
-            skipped = []
-            if record.status == "build-timeout":
-                skipped = [BuildRecord(j.definition, j.source, "build-timeout", api=j.api, op_type=j.op_type,
-                                       budget=j.budget, message=f"not tried: {job.definition}'s build of this API "
-                                                            f"ran out of its {job.budget:g} s budget")
-                           for j in rest]
-            else:
+            self.running_long -= self.is_long(job)
+            if id(job) in self.leaders:
+                rest = self.waiting.pop(group_key(job), [])
+                if record.status == "build-timeout" and rest:
+                    self.leaders.add(id(rest[0]))
+                    if rest[1:]:
+                        self.waiting[group_key(job)] = rest[1:]
+                    rest = rest[:1]
                 self.ready.extend(rest)
             self.cond.notify_all()
-            return skipped
+
+    def started_since(self) -> list[tuple[tuple[str, str], float]]:
+        """Jobs taken since the last call, with when (for the state file)."""
+        with self.cond:
+            new = [(k, t) for k, t in self.started.items() if k not in self._reported]
+            self._reported.update(k for k, _ in new)
+            return new
 
 
 def _drive(pending: _Schedule, results: queue.Queue, config: JitConfig, max_jobs: int) -> None:
@@ -139,23 +190,26 @@ def _drive(pending: _Schedule, results: queue.Queue, config: JitConfig, max_jobs
     (or one that died) is replaced for the next job."""
     worker: _Worker | None = None
     try:
-        while not _stop.is_set():
+        while not pending.stop.is_set():
             job = pending.take()
             if job is None:
                 return
+            long = pending.is_long(job)
             try:
                 if worker is None or not worker.alive():
-                    worker = _Worker(config, max_jobs)
-                record = worker.run(job, config, urgent=id(job) in pending.urgent)
+                    worker = _Worker(config, max_jobs, pending.stop)
+                record = worker.run(job, config, low_priority=long)
             except Exception as e:  # noqa: BLE001 - a worker that cannot start: this job's record; the pool goes on
                 record = BuildRecord(job.definition, job.source, "error", api=job.api, op_type=job.op_type,
                                      budget=job.budget, message=f"the prebuild worker failed: {type(e).__name__}: {e}")
             if worker is not None and (record.status == "build-timeout" or not worker.alive()):
                 worker.kill()
                 worker = None
+            elif worker is not None and long:  # its process stays below the others' priority: not for a short job
+                worker.close()
+                worker = None
             results.put(record)
-            for skipped in pending.done(job, record):
-                results.put(skipped)
+            pending.done(job, record)
     finally:
         if worker is not None:
             worker.close()
@@ -166,14 +220,16 @@ class _Worker:
     """`python -m flashinfer_trace.sweep.jit.worker --worker` (worker.py): jobs on stdin, records on a pipe,
     compiler output in a log file per job. Its own process group, so a timeout kills nvcc and ninja with it."""
 
-    def __init__(self, config: JitConfig, max_jobs: int):
+    def __init__(self, config: JitConfig, max_jobs: int, stop: threading.Event | None = None):
+        self.stop = stop or threading.Event()
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, MAX_JOBS=str(max_jobs), PYTHONUNBUFFERED="1")
         # a process group of its own (killpg), in this session: a new session would also be a new
         # scheduler autogroup, and the CPU would be shared per job rather than per compiler
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+        command = list(config.worker_command or (sys.executable, "-m", "flashinfer_trace.sweep.jit.worker"))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flashinfer_trace.sweep.jit.worker", "--worker", str(write_fd), config.device],
+            [*command, "--worker", str(write_fd), config.device],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_fd,),
             env=env, **group)
         os.close(write_fd)
@@ -183,10 +239,11 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def run(self, job: Job, config: JitConfig, urgent: bool = False) -> BuildRecord:
+    def run(self, job: Job, config: JitConfig, low_priority: bool = False) -> BuildRecord:
+        """The job's record; its budget counts from here, when it starts building, not from the prebuild's start."""
         log = _log_path(config, job)
         t0 = time.monotonic()
-        message = json.dumps({"job": asdict(job), "log": str(log), "urgent": urgent}) + "\n"
+        message = json.dumps({"job": asdict(job), "log": str(log), "low_priority": low_priority}) + "\n"
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(message.encode())
@@ -223,7 +280,7 @@ class _Worker:
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or _stop.is_set():
+            if left <= 0 or self.stop.is_set():
                 return None
             ready, _, _ = select.select([self.answers], [], [], min(left, 1.0))
             if ready:

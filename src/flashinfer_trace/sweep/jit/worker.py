@@ -16,7 +16,7 @@ from .cache import cache_roots, libraries, loaded_libraries, new_modules
 
 __all__ = ["BUILD_FRAMES", "NICE", "is_build_failure", "worker_main"]
 
-NICE = 10  # the CPU priority of a job that is not URGENT (scheduler.py): the long builds get the cores first
+NICE = 10  # the CPU priority of a long job (scheduler.py): the short builds, which comparisons wait for, get the cores
 
 
 BUILD_FRAMES = (f"{os.sep}flashinfer{os.sep}jit{os.sep}", "cpp_extension", f"{os.sep}triton{os.sep}compiler")
@@ -84,9 +84,10 @@ def worker_main(answer_fd: int, device: str) -> int:
     for line in sys.stdin:
         request = json.loads(line)
         job = request["job"]
-        if not request.get("urgent") and os.getpriority(os.PRIO_PROCESS, 0) < NICE:
-            # the long builds get the cores first: on the H100, `sampling` (one source) took 199 s
-            # among 30 other compilers at equal priority, 146 s with fewer. Its compilers inherit it.
+        if request.get("low_priority") and os.getpriority(os.PRIO_PROCESS, 0) < NICE:
+            # a long build takes the cores the short ones leave: on the H100 paged decode took 245 s to build
+            # beside the fp8 MoE module and a hundred other compilers, 13 s alone. Its compilers inherit it;
+            # the scheduler retires this worker after the job (a process cannot raise its priority again).
             os.setpriority(os.PRIO_PROCESS, 0, NICE)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(log, 1)  # the compiler's output goes to the job's log: ninja inherits these
