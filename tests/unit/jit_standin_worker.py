@@ -1,8 +1,8 @@
 """A stand-in for the JIT prebuild worker (JitConfig.worker_command): the same protocol as jit/worker.py (jobs on
 stdin, one JSON answer a line on the fd it is given), but a job's "build" is a sleep. Its plan (argv[1], JSON):
 definition -> {"seconds": S, "status": "built" | "build-failed" | ..., "until": [FILE, TEXT] (optional: the
-build ends once FILE holds TEXT, at most S seconds)}, and "_timeline": a file where each job's start, end and CPU
-priority are appended."""
+build ends once FILE holds TEXT, at most S seconds; "then": T seconds after that)}, and "_timeline": a file where
+each job's start, end and CPU priority are appended."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def main(plan_file: str, answer_fd: int) -> int:
         deadline = start + float(spec.get("seconds", 0.1))
         while time.time() < deadline and not _holds(spec.get("until")):
             time.sleep(0.05)
+        if spec.get("until") and time.time() < deadline:
+            time.sleep(float(spec.get("then", 0)))
         nice = os.getpriority(os.PRIO_PROCESS, 0)
         with open(plan["_timeline"], "a") as f:
             f.write(json.dumps({"definition": job["definition"], "start": start, "end": time.time(),

@@ -243,8 +243,8 @@ def test_a_session_compares_while_the_long_build_goes_on(tmp_path, monkeypatch):
         (tree / "definitions" / op / f"{name}.json").write_text("{}")
     out.mkdir(parents=True)
     plan = {"fast_ok": {"seconds": 0.3}, "fast_broken": {"seconds": 0.3, "status": "build-failed"},
-            # ends once both fast tests are recorded (or after 60 s): no race with the test processes' start-up
-            "slow_a": {"seconds": 60.0, "until": [str(out / sess.STREAM), "test_fast_broken"]}}
+            # ends 1 s after both fast tests are recorded (or after 60 s): no race with the test processes' start-up
+            "slow_a": {"seconds": 60.0, "until": [str(out / sess.STREAM), "test_fast_broken"], "then": 1.0}}
     jobs = [_job("fast_ok"), _job("fast_broken", api="flashinfer.other.x"), _job("slow_a", "moe")]
     config = _config(tmp_path, plan, workers=2, report=str(out / sess.JIT_STREAM))
     monkeypatch.setattr(sess, "check_gpu", lambda combo, arch: ("ok", None, "sm90"))
@@ -308,3 +308,40 @@ def test_stopping_the_background_prebuild_ends_its_running_jobs(tmp_path):
     (tmp_path / "again").mkdir()
     again = _config(tmp_path / "again", {"act_a": {"seconds": 0.1}}, workers=1)
     assert [r.status for r in jit.run([_job("act_a")], again)] == ["built"]
+
+
+def test_a_test_target_starts_once_its_definitions_builds_have_ended(tmp_path):
+    """The session's gate: a target waits while a job of its definitions is pending, not for other definitions'
+    jobs, and gives up waiting when the run is stopped."""
+    from flashinfer_trace.sweep.session import gate
+
+    for op, name in (("fast", "f1"), ("slow", "s1")):
+        (tmp_path / "defs" / op).mkdir(parents=True)
+        (tmp_path / "defs" / op / f"{name}.json").write_text("{}")
+    report = tmp_path / "jit.jsonl"
+    state = jit.report.StateWriter(report, [("f1", "flashinfer", "x", 30.0, 1.0), ("s1", "flashinfer", "y", 30.0, 9.0)])
+    before = gate(jit.PrebuildWatch(report, poll=0.05), tmp_path / "defs")
+    _write(report, jit.BuildRecord("f1", "flashinfer", "built", api="x"))
+    state.ended("f1", "flashinfer")
+    never = threading.Event()
+    t0 = time.monotonic()
+    before("tests/references/test_fast.py", never)  # its job has ended: no wait for s1
+    assert time.monotonic() - t0 < 2
+
+    def later():
+        time.sleep(0.6)
+        _write(report, jit.BuildRecord("s1", "flashinfer", "built", api="y"))
+        state.ended("s1", "flashinfer")
+
+    threading.Thread(target=later).start()
+    t0 = time.monotonic()
+    before("tests/references/test_slow.py", never)
+    assert time.monotonic() - t0 >= 0.5
+    state2 = jit.report.StateWriter(tmp_path / "b.jsonl", [("s1", "flashinfer", "y", 30.0, 9.0)])
+    stopped = threading.Event()
+    stopped.set()
+    t0 = time.monotonic()
+    gate(jit.PrebuildWatch(tmp_path / "b.jsonl", poll=0.05), tmp_path / "defs")("tests/references/test_slow.py",
+                                                                                stopped)
+    assert time.monotonic() - t0 < 2
+    state2.finish()
