@@ -121,7 +121,7 @@ def _fake_plan(monkeypatch, ran: list):
     from flashinfer_trace.sweep import jit
 
     monkeypatch.setattr(jit, "plan", lambda definitions, config: list(JOBS))
-    monkeypatch.setattr(jit, "run", lambda jobs, config: ran.append(jobs) or iter(()))
+    monkeypatch.setattr(jit, "run", lambda jobs, config, stop=None: ran.append(jobs) or iter(()))
     monkeypatch.setattr(jit, "libraries", lambda roots: {})
     monkeypatch.setattr(jit, "cache_roots", lambda: [])
 

@@ -34,7 +34,7 @@ class Background:
 
     def __init__(self, jobs: list[Job], config: JitConfig, *, progress: TextIO | None = sys.stderr,
                  on_record: Callable[[BuildRecord], None] | None = None):
-        from .scheduler import run
+        from . import run  # the package's: what callers (and tests) see as jit.run
 
         self.jobs, self.config, self.records = jobs, config, []
         self.t0 = time.monotonic()
@@ -43,7 +43,7 @@ class Background:
         self._halt = threading.Event()
         self._progress, self._on_record = progress, on_record
         # called here, not in the thread: the report and its state exist when this returns
-        self._builds = run(jobs, config, self._halt)
+        self._builds = run(jobs, config, stop=self._halt)
         self.thread = threading.Thread(target=self._main, name="flashinfer-trace-prebuild", daemon=True)
         self.thread.start()
 
@@ -61,7 +61,9 @@ class Background:
         except BaseException as e:  # noqa: BLE001 - handed to join()
             self._error = e
         finally:
-            builds.close()  # the pool's end: workers stopped, the state file marked finished
+            close = getattr(builds, "close", None)  # a generator's: the pool's end, the state file marked finished
+            if close is not None:
+                close()
             self.ended_at = round(time.monotonic() - self.t0, 1)
 
     def stop(self) -> None:
