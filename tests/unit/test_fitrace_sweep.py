@@ -108,7 +108,8 @@ def test_a_references_session_checks_flashinfers_own_definitions_apart_from_ours
     assert {r.definition for r in theirs} == {"rmsnorm_h128", "silu_and_mul_h256"}
     assert {r.definition for r in ours} == {"rmsnorm_h128"}  # the same name, another definition
     assert all("test_fi_trace.py" in r.nodeid for r in theirs) and all("test_rmsnorm.py" in r.nodeid for r in ours)
-    torch_match = [r for r in theirs if r.definition == "rmsnorm_h128" and r.source == "torch" and r.check.value == "match"]
+    torch_match = [r for r in theirs
+                   if r.definition == "rmsnorm_h128" and r.source == "torch" and r.check.value == "match"]
     assert torch_match and all(r.status is Status.PASS for r in torch_match), [r.detail for r in torch_match]
     assert any(r.status is Status.PASS for r in ours)
     assert rc == (1 if any(r.status in (Status.FAIL, Status.ERROR) for r in records) else 0)
