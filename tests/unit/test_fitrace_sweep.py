@@ -228,3 +228,18 @@ def test_session_flags_choose_the_fi_trace_step():
     assert not parse_session_args(["--no-fi-trace"], environ={})[0].fi_trace
     with pytest.raises(ValueError, match="--fi-trace-op-type 'rms norm'"):
         parse_session_args(["--fi-trace-op-type", "rms norm"], environ={})
+
+
+def test_a_regression_of_flashinfers_own_definition_is_listed_but_not_bisected():
+    from flashinfer_trace.matrix.diff import bisect_commands, diff_environments
+
+    pins = {"torch": "2.11.0"}
+    envs = [{"id": f"fi{v}@sm90", "combination": f"cu130-torch2.11-fi{v}", "arch": "sm90",
+             "manifest": {"combination": {"pins": {**pins, "flashinfer-python": v}}}} for v in ("0.7.1", "0.7.2")]
+    cells = [{"definition": name, "environment": e["id"], "state": state, "reason": None}
+             for name in ("rmsnorm_h4096", "fi_trace/rmsnorm_h4096") for e, state in zip(envs, ("pass", "fail"))]
+    m = {"schema_version": 1, "environments": envs, "cells": cells,
+         "definitions": [{"name": "rmsnorm_h4096"}, {"name": "fi_trace/rmsnorm_h4096", "set": "fi_trace"}]}
+    d = diff_environments(m, m, "fi0.7.1", "fi0.7.2")
+    assert {r["definition"] for r in d.regressions} == {"rmsnorm_h4096", "fi_trace/rmsnorm_h4096"}
+    assert [b["definition"] for b in bisect_commands(m, m, d, ("fi0.7.1", "fi0.7.2"))] == ["rmsnorm_h4096"]
