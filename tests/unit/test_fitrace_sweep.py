@@ -237,7 +237,8 @@ def test_a_regression_of_flashinfers_own_definition_is_listed_but_not_bisected()
     envs = [{"id": f"fi{v}@sm90", "combination": f"cu130-torch2.11-fi{v}", "arch": "sm90",
              "manifest": {"combination": {"pins": {**pins, "flashinfer-python": v}}}} for v in ("0.7.1", "0.7.2")]
     cells = [{"definition": name, "environment": e["id"], "state": state, "reason": None}
-             for name in ("rmsnorm_h4096", "fi_trace/rmsnorm_h4096") for e, state in zip(envs, ("pass", "fail"))]
+             for name in ("rmsnorm_h4096", "fi_trace/rmsnorm_h4096")
+             for e, state in zip(envs, ("pass", "fail"), strict=True)]
     m = {"schema_version": 1, "environments": envs, "cells": cells,
          "definitions": [{"name": "rmsnorm_h4096"}, {"name": "fi_trace/rmsnorm_h4096", "set": "fi_trace"}]}
     d = diff_environments(m, m, "fi0.7.1", "fi0.7.2")
