@@ -12,6 +12,8 @@ this file makes environments and calls flashinfer_trace.sweep.install / flashinf
     nox -s references-cuda13 -- --no-mps     without the session's own CUDA MPS daemon (sweep/mps.py)
     nox -s references-cuda13 -- --jit-modules DIR    load the modules another machine built (sweep/prebuilt.py)
     nox -s jit-cuda13 -- --no-ccache         JIT builds without the shared compiler cache (sweep/compiler_cache.py)
+    nox -s references-cuda13 -- --fi-trace-op-type rmsnorm   FlashInfer's own definitions (>= 0.7), one op type
+                                             of them (default all; --no-fi-trace: none; sweep/fitrace_step.py)
     flashinfer-trace sweep run -t nightly    the nightly sessions over every GPU of the host (sweep/host.py)
     nox -s matrix                            results/ -> matrix/ (JSON, Markdown, HTML)
 
@@ -114,7 +116,8 @@ def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
                     "--results", str(out), "--arch", arch or "auto", "--install-json", str(out / "install.json"),
                     "--jobs", str(jobs), "--test-timeout", str(opts.test_timeout or 900),
                     *(["--cores", str(opts.cores)] if opts.cores else []),
-                    *(["--resume"] if opts.resume else []),
+                    *(["--resume"] if opts.resume else []), *([] if opts.fi_trace else ["--no-fi-trace"]),
+                    *[a for t in opts.fi_trace_op_types for a in ("--fi-trace-op-type", t)],
                     *(["--jit-budget", str(opts.jit_budget)] if opts.jit_budget else []), "--", *pytest_args,
                     env=env, success_codes=[0, 3])
     status = json.loads((out / "session.json").read_text())["status"]

@@ -21,7 +21,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ class CheckConfig:
     tolerance: dict[str, float] = field(default_factory=dict)  # overrides: atol / rtol / matched_ratio / min_cosine
     draws: int | None = None  # sampler draws per row; None: by device
     definitions_dir: str | None = None
+    definition_set: str | None = None  # the records' definition_set: None ours, "fi_trace" FlashInfer's own
     save_failures: str | None = None
     save_inputs: bool = False
     results_file: str | None = None  # JSONL, one record a line as each completes
@@ -158,6 +159,7 @@ class Case:
     skip: tuple[Kind, str] | None = None  # decided at planning: the case cannot run here, and why
     path: str | None = None  # the source's path (groundtruth.paths): None its plain call
     fresh: bool = False  # `seed` is the run's fresh seed: the id says "fresh", the record the number
+    definition_set: str | None = None  # None: definitions/; "fi_trace": FlashInfer's own (a name may repeat ours)
 
     @property
     def id(self) -> str:
@@ -169,12 +171,13 @@ class Case:
     @property
     def key(self) -> tuple:
         """What identifies the case's record (CaseRecord.key)."""
-        return (self.definition.name, self.check.value, self.source, self.path, self.size, self.seed, self.case)
+        return (self.definition.name, self.check.value, self.source, self.path, self.size, self.seed, self.case,
+                self.definition_set)
 
     def record(self, status: Status, **kw: Any) -> CaseRecord:
-        return CaseRecord(definition=self.definition.name, op_type=self.definition.op_type, check=self.check,
-                          size=self.size, seed=self.seed, case=self.case, source=self.source, path=self.path,
-                          fresh=self.fresh, status=status, **kw)
+        return CaseRecord(definition=self.definition.name, definition_set=self.definition_set,
+                          op_type=self.definition.op_type, check=self.check, size=self.size, seed=self.seed,
+                          case=self.case, source=self.source, path=self.path, fresh=self.fresh, status=status, **kw)
 
 
 @dataclass
@@ -219,8 +222,9 @@ def discover(targets: Iterable[str], config: CheckConfig) -> Discovered:
                               else Dataset(config.definitions_dir).load(target))
             except (DefinitionError, KeyError, FileNotFoundError) as e:
                 msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-                errors.append(CaseRecord(definition=str(path or target), check=Check.LOAD, status=Status.ERROR,
-                                         kind=Kind.LOAD, detail=msg, environment=config.environment))
+                errors.append(CaseRecord(definition=str(path or target), definition_set=config.definition_set,
+                                         check=Check.LOAD, status=Status.ERROR, kind=Kind.LOAD, detail=msg,
+                                         environment=config.environment))
         for d in loaded:
             if d.name not in seen:
                 seen.add(d.name)
@@ -280,6 +284,8 @@ def definition_cases(d: Definition, config: CheckConfig, budget: int | None = No
         # boundary-seeking inputs at every size: an indexing bug may need the larger shapes to show
         out += [Case(d, Check.EDGE, size, 0, c, s, skip=skip, path=p) for c in edge for s, p in routes]
     out.append(Case(d, Check.DETERMINISTIC, skip=skip))
+    if config.definition_set:
+        out = [replace(c, definition_set=config.definition_set) for c in out]
     return out
 
 
@@ -291,7 +297,8 @@ def plan(discovered: Discovered, config: CheckConfig) -> list[Case | CaseRecord]
         try:
             out += definition_cases(d, config, budget)
         except UnsupportedOpType as e:
-            out.append(CaseRecord(definition=d.name, op_type=d.op_type, check=Check.ALL, status=Status.SKIP,
+            out.append(CaseRecord(definition=d.name, definition_set=config.definition_set, op_type=d.op_type,
+                                  check=Check.ALL, status=Status.SKIP,
                                   kind=Kind.NO_GENERATOR, detail=f"no-generator: {e}", environment=config.environment))
     return out
 
@@ -331,9 +338,9 @@ class Memo:
         self.sampler_draws: dict = {}  # a sampler reference's draws, shared by the case's ground truths
 
     def pristine(self, case: Case, phases: Phases) -> Inputs:
-        key = (case.definition.name, case.size, case.seed, case.case)
+        key = (case.definition.name, case.size, case.seed, case.case, case.definition_set)
         if key != self.key:  # forgotten before generating: a failure must not leave another case's inputs
-            new_definition = self.key is not None and self.key[0] != key[0]
+            new_definition = self.key is not None and (self.key[0], self.key[4]) != (key[0], key[4])
             self.key = self.inputs = self.outputs = self._scales = None
             if new_definition and torch.cuda.is_initialized():
                 # what the last definition cached goes back to the GPU: the suite's test processes share it
@@ -522,7 +529,8 @@ def run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
     record.phases = {**{k: round(v, 4) for k, v in phases.seconds.items()},
                      "worker_starts": pool.worker_starts() - starts}
     record.environment = config.environment
-    if memo.inputs is not None and memo.key == (case.definition.name, case.size, case.seed, case.case):
+    if memo.inputs is not None and memo.key == (case.definition.name, case.size, case.seed, case.case,
+                                                 case.definition_set):
         record.inputs = memo.inputs.source
     if record.status is Status.FAIL and config.save_failures:
         record.failure_file = save_failure(record, case, memo, config)

@@ -23,10 +23,11 @@ def replay_command(definition: str, size: str, seed: int, case: str | None, sour
 
 
 def save_failure(record: dict[str, Any], directory: str | Path = DEFAULT_DIR, *, inputs: bool = False) -> Path:
-    """Write `<directory>/<id>.json` (and `<id>.safetensors` with inputs=True); returns the JSON path."""
+    """Write `<directory>/<id>.json` (and `<id>.safetensors` with inputs=True); returns the JSON path.
+    The id starts with the definition set where there is one (FlashInfer's fi_trace files may share our names)."""
     directory = Path(directory)
-    key = "-".join(str(record.get(k)) for k in ("definition", "check", "source", "size", "seed", "case")
-                   if record.get(k) is not None)
+    fields = ("definition_set", "definition", "check", "source", "size", "seed", "case")
+    key = "-".join(str(record.get(k)) for k in fields if record.get(k) is not None)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)[:200]
     target = record.get("definition_path") or record["definition"]
     # a reference-only check (shape, dtype, determinism) has source None: any ground truth replays it

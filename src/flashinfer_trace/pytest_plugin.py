@@ -1,13 +1,16 @@
 """The pytest face of the engine (check.py): tests/references/test_<op_type>.py each declare one test,
 `reference_test(op_type)`, which this plugin parametrizes over the engine's planned cases for that op
 type and which asserts the engine's verdict. Nothing is checked here that `flashinfer-trace check`
-does not check the same way.
+does not check the same way. tests/references/test_fi_trace.py declares `fi_trace_test()`: every
+definition (all op types) of the folder `--fi-trace-definitions DIR` names (import-fi-trace's output),
+its records marked `definition_set="fi_trace"` so that a name FlashInfer shares with one of ours stays
+apart; without the option it is one clean skip.
 
 Options: the engine's (`check.add_check_options`: --sizes, --seeds, --device, --atol/--rtol/
 --matched-ratio/--min-cosine, --draws, --save-failures, --save-inputs, --jit-report, the sandbox's),
-plus --run-slow (the large tier), --known-issues FILE and --shard I/N. Markers: gpu, flashinfer,
-sglang, slow and the arch markers of adapters that pin compute capabilities. Every test records its
-`CaseRecord` as the user property `record` (the session's results are those records).
+plus --run-slow (the large tier), --known-issues FILE, --shard I/N and --fi-trace-definitions DIR.
+Markers: gpu, flashinfer, sglang, slow and the arch markers of adapters that pin compute capabilities.
+Every test records its `CaseRecord` as the user property `record` (the session's results are those records).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import pytest
 from .check import Case, CheckConfig, Memo, config_from_options, configure_sandbox, run_case
 from .escape import for_terminal
 from .options import add_check_options
-from .results.record import CaseRecord
+from .results.record import FI_TRACE_SET, CaseRecord, qualified_name
 from .status import Kind, Status
 
 ARCH_MARKERS = ("sm80", "sm89", "sm90", "sm100", "sm103", "sm120")
@@ -44,6 +47,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--shard", default=None, metavar="I/N",
                 help="run the I-th of N shards (definitions dealt round-robin by name; the session's isolation "
                      "runs the shards of a large test file in parallel processes)")
+    g.addoption(FI_TRACE_OPTION, dest="fi_trace_definitions", default=None, metavar="DIR",
+                help="FlashInfer's own definitions (flashinfer-trace import-fi-trace --out DIR) for "
+                     "tests/references/test_fi_trace.py; without it that test skips")
+
+
+FI_TRACE_OPTION = "--fi-trace-definitions"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,6 +80,40 @@ def reference_test(op_type: str):
     return test
 
 
+def fi_trace_test():
+    """The one test of test_fi_trace.py: each planned case of every definition in --fi-trace-definitions DIR."""
+
+    def test_fi_trace(case: Case, reference_engine: _Engine) -> None:
+        reference_engine.check(case)
+
+    test_fi_trace.definition_set = FI_TRACE_SET  # type: ignore[attr-defined]
+    return test_fi_trace
+
+
+def fi_trace_cases(folder: str | Path, config: CheckConfig) -> list[Case | CaseRecord]:
+    """Every case of the definitions under `folder` (every op type; a file that does not load is one error
+    record), each of definition set fi_trace."""
+    from dataclasses import replace
+
+    from .check import discover, plan
+
+    if not Path(folder).is_dir():
+        raise pytest.UsageError(f"{FI_TRACE_OPTION} {folder}: no such folder (flashinfer-trace import-fi-trace "
+                                f"--out DIR writes one)")
+    config = replace(config, definitions_dir=str(folder))
+    return plan(discover([str(folder)], config), config)
+
+
+@cache
+def _fi_trace_config(config: pytest.Config) -> CheckConfig:
+    """The engine's config for the fi_trace set: the session's, less the JIT report. The prebuild plans
+    definitions/ only and its report is keyed by definition name, which FlashInfer's files may share with
+    ours (rmsnorm_h4096): read for these, it would answer for another definition."""
+    from dataclasses import replace
+
+    return replace(_check_config(config), definition_set=FI_TRACE_SET, jit_report=None)
+
+
 def planned_cases(op_type: str, config: CheckConfig) -> list[Case | CaseRecord]:
     from .check import Discovered, plan
     from .dataset import Dataset
@@ -93,10 +136,22 @@ def _marks(case: Case) -> list[pytest.MarkDecorator]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     op_type = getattr(metafunc.function, "op_type", None)
-    if op_type is None or "case" not in metafunc.fixturenames:
+    definition_set = getattr(metafunc.function, "definition_set", None)
+    if (op_type is None and definition_set is None) or "case" not in metafunc.fixturenames:
         return
+    if definition_set is not None:
+        folder = metafunc.config.getoption("fi_trace_definitions")
+        if not folder:
+            reason = (f"no {FI_TRACE_OPTION} DIR: FlashInfer's own definitions are checked only where a folder of "
+                      f"them is given (flashinfer-trace import-fi-trace --out DIR)")
+            metafunc.parametrize("case", [pytest.param(None, id="no-fi-trace-definitions",
+                                                       marks=pytest.mark.skip(reason=reason))])
+            return
+        cases = fi_trace_cases(folder, _fi_trace_config(metafunc.config))
+    else:
+        cases = planned_cases(op_type, _check_config(metafunc.config))
     params = []
-    for c in planned_cases(op_type, _check_config(metafunc.config)):
+    for c in cases:
         if isinstance(c, CaseRecord):  # no generator: one skip that says so
             params.append(pytest.param(c, id=f"{c.definition}-{c.check.value}"))
         else:
@@ -109,7 +164,8 @@ def identity(case: Case | CaseRecord) -> dict[str, Any]:
     if isinstance(case, CaseRecord):
         return case.as_dict()
     return case.record(Status.NOT_RUN).model_dump(mode="json", include={
-        "definition", "op_type", "check", "size", "seed", "case", "source", "status", "schema_version"})
+        "definition", "definition_set", "op_type", "check", "size", "seed", "case", "source", "status",
+        "schema_version"})
 
 
 def _case_of(item: pytest.Item) -> Case | CaseRecord | None:
@@ -153,7 +209,9 @@ def reference_memo(pytestconfig: pytest.Config) -> Memo:
 
 @pytest.fixture
 def reference_engine(request: pytest.FixtureRequest, pytestconfig: pytest.Config, reference_memo: Memo):
-    yield _Engine(_check_config(pytestconfig), reference_memo, request.node)
+    fi_trace = getattr(request.function, "definition_set", None) == FI_TRACE_SET
+    yield _Engine(_fi_trace_config(pytestconfig) if fi_trace else _check_config(pytestconfig), reference_memo,
+                  request.node)
     release_cuda_cache()
 
 
@@ -202,16 +260,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         case = _case_of(item)
         if case is None:
             continue
-        name, source = case.definition if isinstance(case, CaseRecord) else case.definition.name, case.source
-        for issue in issues:
+        name, source = _qualified(case), case.source
+        for issue in issues:  # an fi_trace case by `fi_trace/<name>`: an entry for one of ours never matches it
             # the report is asked only where the issue otherwise applies: a running prebuild's lookup waits for
             # the job, and only these tests need its answer at collection
             if not issue.applies(name, source, versions, arch):
                 continue
-            if not (issue.unless_jit_ready and _jit_ready(prebuild, name, source)):
+            if not (issue.unless_jit_ready and case.definition_set is None and _jit_ready(prebuild, name, source)):
                 item.add_marker(pytest.mark.xfail(strict=True, run=issue.run, reason=issue.describe()))
                 item.user_properties.append(("known_issue", issue.id))
                 break
+
+
+def _qualified(case: Case | CaseRecord) -> str:
+    if isinstance(case, CaseRecord):
+        return case.qualified
+    return qualified_name(case.definition.name, case.definition_set)
 
 
 def _jit_ready(prebuild, definition: str, source: str | None) -> bool:

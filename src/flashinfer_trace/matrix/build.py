@@ -7,7 +7,9 @@ A pipeline of plain functions, each taking the previous result:
                                   stops the build; it is reported and its environment shown as such
     environments(sessions)     -> one environment per (combination, arch): references and bench
                                   sessions of the same environment merge (statuses + timings)
-    cells(environments)        -> one cell per (definition, environment)
+    cells(environments)        -> one cell per (definition, environment); FlashInfer's own definitions
+                                  (records of definition_set fi_trace) are rows of their own, `fi_trace/<name>`,
+                                  grouped apart from ours (`group`: `fi_trace/<op_type>`)
     assemble(...)              -> the matrix.json dict (schema_version 1)
 
 Imports nothing heavy (no torch): `nox -s matrix` runs it with the standard library, packaging and pydantic
@@ -219,7 +221,7 @@ def environment_record(env: Environment) -> dict[str, Any]:
             "flashinfer": pins.get("flashinfer-python"), "sglang": pins.get("sglang"),
             "gpu": devices[0]["name"] if devices else None, "status": status, "reason": reason,
             "sessions": [s.session.get("session", s.folder.name) for s in env.sessions],
-            "sandbox": sandbox_label(manifest), "jit": jit_summary(env),
+            "sandbox": sandbox_label(manifest), "jit": jit_summary(env), "fi_trace": ref.session.get("fi_trace"),
             "finished": ref.session.get("finished"), "manifest": manifest}
 
 
@@ -251,6 +253,16 @@ def module_builds(sessions: list[SessionData]) -> list[dict[str, Any]]:
                     best[m] = {"module": m, "seconds": round(float(b["seconds"]), 1), "definition": b.get("definition"),
                                "session": s.session.get("session")}
     return sorted(best.values(), key=lambda r: -r["seconds"])
+
+
+def fi_trace_label(note: dict[str, Any] | None) -> str:
+    """The environment's fi_trace step in a few words: what it imported from which FlashInfer, or why not."""
+    if not isinstance(note, dict):
+        return "not recorded"
+    if note.get("status") == "pass":
+        return (f"{note.get('count')} definition(s) of flashinfer {note.get('flashinfer')}"
+                + (f", {note['not_emitted']} template(s) not emitted" if note.get("not_emitted") else ""))
+    return f"{note.get('status')}" + (f": {note['kind']}" if note.get("kind") else "")
 
 
 def jit_label(jit: dict[str, Any] | None) -> str:
@@ -407,8 +419,8 @@ def environment_cells(env: Environment, definitions: list[str], issues: list | N
     ref = _references(env)
     grouped: dict[str, list[CaseRecord]] = {}
     for t in (ref.tests or []) if ref else []:
-        if t.definition:
-            grouped.setdefault(t.definition, []).append(t)
+        if t.definition:  # FlashInfer's own `rmsnorm_h4096` is not ours: `fi_trace/rmsnorm_h4096`
+            grouped.setdefault(t.qualified, []).append(t)
     out = [cell(d, env, grouped[d], issues) for d in definitions if d in grouped]
     for d in definitions:  # benchmarks without reference results still show their timing
         if d not in grouped and timing(d, env):
@@ -422,8 +434,11 @@ def definition_records(sessions: list[SessionData], definitions_dir: Path | None
     seen: dict[str, dict[str, Any]] = {}
     for s in sessions:
         for t in s.tests or []:
-            if t.definition and t.definition not in seen:
-                seen[t.definition] = {"name": t.definition, "op_type": t.op_type, "models": []}
+            if t.definition and t.qualified not in seen:
+                seen[t.qualified] = {"name": t.qualified, "op_type": t.op_type, "models": [],
+                                     **({"set": t.definition_set, "definition": t.definition,
+                                         "group": f"{t.definition_set}/{t.op_type or 'unknown'}"}
+                                        if t.definition_set else {})}
         for b in s.benchmarks:
             info = b.get("extra_info") or {}
             d = info.get("definition")
@@ -439,7 +454,8 @@ def definition_records(sessions: list[SessionData], definitions_dir: Path | None
                 tags = [t for t in data.get("tags", []) if isinstance(t, str)]
                 seen[path.stem].update(op_type=data.get("op_type") or seen[path.stem]["op_type"],
                                        models=[t.removeprefix("model:") for t in tags if t.startswith("model:")])
-    return sorted(seen.values(), key=lambda d: (d["op_type"] or "", d["name"]))
+    # ours first, by op type; then each other set's, by op type
+    return sorted(seen.values(), key=lambda d: (d.get("set") or "", d["op_type"] or "", d["name"]))
 
 
 def not_run(combinations: list | None, envs: list[Environment], note: str | list[str] | None

@@ -183,8 +183,11 @@ def bisect_commands(old: dict[str, Any], new: dict[str, Any], d: MatrixDiff,
     the bisect that finds the first bad release (`envs`: the two environments diffed; else each regressed
     environment in both files)."""
     out = []
+    # FlashInfer's own definitions (set fi_trace) are each release's files, not one definition bisect can carry
+    # from release to release: their regressions are listed, not bisected
+    theirs = {x.get("name") for x in new.get("definitions") or [] if isinstance(x, dict) and x.get("set")}
     for r in d.regressions:
-        if r["old"] is None or r["new"] not in BISECT_STATES:
+        if r["old"] is None or r["new"] not in BISECT_STATES or r["definition"] in theirs:
             continue  # no good release to start from, or nothing bisect can tell from a release that cannot run
         env_old, env_new = envs or (r["environment"], r["environment"])
         try:

@@ -56,7 +56,7 @@ from typing import Any
 from ..status import SEVERITY as CELL_SEVERITY
 from ..status import SYMBOL
 from . import drift_view
-from .build import jit_label
+from .build import fi_trace_label, jit_label
 
 __all__ = ["SEVERITY", "SYMBOLS", "TITLE", "render_html"]
 
@@ -158,6 +158,11 @@ def _env_lines(env: dict) -> list[str]:
     return [part.strip() for part in str(label).split(" / ") if part.strip()] or [str(label)]
 
 
+def _group(d: dict) -> str:
+    """A definition's row group: its op type, or `fi_trace/<op type>` for FlashInfer's own (build.py's `group`)."""
+    return str(d.get("group") or d.get("op_type") or "other")
+
+
 def _env_label(env: dict) -> str:
     return str(env.get("label") or " / ".join(_env_lines(env)))
 
@@ -190,6 +195,7 @@ def _manifest_facts(env: dict) -> dict[str, str | None]:
         "Python": python,
         "references ran": env.get("sandbox"),  # confined / unconfined (allowed) / refused (docs/sandbox.md)
         "JIT prebuild": jit_label(env.get("jit")) if env.get("jit") else None,
+        "fi_trace": fi_trace_label(env.get("fi_trace")) if env.get("fi_trace") else None,
         "slowest JIT modules": ", ".join(f"{m['module']} {m['seconds']} s" for m in _modules(env)[:5]) or None,
         "git": manifest.get("git_sha"),
     }
@@ -329,9 +335,9 @@ def render_html(matrix: dict) -> str:
             grid_states[str(cell.get("state") or NOT_RUN) if cell else NOT_RUN] += 1
     all_states = list(states) + sorted(s for s in grid_states if s not in states)
 
-    op_types: list[str] = []
+    op_types: list[str] = []  # the row groups: op types, FlashInfer's own (fi_trace) as fi_trace/<op type>
     for d in definitions:
-        op = str(d.get("op_type") or "other")
+        op = _group(d)
         if op not in op_types:
             op_types.append(op)
     models = sorted({str(m) for d in definitions for m in _list(d.get("models"))})
@@ -415,7 +421,7 @@ def render_html(matrix: dict) -> str:
     w("</tr>\n</thead>\n")
     by_op: dict[str, list[tuple[int, dict]]] = {op: [] for op in op_types}
     for index, d in enumerate(definitions):
-        by_op[str(d.get("op_type") or "other")].append((index, d))
+        by_op[_group(d)].append((index, d))
     for op in op_types:
         rows = by_op[op]
         w(f"<tbody class=\"group\" data-op-type=\"{_esc(op)}\">\n<tr class=\"group-row\" data-op-type=\"{_esc(op)}\">"

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..escape import for_markdown as _esc
 from . import drift_view
-from .build import jit_label
+from .build import fi_trace_label, jit_label
 
 
 def _code(text: Any) -> str:
@@ -45,12 +45,13 @@ def render_md(matrix: dict[str, Any]) -> str:
              "environment was benchmarked; `(torch ✅)` marks a cell where no kernel ran but the reference agreed "
              "with the independent torch computation.", ""]
     ops: dict[str, list[dict[str, Any]]] = {}
-    for d in matrix["definitions"]:
-        ops.setdefault(d["op_type"] or "unknown", []).append(d)
+    for d in matrix["definitions"]:  # FlashInfer's own (fi_trace) in groups of their own, after ours
+        ops.setdefault(d.get("group") or d["op_type"] or "unknown", []).append(d)
     versions = [str(r.get("flashinfer")) for r in matrix.get("drift") or []]  # flashinfer-trace drift reports
     drift_headers = "".join(f" drift (fi {_esc(v)}) |" for v in versions)
     for op, defs in ops.items():
-        lines += [f"## {_esc(op)}", "",
+        own = defs[0].get("set") == "fi_trace"
+        lines += [f"## {_esc(op)}" + (" (FlashInfer's own definitions: import-fi-trace)" if own else ""), "",
                   "| definition |" + drift_headers + " " + " | ".join(header(e) for e in envs) + " |",
                   "|---|" + "---|" * (len(versions) + len(envs))]
         for d in defs:
@@ -60,11 +61,12 @@ def render_md(matrix: dict[str, Any]) -> str:
         lines.append("")
     lines += ["## Legend", "", " · ".join(f"{symbols[s]} {s}: {text}" for s, text in matrix["states"].items()), ""]
     lines += ["## Environments", "",
-              "| environment | GPU | status | references ran | JIT prebuild | sessions | reason |",
-              "|---|---|---|---|---|---|---|"]
+              "| environment | GPU | status | references ran | JIT prebuild | fi_trace | sessions | reason |",
+              "|---|---|---|---|---|---|---|---|"]
     for e in envs:
         lines.append(f"| {_esc(e['label'])} | {_esc(e.get('gpu') or '-')} | {_esc(e['status'])} | "
                      f"{_esc(e.get('sandbox') or 'not recorded')} | {_esc(jit_label(e.get('jit')))} | "
+                     f"{_esc(fi_trace_label(e.get('fi_trace')))} | "
                      f"{_esc(', '.join(e['sessions']))} | {_esc(e.get('reason') or '')} |")
     if matrix.get("not_run"):
         lines += ["", "## Combinations not run", "", "| combination | CUDA | archs | why |", "|---|---|---|---|"]

@@ -1,7 +1,8 @@
 """`CaseRecord`: what one checked case says, written by both faces of the engine (`check` and the pytest
 suite) and the only thing the matrix reads.
 
-Versioned: `schema_version` 2 is this model; version 1 was the pytest suite's bag of properties
+Versioned: `schema_version` 2 is this model (`definition_set` was added to it with a default, so records
+written before it read as this repository's set); version 1 was the pytest suite's bag of properties
 (`TestRecord`: nodeid, pytest status, message, properties), which `from_v1` converts, so the
 committed snapshot's results still build the same matrix.
 """
@@ -18,6 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..status import Kind, Status
 
 SCHEMA_VERSION = 2
+FI_TRACE_SET = "fi_trace"  # FlashInfer's own definitions (import-fi-trace), beside this repository's definitions/
+DEFINITION_SETS = (FI_TRACE_SET,)
+
+
+def qualified_name(definition: str, definition_set: str | None) -> str:
+    """The name a definition goes by beside the other sets: `fi_trace/<name>` (FlashInfer may name one
+    of its definitions as we name ours), a definition of definitions/ by its plain name."""
+    return f"{definition_set}/{definition}" if definition_set else definition
 
 
 class Check(str, enum.Enum):
@@ -58,6 +67,8 @@ class CaseRecord(BaseModel):
 
     schema_version: Literal[2] = SCHEMA_VERSION
     definition: str
+    # which set the definition is of: None this repository's definitions/, "fi_trace" FlashInfer's own
+    definition_set: Literal["fi_trace"] | None = None
     op_type: str | None = None
     check: Check
     size: str | None = None
@@ -88,7 +99,13 @@ class CaseRecord(BaseModel):
     @property
     def key(self) -> tuple:
         """What identifies the case: a later record of the same key replaces an earlier one."""
-        return (self.definition, self.check.value, self.source, self.path, self.size, self.seed, self.case)
+        return (self.definition, self.check.value, self.source, self.path, self.size, self.seed, self.case,
+                self.definition_set)
+
+    @property
+    def qualified(self) -> str:
+        """The definition's name among every set's (`qualified_name`): what the matrix keys rows by."""
+        return qualified_name(self.definition, self.definition_set)
 
     @property
     def tolerance_used(self) -> float | None:

@@ -47,7 +47,8 @@ LAYERS = ("zz_flashinfer_trace_base.pth", "flashinfer_trace_src.pth", "flashinfe
 INSTALLED = "flashinfer_trace_install.json"  # in the environment's site-packages: what the last install was
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 SESSION_FLAGS = ("--wheelhouse", "--extra-wheels", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout",
-                 "--resume", "--jit-budget", "--no-mps", "--jit-modules", "--no-ccache", "--ccache-dir", "--cores")
+                 "--resume", "--jit-budget", "--no-mps", "--jit-modules", "--no-ccache", "--ccache-dir", "--cores",
+                 "--no-fi-trace", "--fi-trace-op-type")
 
 
 @dataclass
@@ -68,6 +69,8 @@ class InstallOptions:
     ccache: bool = True  # GPU sessions: ccache in front of FlashInfer's JIT compilers (compiler_cache.py)
     ccache_dir: Path | None = None  # the compiler cache (default ~/.cache/flashinfer-trace/ccache)
     cores: int | None = None  # the cores this session may use (MAX_JOBS, the prebuild's pool): sweep/host.py's share
+    fi_trace: bool = True  # references sessions: import and check FlashInfer's own definitions (fitrace_step.py)
+    fi_trace_op_types: list[str] = field(default_factory=list)  # only these op types of them (default all)
 
     @property
     def mode(self) -> str:
@@ -114,10 +117,11 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             rest.append(a)
             i += 1
             continue
-        if name in ("--resume", "--no-mps", "--no-ccache"):
+        if name in ("--resume", "--no-mps", "--no-ccache", "--no-fi-trace"):
             opts.resume = opts.resume or name == "--resume"
             opts.mps = opts.mps and name != "--no-mps"
             opts.ccache = opts.ccache and name != "--no-ccache"
+            opts.fi_trace = opts.fi_trace and name != "--no-fi-trace"
             i += 1
             continue
         takes_value = name != "--preinstalled-torch" or bool(eq) or (
@@ -146,6 +150,10 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             opts.jit_modules = Path(value)
         elif name == "--ccache-dir":
             opts.ccache_dir = Path(value)
+        elif name == "--fi-trace-op-type":
+            if not value.isidentifier():
+                raise ValueError(f"--fi-trace-op-type {value!r}: expected an op type (an identifier, e.g. rmsnorm)")
+            opts.fi_trace_op_types.append(value)
         elif name == "--cores":
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"--cores {value!r}: expected a whole number of cores, at least 1")

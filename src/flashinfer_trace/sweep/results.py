@@ -4,6 +4,8 @@
                     arch-mismatch / no-gpu / uninstallable; running until it ends, interrupted), reason,
                     install mode, constraints hash
     env.json        the environment manifest (manifest.py)
+    fi_trace/       a references session's import of FlashInfer's own definitions (>= 0.7) and its
+                    manifest.fi-trace; their records are in tests.jsonl with definition_set "fi_trace"
     jit.jsonl       the JIT prebuild, one record per (definition, kernel source) as each ends (jit/)
     tests.jsonl     one record per test as it finishes (fsynced): what a killed session leaves
     tests.json      one record per test: a references session's are CaseRecords (results/record.py,
@@ -83,6 +85,9 @@ class SessionInfo:
     fresh_seed: int | None = None  # the run's fresh seed, the same in every test process (replay: --seeds N)
     # seconds from the session's start to its first and last comparison, and to the prebuild's end (session.py)
     timeline: dict[str, Any] | None = None
+    # a references session's fi_trace step (sweep/fitrace_step.py): FlashInfer's own definitions imported into
+    # fi_trace/ and checked beside ours, or why not (status skip, kind not-installed / api-missing)
+    fi_trace: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):

@@ -2,14 +2,15 @@
 
     python -m flashinfer_trace.sweep.session references|bench|jit --combination constraints/X.toml --session NAME
         --results results/NAME [--arch sm90|auto] [--install-json FILE] [--jobs N] [--test-timeout S]
-        [-- PYTEST-ARGS]
+        [--no-fi-trace] [--fi-trace-op-type T ...] [-- PYTEST-ARGS]
 
 A pipeline of plain steps: check the GPU against the combination (a mismatch is recorded and the
 session skips), collect the manifest, build the JIT modules the selected tests need (jit/, in
-parallel, each with its own budget; a `jit` session stops there) and, while they build, run the tests
-with every file (or shard of one) in its own process (isolation.py: a crash or a hang fails one test,
-the rest still run), each started once its definitions' builds have ended, those expected ready first
-(session.json's `timeline`: seconds to the first and the last comparison), sample the clocks again,
+parallel, each with its own budget; a `jit` session stops there), import FlashInfer's own definitions
+where it has them (fitrace_step.py: results/<session>/fi_trace/, or a note why not) and, while the modules
+build, run the tests with every file (or shard of one) in its own process (isolation.py: a crash or a hang
+fails one test, the rest still run), each started once its definitions' builds have ended, those expected
+ready first (session.json's `timeline`: seconds to the first and the last comparison), sample the clocks again,
 write results/<session>/ (results.py). Exit status: 0 when everything ran and passed, 1 on test
 failures, 3 when the session was skipped (arch mismatch, no GPU).
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from ..results.record import CaseRecord, from_test, parse
 from .combos import Combination, arch_of, load_combination
+from .fitrace_step import FiTraceConfig, fi_trace_step, fi_trace_targets
 from .isolation import Target
 from .results import ERRORS, FAILURES, JsonlStream, SessionInfo, TestRecord, from_fields, read_latest, write_session
 
@@ -93,7 +95,10 @@ def session_fresh_seed(results: Path, resume: bool) -> int:
 def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
                 install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
                 extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False,
-                jit_budget: float | None = None, cores: int | None = None) -> int:
+                jit_budget: float | None = None, cores: int | None = None,
+                fi_trace: FiTraceConfig | None = None) -> int:
+    """`fi_trace`: the fi_trace step's config (a references session; default: the installed FlashInfer's
+    version, emitted on the session's device); FiTraceConfig(enabled=False) leaves it out."""
     from . import manifest as mf
     from . import mps
     from .isolation import collect_files, run_isolated
@@ -123,12 +128,11 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         info.reason = "; ".join(install["differences"])
     folder = BENCH_TESTS if kind == "bench" else REFERENCE_TESTS
     targets = collect_files([str((cwd or Path(".")) / folder)])
-    if kind == "references":
-        targets = shard(targets, jobs, (cwd or Path(".")) / "definitions")
     earlier = streamed_records(results, kind) if resume else []
     info.status = "running"  # until the end: a session killed outright is read as partial, from tests.jsonl
     write_session(results, info, manifest=manifest)
-    built_before, background, before, noted = None, None, None, {}
+    built_before, background, before, noted, builds = None, None, None, {}, None
+    definitions = (cwd or Path(".")) / "definitions"
     try:
         if combo.gpu:
             builds, config = plan_prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget,
@@ -138,14 +142,6 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
             if kind == "jit":
                 info.jit = finish_prebuild(background, noted)
                 write_session(results, info, manifest=manifest)
-            else:
-                from .jit import PrebuildWatch
-                from .jit.pipeline import readiness
-
-                ready = readiness(builds, read_prebuild(results) if resume else ())
-                definitions = (cwd or Path(".")) / "definitions"
-                targets = order_targets(targets, ready, definitions)
-                before = gate(PrebuildWatch(results / JIT_STREAM), definitions)
     except KeyboardInterrupt:  # the finished builds are in jit.jsonl, an earlier run's tests in tests.jsonl
         return _interrupted_prebuild(info, results, manifest, t0, kind, background)
     if kind == "jit":
@@ -158,6 +154,17 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         print(f"{session}: prebuild: " + ", ".join(f"{k} {v}" for k, v in info.jit["counts"].items())
               + f" in {info.jit['wall_seconds']} s", file=sys.stderr)
         return 1 if bad else 0
+    if kind == "bench" and background is not None:  # timings beside running compiles would be the compiles'
+        try:
+            info.jit, background = finish_prebuild(background, noted), None
+        except KeyboardInterrupt:
+            return _interrupted_prebuild(info, results, manifest, t0, kind, background)
+    if kind == "references":  # FlashInfer's own definitions, imported here, run beside ours (test_fi_trace.py)
+        try:
+            targets, before = reference_targets(targets, info, results, manifest, combo, fi_trace, resume=resume,
+                                                jobs=jobs, definitions=definitions, builds=builds)
+        except KeyboardInterrupt:
+            return _interrupted_prebuild(info, results, manifest, t0, kind, background)
     convert = record_of(kind, f"{combo.id}@{info.arch}")
     timeline = Timeline(t0)
 
@@ -196,6 +203,28 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
     for line in bad_lines(bad):
         print(line, file=sys.stderr)
     return 1 if bad else 0
+
+
+def reference_targets(files: list[str], info: SessionInfo, results: Path, manifest: dict, combo: Combination,
+                      fi_trace: FiTraceConfig | None, *, resume: bool, jobs: int, definitions: Path,
+                      builds: list | None) -> tuple[list[Target], Callable | None]:
+    """A references session's targets and their gate: FlashInfer's own definitions imported (or a note why not),
+    the files sharded; while the modules build, the targets whose modules are expected ready first, each
+    started once its definitions' builds have ended."""
+    step = fi_trace_step(results, fi_trace or session_fi_trace(combo, resume))
+    info.fi_trace = step.as_dict()
+    write_session(results, info, manifest=manifest)
+    print(f"{info.session}: fi_trace: {step.status}" + (f" {step.count} definition(s)" if step.imported else "")
+          + (f": {step.detail}" if step.detail else ""), file=sys.stderr)
+    kept, own = fi_trace_targets(step, results, files)
+    targets = shard(kept, jobs, definitions, own)
+    if builds is None:
+        return targets, None
+    from .jit import PrebuildWatch
+    from .jit.pipeline import readiness
+
+    ready = readiness(builds, read_prebuild(results) if resume else ())
+    return order_targets(targets, ready, definitions), gate(PrebuildWatch(results / JIT_STREAM), definitions)
 
 
 def bad_lines(bad: list, limit: int = 20) -> list[str]:
@@ -283,19 +312,43 @@ def child_environment(jobs: int, cores: int | None = None) -> dict[str, str]:
     return env
 
 
-def shard(files: list[str], jobs: int, definitions: Path) -> list[Target]:
+def shard(files: list[str], jobs: int, definitions: Path, own: dict[str, tuple] | None = None) -> list[Target]:
     """Test files split into shards that run side by side: about 2 x jobs processes in all, each file's
     share in proportion to its definitions (test_<op>.py: definitions/<op>/), so a file with many
-    definitions (GEMM's) is not the whole session's critical path."""
+    definitions (GEMM's) is not the whole session's critical path. `own`: a file's pytest arguments of its
+    own (test_fi_trace.py: --fi-trace-definitions DIR, whose definitions it counts, every op type)."""
+    own = own or {}
+
+    def target(f: str, *more: str) -> Target:
+        args = (*own.get(f, ()), *more)
+        return (f, args) if args else f
+
     if jobs <= 1:
-        return list(files)
-    counts = {f: max(1, len(list((definitions / Path(f).stem.removeprefix("test_")).glob("*.json")))) for f in files}
+        return [target(f) for f in files]
+
+    def count(f: str) -> int:
+        if f in own and len(own[f]) >= 2:
+            return len(list(Path(own[f][1]).rglob("*.json")))
+        return len(list((definitions / Path(f).stem.removeprefix("test_")).glob("*.json")))
+
+    counts = {f: max(1, count(f)) for f in files}
     total = sum(counts.values())
     out: list[Target] = []
     for f in sorted(files, key=lambda f: -counts[f]):  # the big files first: their shards start early
         n = max(1, min(counts[f], round(2 * jobs * counts[f] / total)))
-        out += [f] if n == 1 else [(f, ("--shard", f"{i}/{n}")) for i in range(n)]
+        out += [target(f)] if n == 1 else [target(f, "--shard", f"{i}/{n}") for i in range(n)]
     return out
+
+
+def session_fi_trace(combo: Combination, resume: bool, versions: dict[str, str | None] | None = None,
+                     op_types: tuple[str, ...] | None = None, enabled: bool = True) -> FiTraceConfig:
+    """The fi_trace step of a session in this environment: the installed FlashInfer (`versions`: default this
+    environment's), emitted on the session's device (a GPU lets the inits that need CUDA emit)."""
+    from .manifest import package_versions
+
+    found = package_versions() if versions is None else versions
+    return FiTraceConfig(flashinfer=found.get("flashinfer-python"), enabled=enabled, op_types=op_types,
+                         device="cuda" if combo.gpu else "cpu", reuse=resume)
 
 
 def k_expression(pytest_args: list[str]) -> str | None:
@@ -494,15 +547,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="keep the tests already in tests.jsonl, run the rest")
     p.add_argument("--jit-budget", type=float, help="seconds per prebuild job (default 600)")
     p.add_argument("--cores", type=int, help="this session's share of the host's cores (default: all)")
+    p.add_argument("--no-fi-trace", action="store_true",
+                   help="do not import and check FlashInfer's own definitions (fi_trace, >= 0.7)")
+    p.add_argument("--fi-trace-op-type", action="append", metavar="T",
+                   help="import only these op types of FlashInfer's own definitions (repeatable; default all)")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
     args.pytest_args = argv[cut + 1:]
     install = json.loads(Path(args.install_json).read_text()) if args.install_json else None
-    return run_session(args.kind, load_combination(args.combination), args.session, Path(args.results),
+    combo = load_combination(args.combination)
+    fi_trace = session_fi_trace(combo, args.resume, op_types=tuple(args.fi_trace_op_type or ()) or None,
+                                enabled=not args.no_fi_trace)
+    return run_session(args.kind, combo, args.session, Path(args.results),
                        arch=args.arch, install=install, jobs=args.jobs, test_timeout=args.test_timeout,
                        extra=args.pytest_args, cwd=Path.cwd(), resume=args.resume, jit_budget=args.jit_budget,
-                       cores=args.cores)
+                       cores=args.cores, fi_trace=fi_trace)
 
 
 if __name__ == "__main__":
