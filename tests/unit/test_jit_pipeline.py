@@ -345,3 +345,27 @@ def test_a_test_target_starts_once_its_definitions_builds_have_ended(tmp_path):
                                                                                 stopped)
     assert time.monotonic() - t0 < 2
     state2.finish()
+
+
+def test_a_bench_session_times_nothing_before_its_prebuild_has_ended(tmp_path, monkeypatch):
+    """Benchmarks beside running compiles would time the compiles: a bench session waits for its whole prebuild."""
+    from flashinfer_trace.sweep import session as sess
+    from flashinfer_trace.sweep.combos import load_combination
+
+    tree, out, starts = tmp_path / "repo", tmp_path / "results" / "bench-x", tmp_path / "starts.jsonl"
+    (tree / "tests" / "bench").mkdir(parents=True)
+    (tree / "tests" / "bench" / "conftest.py").write_text(  # the session passes the bench suite's own option
+        "def pytest_addoption(parser):\n    parser.addoption('--bench-stream', default=None)\n")
+    (tree / "tests" / "bench" / "test_b.py").write_text(
+        f"import json, time\n\n\ndef test_b():\n    with open({str(starts)!r}, 'a') as f:\n"
+        "        f.write(json.dumps({'at': time.time()}) + '\\n')\n")
+    out.mkdir(parents=True)
+    config = _config(tmp_path, {"slow_a": {"seconds": 2.0}}, workers=1, report=str(out / sess.JIT_STREAM))
+    monkeypatch.setattr(sess, "check_gpu", lambda combo, arch: ("ok", None, "sm90"))
+    monkeypatch.setattr(sess, "plan_prebuild", lambda *a, **k: ([_job("slow_a", "moe")], config))
+    combo = load_combination(ROOT / "constraints" / "cu130-torch2.11-fi0.6.6.toml")
+    rc = sess.run_session("bench", combo, "bench-x", out, jobs=1, test_timeout=120, cwd=tree)
+    assert rc == 0
+    began = json.loads(starts.read_text().splitlines()[0])["at"]
+    assert began >= _timeline(tmp_path)["slow_a"]["end"]
+    assert json.loads((out / "session.json").read_text())["jit"]["counts"] == {"built": 1}
