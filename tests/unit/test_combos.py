@@ -1,5 +1,6 @@
 """constraints/: every combination file, the loader's errors, session flags and torch checks."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,10 @@ def test_the_torch_axis_has_one_cpu_combination_per_torch_minor():
     assert "3.10.12" not in cpu[(2, 15)].python and "3.14.0" in cpu[(2, 15)].python
     python = _nightly_cpu_python() + ".0"
     assert all(python in c.python for c in cpu.values()), python
+
+
+def test_the_supported_torch_floor_is_the_oldest_torch_the_axis_runs():
+    """pyproject's `torch>=X` is a claim; the torch axis is what checks it, so its floor is the axis' oldest minor."""
+    floor = re.search(r'"torch>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    oldest = min(c.torch for c in load_combinations(ROOT / "constraints") if not c.gpu)
+    assert floor == f"{oldest.major}.{oldest.minor}", (floor, str(oldest))
