@@ -407,8 +407,6 @@ def test_a_session_says_when_the_torch_it_imports_is_not_the_pinned_build(tmp_pa
     another version) says so in session.json's reason: the matrix column is then not only the pin's word."""
     import torch
 
-    from flashinfer_trace.sweep.session import torch_differences_found
-
     tree = tmp_path / "repo"
     (tree / "tests" / "references").mkdir(parents=True)
     (tree / "tests" / "references" / "conftest.py").write_text(
@@ -421,6 +419,8 @@ def test_a_session_says_when_the_torch_it_imports_is_not_the_pinned_build(tmp_pa
     session = json.loads((out / "session.json").read_text())
     here = torch.__version__.split("+")[0]
     assert session["status"] == "ok" and f"torch {here} instead of 2.8.0" in session["reason"]
+    from flashinfer_trace.sweep.session import torch_differences_found
+
     assert torch_differences_found(combo, None, {"version": "2.8.0+cu128", "cuda": "12.8"}) == [
         "torch variant cu128 instead of cpu"]
     assert torch_differences_found(combo, None, {"version": "2.8.0+cpu", "cuda": None}) == []
