@@ -6,6 +6,7 @@ this file makes environments and calls flashinfer_trace.sweep.install / flashinf
     nox -s references-cuda13                 the newest known-good CUDA 13 combination, this GPU's arch
     nox -s references-cu130-torch2.11-fi0.6.6-sm90     one combination, one arch (CI runners)
     nox -t nightly                           the sweep
+    nox -t torch-axis                        the reference suite on every CPU combination (torch 2.8 .. 2.15)
     nox -s references-cuda13 -- --wheelhouse .whl --preinstalled-torch -k rmsnorm
                                              offline, reusing this interpreter's torch; the rest to pytest
     nox -s jit-cuda13 -- -k moe --jit-budget 1800    only the JIT prebuild (start long builds ahead; resumable)
@@ -143,8 +144,9 @@ for _c in COMBOS:
         _register(f"references-{_c.id}", "references", _c, None, [*_base, "uninstallable", "nightly"],
                   f"{_c.label}: known uninstallable ({_c.reason})")
         continue
-    _register(f"references-{_c.id}", "references", _c, None, _base + (["nightly"] if not _c.gpu else []),
-              f"reference suite, {_c.label}, {_where}")
+    # a CPU combination is a point on the torch axis (one per torch minor): `nox -t torch-axis` runs them all
+    _axis = [] if _c.gpu else ["torch-axis", *(["nightly"] if _c.nightly else [])]
+    _register(f"references-{_c.id}", "references", _c, None, _base + _axis, f"reference suite, {_c.label}, {_where}")
     for _arch in _c.archs:
         _register(f"references-{_c.id}-{_arch}", "references", _c, _arch,
                   [*_base, _arch, *(["nightly"] if _c.nightly else [])], f"reference suite, {_c.label}, {_arch}")

@@ -1,5 +1,6 @@
 """constraints/: every combination file, the loader's errors, session flags and torch checks."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,33 @@ def test_preinstalled_torch_differences_are_recorded(tmp_path):
     assert torch_differences(c, {"version": "2.9.1+cu128", "cuda": "12.8"}) == [
         "torch 2.9.1 instead of 2.11.0", "torch variant cu128 instead of cu130"]
     assert torch_differences(c, {"version": "2.11.0", "cuda": None}) == ["torch variant cpu instead of cu130"]
+
+
+def _nightly_cpu_python() -> str:
+    """The Python the nightly workflow's CPU job sets up (the `cpu:` job's setup-python)."""
+    text = (ROOT / ".github" / "workflows" / "nightly.yml").read_text()
+    job = text.split("\n  cpu:\n", 1)[1].split("\n  aggregate:\n", 1)[0]
+    return job.split('python-version: "', 1)[1].split('"', 1)[0]
+
+
+def test_the_torch_axis_has_one_cpu_combination_per_torch_minor():
+    """cpu-torch2.8 .. cpu-torch2.15: one per minor, each its newest patch as of writing; Python ranges where
+    that torch has wheels (2.8 none for 3.14, 2.15 none for 3.10); each accepts the nightly CPU job's Python."""
+    cpu = {c.torch.release[:2]: c for c in load_combinations(ROOT / "constraints") if not c.gpu}
+    assert sorted(cpu) == [(2, minor) for minor in range(8, 16)]
+    assert len([c for c in load_combinations(ROOT / "constraints") if not c.gpu]) == len(cpu), "one per minor"
+    assert {k: str(c.torch) for k, c in cpu.items() if c.torch.micro} == {(2, 9): "2.9.1", (2, 12): "2.12.1",
+                                                                         (2, 14): "2.14.1"}
+    assert all(c.id == f"cpu-torch{c.torch.major}.{c.torch.minor}" and c.nightly for c in cpu.values())
+    assert [c.id for c in cpu.values() if c.default_for] == ["cpu-torch2.13"] and cpu[(2, 13)].default_for == ("cpu",)
+    assert "3.13.1" in cpu[(2, 8)].python and "3.14.0" not in cpu[(2, 8)].python
+    assert "3.10.12" not in cpu[(2, 15)].python and "3.14.0" in cpu[(2, 15)].python
+    python = _nightly_cpu_python() + ".0"
+    assert all(python in c.python for c in cpu.values()), python
+
+
+def test_the_supported_torch_floor_is_the_oldest_torch_the_axis_runs():
+    """pyproject's `torch>=X` is a claim; the torch axis is what checks it, so its floor is the axis' oldest minor."""
+    floor = re.search(r'"torch>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    oldest = min(c.torch for c in load_combinations(ROOT / "constraints") if not c.gpu)
+    assert floor == f"{oldest.major}.{oldest.minor}", (floor, str(oldest))

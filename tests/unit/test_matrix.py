@@ -516,3 +516,34 @@ def test_a_cell_shows_each_path_checked_and_which_failed():
     assert "paths" not in c["sources"]["torch"]
     title = _cell_title("dec", {}, c, {})
     assert "path tensor-cores: fail — lse off by 2.9e4" in title and "path graph: flaky-wrong" in title
+
+
+def test_the_torch_axis_gives_one_column_per_torch_version_and_a_difference_is_a_cell(tmp_path):
+    """Two CPU sessions of the torch axis (cpu-torch2.8, cpu-torch2.13): each its own environment, labelled with its
+    torch, in version order (2.8 before 2.13, not string order); a definition that passes on one and fails on the
+    other is a differing cell, and `matrix diff --envs` between the two columns reports it."""
+    root = tmp_path / "results"
+    for minor, patch, state in ((13, "2.13.0", "passed"), (8, "2.8.0", "failed")):
+        combo = f"cpu-torch2.{minor}"
+        records = [rec("test_matches_ground_truth[small-0-rmsnorm_h4096-torch]", state, source="torch",
+                       message=None if state == "passed" else "Mismatch: 1 of 1 output(s) differ [bug]"),
+                   rec("test_matches_ground_truth[small-0-gemm_n4096_k4096-torch]", "passed", "gemm_n4096_k4096",
+                       "torch")]
+        write_session(root / f"references-{combo}", SessionInfo(f"references-{combo}", combo, arch="cpu",
+                                                                finished="2026-11-26T10:00:00"),
+                      records=records, manifest=manifest(combo, {"torch": patch}, "none"))
+    m = build([root])
+    envs = [(e["id"], e["torch"], e["label"]) for e in m["environments"]]
+    assert envs == [("cpu-torch2.8@cpu", "2.8.0", "CPU / torch 2.8.0 / no flashinfer"),
+                    ("cpu-torch2.13@cpu", "2.13.0", "CPU / torch 2.13.0 / no flashinfer")]
+    c = cells_of(m)
+    assert c[("rmsnorm_h4096", "cpu-torch2.8@cpu")]["state"] == "fail"
+    assert c[("rmsnorm_h4096", "cpu-torch2.13@cpu")]["state"] == "pass"
+    assert c[("gemm_n4096_k4096", "cpu-torch2.8@cpu")]["state"] == c[("gemm_n4096_k4096", "cpu-torch2.13@cpu")]["state"]
+    md = render_md(m)
+    assert "torch 2.8.0" in md and "torch 2.13.0" in md
+    newer = diff_environments(m, m, "cpu-torch2.8", "cpu-torch2.13")  # old torch -> new torch: fixed
+    assert [(f["definition"], f["old"], f["new"]) for f in newer.fixed] == [("rmsnorm_h4096", "fail", "pass")]
+    assert not newer.regressions and not newer.changed
+    older = diff_environments(m, m, "cpu-torch2.13", "cpu-torch2.8")  # the other way: a regression
+    assert [(r["definition"], r["new"]) for r in older.regressions] == [("rmsnorm_h4096", "fail")]

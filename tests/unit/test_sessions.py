@@ -1,6 +1,7 @@
 """Matrix sessions: result files, the in-environment session runner, install failures, the manifest,
 and the sessions nox lists."""
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -351,3 +352,78 @@ def test_each_reference_test_gives_its_cached_cuda_blocks_back(monkeypatch):
     cuda.is_initialized = lambda: False
     pytest_plugin.release_cuda_cache()
     assert calls == ["empty"]
+
+
+def _nox() -> str:
+    return str(Path(sys.executable).parent / "nox") if (Path(sys.executable).parent / "nox").exists() else "nox"
+
+
+@pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
+                    reason="nox is not installed")
+def test_nox_torch_axis_selects_exactly_the_cpu_combinations_and_the_nightly_runs_them():
+    from flashinfer_trace.sweep.combos import load_combinations
+
+    def listed(tag):
+        out = subprocess.run([_nox(), "-l", "--json", "-t", tag], cwd=ROOT, capture_output=True, text=True, check=True)
+        return {s["name"]: s["tags"] for s in json.loads(out.stdout)}
+
+    cpu = [c.id for c in load_combinations(ROOT / "constraints") if not c.gpu]
+    axis = listed("torch-axis")
+    assert sorted(axis) == sorted(f"references-{c}" for c in cpu) and len(axis) == 8
+    assert "references-cpu-torch2.8" in axis and "references-cpu-torch2.15" in axis
+    nightly = listed("nightly")
+    assert set(axis) <= set(nightly) and "references-cpu" not in nightly  # the alias would run 2.13 twice
+    spec = importlib.util.spec_from_file_location("ci_plan", ROOT / "scripts" / "ci_plan.py")
+    plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan)
+    jobs = plan.plan([{"name": n, "tags": t} for n, t in nightly.items()])
+    assert {e["session"] for e in jobs["cpu"]} >= set(axis) and not set(axis) & {e["session"] for e in jobs["gpu"]}
+
+
+@pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
+                    reason="nox is not installed")
+def test_a_cpu_combination_with_nightly_false_stays_on_the_axis_but_out_of_the_nightly(tmp_path):
+    (tmp_path / "constraints").mkdir()
+    shutil.copy(ROOT / "noxfile.py", tmp_path / "noxfile.py")
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    body = '[combination]\ncuda = "none"\ntorch_variant = "cpu"\narchs = []\npython = ">=3.10"\n{extra}\n' \
+           '[pins]\ntorch = "{torch}"\n'
+    (tmp_path / "constraints" / "cpu-torch2.13.toml").write_text(
+        "# a\n" + body.format(extra='default_for = ["cpu"]', torch="2.13.0"))
+    (tmp_path / "constraints" / "cpu-torch2.9.toml").write_text("# b\n" + body.format(extra="nightly = false",
+                                                                                        torch="2.9.1"))
+
+    def names(tag):
+        out = subprocess.run([_nox(), "-f", str(tmp_path / "noxfile.py"), "-l", "--json", "-t", tag], cwd=tmp_path,
+                             capture_output=True, text=True, check=True)
+        return {s["name"] for s in json.loads(out.stdout)}
+
+    assert names("torch-axis") == {"references-cpu-torch2.13", "references-cpu-torch2.9"}
+    assert "references-cpu-torch2.9" not in names("nightly") and "references-cpu-torch2.13" in names("nightly")
+
+
+def test_a_session_says_when_the_torch_it_imports_is_not_the_pinned_build(tmp_path):
+    """A torch-axis session whose environment has another torch (PyPI's CUDA build for a CPU combination, or
+    another version) says so in session.json's reason: the matrix column is then not only the pin's word."""
+    import torch
+
+    tree = tmp_path / "repo"
+    (tree / "tests" / "references").mkdir(parents=True)
+    (tree / "tests" / "references" / "conftest.py").write_text(
+        "from flashinfer_trace.pytest_plugin import *  # noqa: F401,F403\n")
+    (tree / "tests" / "references" / "test_one.py").write_text("def test_one():\n    pass\n")
+    combo = load_combination(ROOT / "constraints" / "cpu-torch2.8.toml")  # this interpreter's torch is not 2.8.0
+    out = tmp_path / "results" / "references-cpu-torch2.8"
+    assert run_session("references", combo, "references-cpu-torch2.8", out, install={"mode": "fresh"}, jobs=1,
+                       test_timeout=60, cwd=tree) == 0
+    session = json.loads((out / "session.json").read_text())
+    here = torch.__version__.split("+")[0]
+    assert session["status"] == "ok" and f"torch {here} instead of 2.8.0" in session["reason"]
+    from flashinfer_trace.sweep.session import torch_differences_found
+
+    assert torch_differences_found(combo, None, {"version": "2.8.0+cu128", "cuda": "12.8"}) == [
+        "torch variant cu128 instead of cpu"]
+    assert torch_differences_found(combo, None, {"version": "2.8.0+cpu", "cuda": None}) == []
+    assert torch_differences_found(combo, {"differences": ["from the install"]}, {"version": "2.8.0"}) == [
+        "from the install"]
+    assert torch_differences_found(combo, None, {"error": "ImportError: no torch"}) == []

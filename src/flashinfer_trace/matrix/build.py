@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -167,7 +168,13 @@ def environments(sessions: list[SessionData]) -> list[Environment]:
         env.sessions.append(s)
     for env in envs.values():  # the latest reference session decides; ties keep discovery order
         env.sessions.sort(key=lambda s: str(s.session.get("finished") or ""), reverse=True)
-    return sorted(envs.values(), key=lambda e: e.id)
+    return sorted(envs.values(), key=lambda e: version_order(e.id))
+
+
+def version_order(text: str) -> tuple:
+    """A sort key that reads the numbers in an id as numbers: the torch axis' columns go cpu-torch2.8, 2.9,
+    2.10 .. 2.15 (and fi0.6.6 before fi0.6.14), where plain string order would put 2.10 before 2.8."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
 
 
 def _references(env: Environment) -> SessionData | None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..results.record import CaseRecord, from_test, parse
 from .combos import Combination, arch_of, load_combination
 from .fitrace_step import FiTraceConfig, fi_trace_step, fi_trace_targets
+from .install import torch_differences
 from .isolation import Target
 from .results import ERRORS, FAILURES, JsonlStream, SessionInfo, TestRecord, from_fields, read_latest, write_session
 
@@ -92,6 +93,17 @@ def session_fresh_seed(results: Path, resume: bool) -> int:
     return fresh_seed(None)
 
 
+def torch_differences_found(combo: Combination, install: dict | None, torch: dict | None) -> list[str]:
+    """How the torch this session imports differs from its combination's pin: the install's own finding (a
+    preinstalled torch), else the manifest's torch. PyPI's Linux torch is a CUDA build, so a CPU combination
+    installed without the CPU index runs on `2.8.0+cu128`; the matrix's environment says so, not only the pin."""
+    if install and install.get("differences"):
+        return list(install["differences"])
+    if not isinstance(torch, dict) or not torch.get("version"):
+        return []  # no torch to compare (its import failed: the manifest records the error)
+    return torch_differences(combo, torch)
+
+
 def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
                 install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
                 extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False,
@@ -124,8 +136,9 @@ def run_session(kind: str, combo: Combination, session: str, results: Path, *, a
         write_session(results, info, manifest=mf.finish(manifest))
         print(f"{session}: {status}: {reason}", file=sys.stderr)
         return EXIT_SKIPPED
-    if install and install.get("differences"):
-        info.reason = "; ".join(install["differences"])
+    differences = torch_differences_found(combo, install, manifest.get("torch"))
+    if differences:
+        info.reason = "; ".join(differences)
     folder = BENCH_TESTS if kind == "bench" else REFERENCE_TESTS
     targets = collect_files([str((cwd or Path(".")) / folder)])
     earlier = streamed_records(results, kind) if resume else []
