@@ -210,11 +210,9 @@ def difference(before: dict[str, int] | None, after: dict[str, int] | None) -> d
 
 def recorded() -> dict | None:
     """The state the nox session passed down (None: not started through nox, or a CPU session)."""
-    try:
-        state = json.loads(os.environ.get(STATE_ENV, "null"))
-    except ValueError:
-        return None
-    return state if isinstance(state, dict) else None
+    from .passdown import read
+
+    return read(STATE_ENV)
 
 
 def start_record(state: dict | None) -> dict | None:

@@ -92,8 +92,6 @@ def session(enabled: bool = True) -> Iterator[dict]:
 
 def recorded() -> dict | None:
     """The state the nox session passed down (None: not started through nox, or not a GPU session)."""
-    try:
-        state = json.loads(os.environ.get(STATE_ENV, "null"))
-    except ValueError:
-        return None
-    return state if isinstance(state, dict) else None
+    from .passdown import read
+
+    return read(STATE_ENV)
