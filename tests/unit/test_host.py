@@ -100,10 +100,14 @@ def test_sessions_from_nox_listing_keep_this_hosts_arch_and_group_by_combination
         {"session": "references-old", "tags": ["references", "uninstallable", "combo:old", "nightly"]},
         {"session": "tests-heavy", "tags": ["nightly", "cpu"]},
     ]
-    keep, left = host.sessions(entries, "sm90")
+    keep, left = host.sessions(entries, "sm90", cpu=True)
     assert [(s.name, s.group) for s in keep] == [("references-c1-sm90", "c1"), ("bench-c1-sm90", "c1"),
                                                  ("references-cpu", "cpu"), ("tests-heavy", "tests-heavy")]
     assert left == ["references-c1-sm80", "references-old"]
+    # by default the CPU sessions hold no GPU slot
+    keep, left = host.sessions(entries, "sm90")
+    assert [s.name for s in keep] == ["references-c1-sm90", "bench-c1-sm90"]
+    assert left == ["references-c1-sm80", "references-cpu", "references-old", "tests-heavy"]
     assert host.nox_command(["nox"], ["--wheelhouse", "wh"])(keep[0], 8) == [
         "nox", "-s", "references-c1-sm90", "--", "--cores", "8", "--wheelhouse", "wh"]
 
@@ -173,7 +177,8 @@ def test_the_command_lists_runs_and_sums_up(tmp_path, monkeypatch, capsys):
                "--wheelhouse", "wh"])
     assert rc == 1  # one session failed
     text = capsys.readouterr().out
-    assert "left out (for another arch than this host's sm90, or uninstallable): 1" in text
+    assert ("left out (for another arch than this host's sm90, uninstallable, or CPU sessions without --with-cpu): 1"
+            in text)
     summary = json.loads((tmp_path / "results" / "host" / "summary.json").read_text())
     assert summary["counts"] == {"ok": 1, "tests-failed": 1} and summary["failed"] == ["bad"]
     assert summary["cores_per_session"] == 3

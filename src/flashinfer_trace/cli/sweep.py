@@ -23,6 +23,8 @@ def add_commands(sub) -> None:
     r.add_argument("--cores", type=int, help="the cores to share among the sessions (default: all)")
     r.add_argument("--all-archs", action="store_true",
                    help="keep sessions tagged for another arch than this host's (they record arch-mismatch)")
+    r.add_argument("--with-cpu", action="store_true",
+                   help="also run the selected CPU sessions (tag cpu), each in a GPU slot (default: left out)")
     r.add_argument("--nox", default=f"{shlex.quote(sys.executable)} -m nox", help="the nox command")
     r.add_argument("--results", type=Path, help="the sessions' results (default $FLASHINFER_TRACE_RESULTS or "
                                                 "results/)")
@@ -46,14 +48,16 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     try:
         gpus, arch = host.host_gpus()
         gpus = host.parse_gpus(args.gpus) if args.gpus else gpus
-        todo, left = host.sessions(host.list_sessions(nox, args.tag, args.session), None if args.all_archs else arch)
+        todo, left = host.sessions(host.list_sessions(nox, args.tag, args.session), None if args.all_archs else arch,
+                                   cpu=args.with_cpu)
         config = host.HostConfig(gpus=gpus, command=host.nox_command(nox, posargs), results=results,
                                  log_dir=args.log_dir or results / "host", cores=args.cores or os.cpu_count() or 1)
     except host.HostError as e:
         err.print(f"error: {for_rich(str(e))}", style="red", highlight=False)
         return 2
     if left:
-        out.print(f"left out (for another arch than this host's {arch}, or uninstallable): {len(left)}",
+        out.print(f"left out (for another arch than this host's {arch}, uninstallable, or CPU sessions without "
+                  f"--with-cpu): {len(left)}",
                   highlight=False)
     if not todo:
         err.print("error: no session selected", style="red", highlight=False)

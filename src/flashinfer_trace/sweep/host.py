@@ -100,13 +100,14 @@ def list_sessions(nox: Sequence[str], tags: Sequence[str], names: Sequence[str],
         raise HostError(f"{' '.join(cmd)}: not JSON: {p.stdout[:200]!r}") from None
 
 
-def sessions(entries: list[dict], arch: str | None) -> tuple[list[HostSession], list[str]]:
-    """(the sessions to run, those left out: tagged for another arch than this host's, or uninstallable)."""
+def sessions(entries: list[dict], arch: str | None, *, cpu: bool = False) -> tuple[list[HostSession], list[str]]:
+    """(the sessions to run, those left out: tagged for another arch than this host's, uninstallable, or, unless
+    `cpu`, CPU sessions: they need no GPU, and each would hold one of the host's GPU slots for its whole run)."""
     keep, left = [], []
     for e in entries:
         tags = e.get("tags") or []
         archs = [t for t in tags if t in ARCHS]
-        if "uninstallable" in tags or (arch and archs and arch not in archs):
+        if "uninstallable" in tags or (arch and archs and arch not in archs) or (not cpu and "cpu" in tags):
             left.append(e["session"])
             continue
         group = next((t.removeprefix("combo:") for t in tags if t.startswith("combo:")), e["session"])
