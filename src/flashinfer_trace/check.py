@@ -348,11 +348,21 @@ class Memo:
                 torch.cuda.empty_cache()
             self.mutated = []
             self.sampler_draws = {}
+            self.fits(case.definition)
             with phases("inputs"):
                 self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
                                               case=case.case, memory=self.memory)
             self.key = key
         return self.inputs
+
+    def fits(self, definition: Definition) -> None:
+        """The plan judged the memory once, at the start; on a CPU what is available changes while a run goes on
+        (other processes, the last case's pages): judged again before each new case's inputs (the last case's
+        are gone by then), a case that no longer fits is `too-large` instead of a worker or a whole run killed
+        for memory."""
+        why = too_large(definition, self.memory or memory_budget(self.device))
+        if why:
+            raise CaseTooLarge(f"now: {why}", definition=definition.name)
 
     def copy(self, case: Case, phases: Phases) -> Inputs:
         inputs = self.pristine(case, phases)

@@ -483,3 +483,23 @@ def test_written_inputs_compares_bytes_and_allows_declared_in_place_outputs():
     in_place = d.model_copy(update={"outputs": {**d.outputs, "weight": d.inputs["weight"]}})
     assert "weight" in in_place.in_place_outputs and written_inputs(in_place, pristine, used) == []
     assert torch.isnan(used.values["hidden_states"][0, 0])
+
+
+def test_memory_gone_since_the_plan_makes_a_case_too_large_not_a_crash(monkeypatch):
+    """The plan saw enough memory; by the time the case starts, other processes took it: a too-large skip."""
+    from flashinfer_trace import check
+    from flashinfer_trace.check import CheckConfig, Discovered, Memo, plan, run_case
+    from flashinfer_trace.dataset import load_definition
+    from flashinfer_trace.inputs.common import peak_bytes
+    from flashinfer_trace.status import Kind, Status
+
+    d = load_definition("rmsnorm_h4096")
+    config = CheckConfig(device="cpu", sources=("torch",), sizes=("small",), seeds=(0,), fresh_seed=None)
+    monkeypatch.setattr(check, "memory_budget", lambda device: 10 * peak_bytes(d))
+    case = next(c for c in plan(Discovered([d], []), config) if c.check.value == "shape")
+    assert case.skip is None
+    monkeypatch.setattr(check, "memory_budget", lambda device: peak_bytes(d) // 2)
+    record = run_case(case, Memo("cpu"), config)
+    assert (record.status, record.kind) == (Status.SKIP, Kind.TOO_LARGE) and "now: its fixed-size" in record.detail
+    monkeypatch.setattr(check, "memory_budget", lambda device: 10 * peak_bytes(d))
+    assert run_case(case, Memo("cpu"), config).status is Status.PASS
