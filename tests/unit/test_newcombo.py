@@ -16,7 +16,7 @@ from flashinfer_trace.sweep.combos import load_combination
 def wheel(folder: Path, name: str, version: str, requires=(), extras=(), requires_python=None):
     """A py3-none-any wheel holding only its dist-info: what pip reads of a release."""
     dist = f"{name.replace('-', '_')}-{version}"
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Python: {requires_python}"] if requires_python else []
     meta += [f"Provides-Extra: {e}" for e in extras] + [f"Requires-Dist: {r}" for r in requires]
     with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as z:

@@ -123,7 +123,7 @@ def run_releases(args: argparse.Namespace) -> int:
     try:
         if args.sequence:
             order = release_sequence(matrix, args.sequence, args.arch)
-            pairs = list(zip(order, order[1:]))
+            pairs = list(zip(order, order[1:], strict=False))
             command = f"matrix releases M --sequence {args.sequence}" + (f" --arch {args.arch}" if args.arch else "")
         else:
             pairs = [tuple(p) for p in args.pair]
