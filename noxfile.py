@@ -7,6 +7,8 @@ this file makes environments and calls flashinfer_trace.sweep.install / flashinf
     nox -s references-cu130-torch2.11-fi0.6.6-sm90     one combination, one arch (CI runners)
     nox -t nightly                           the sweep
     nox -t torch-axis                        the reference suite on every CPU combination (torch 2.8 .. 2.15)
+    nox -t release-axis                      every flashinfer-python release's sm90 references and bench (a
+                                             combination's `tags`; `flashinfer-trace combination new` writes them)
     nox -s references-cuda13 -- --wheelhouse .whl --preinstalled-torch -k rmsnorm
                                              offline, reusing this interpreter's torch; the rest to pytest
     nox -s jit-cuda13 -- -k moe --jit-budget 1800    only the JIT prebuild (start long builds ahead; resumable)
@@ -141,7 +143,8 @@ for _c in COMBOS:
     _base = ["references", _cuda, f"combo:{_c.id}"]
     _where = "this machine's GPU" if _c.gpu else "CPU"
     if not _c.installable:
-        _register(f"references-{_c.id}", "references", _c, None, [*_base, "uninstallable", "nightly"],
+        _register(f"references-{_c.id}", "references", _c, None,
+                  [*_base, "uninstallable", *(["nightly"] if _c.nightly else []), *_c.tags],
                   f"{_c.label}: known uninstallable ({_c.reason})")
         continue
     # a CPU combination is a point on the torch axis (one per torch minor): `nox -t torch-axis` runs them all
@@ -149,7 +152,8 @@ for _c in COMBOS:
     _register(f"references-{_c.id}", "references", _c, None, _base + _axis, f"reference suite, {_c.label}, {_where}")
     for _arch in _c.archs:
         _register(f"references-{_c.id}-{_arch}", "references", _c, _arch,
-                  [*_base, _arch, *(["nightly"] if _c.nightly else [])], f"reference suite, {_c.label}, {_arch}")
+                  [*_base, _arch, *(["nightly"] if _c.nightly else []), *_c.tags],
+                  f"reference suite, {_c.label}, {_arch}")
     if _c.gpu:  # every GPU combination gets its prebuild and its benchmarks: timings across releases
         _register(f"jit-{_c.id}", "jit", _c, None, ["jit", _cuda, f"combo:{_c.id}"],
                   f"JIT prebuild only (every module the ground truths need, in parallel), {_c.label}")
@@ -157,7 +161,7 @@ for _c in COMBOS:
                   f"device-time benchmarks of the ground truths, {_c.label}, {_where}")
         for _arch in _c.archs:
             _register(f"bench-{_c.id}-{_arch}", "bench", _c, _arch,
-                      ["bench", _cuda, _arch, *(["nightly"] if _c.nightly else []), f"combo:{_c.id}"],
+                      ["bench", _cuda, _arch, *(["nightly"] if _c.nightly else []), f"combo:{_c.id}", *_c.tags],
                       f"device-time benchmarks, {_c.label}, {_arch}")
     for _alias in _c.default_for:
         _register(f"references-{_alias}", "references", _c, None, ["references", _alias, f"combo:{_c.id}"],

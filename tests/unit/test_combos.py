@@ -176,3 +176,16 @@ def test_the_supported_torch_floor_is_the_oldest_torch_the_axis_runs():
     floor = re.search(r'"torch>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
     oldest = min(c.torch for c in load_combinations(ROOT / "constraints") if not c.gpu)
     assert floor == f"{oldest.major}.{oldest.minor}", (floor, str(oldest))
+
+
+def test_tags_must_be_plain_and_not_the_noxfiles_own(tmp_path):
+    body = ('# t\n[combination]\ncuda = "13"\ntorch_variant = "cu130"\narchs = ["sm90"]\npython = ">=3.10"\n'
+            'tags = {tags}\n[pins]\ntorch = "2.11.0"\nflashinfer-python = "0.6.9"\n')
+    good = tmp_path / "cu130-a.toml"
+    good.write_text(body.format(tags='["release-axis"]'))
+    assert load_combination(good).tags == ("release-axis",)
+    for tags, message in (('["nightly"]', "noxfile's own"), ('["Release Axis"]', "lower-case"), ('"x"', "list")):
+        bad = tmp_path / "cu130-b.toml"
+        bad.write_text(body.format(tags=tags))
+        with pytest.raises(CombinationError, match=f"combination.tags.*{message}"):
+            load_combination(bad)

@@ -547,3 +547,70 @@ def test_the_torch_axis_gives_one_column_per_torch_version_and_a_difference_is_a
     assert not newer.regressions and not newer.changed
     older = diff_environments(m, m, "cpu-torch2.13", "cpu-torch2.8")  # the other way: a regression
     assert [(r["definition"], r["new"]) for r in older.regressions] == [("rmsnorm_h4096", "fail")]
+
+
+def _release_axis(tmp_path, versions):
+    """One sm90 references session per flashinfer release (synthetic), plus an sglang one and the CPU one."""
+    root = tmp_path / "axis"
+    for i, v in enumerate(versions):
+        cid = f"cu130-torch2.11-fi{v}"
+        state = "failed" if v == "0.6.10" else "passed"  # a wrong result that appears in 0.6.10 and stays fixed after
+        write_session(root / f"references-{cid}-sm90", SessionInfo(f"references-{cid}-sm90", cid, arch="sm90",
+                                                                   finished=f"2026-11-26T10:{i:02d}:00"),
+                      records=[rec("test_matches_ground_truth[small-0-rmsnorm_h4096-flashinfer]", state,
+                                   source="flashinfer")],
+                      manifest=manifest(cid, {"torch": "2.11.0", "flashinfer-python": v}, "13", "9.0"))
+    sg = "cu130-torch2.11-fi0.6.15.post1-sglang0.5.17"
+    write_session(root / f"references-{sg}-sm90", SessionInfo(f"references-{sg}-sm90", sg, arch="sm90"),
+                  records=[rec("test_matches_ground_truth[small-0-rmsnorm_h4096-flashinfer]", "passed",
+                               source="flashinfer")],
+                  manifest=manifest(sg, {"torch": "2.11.0", "flashinfer-python": "0.6.15.post1", "sglang": "0.5.17"},
+                                    "13", "9.0"))
+    return root
+
+
+RELEASES = ["0.6.0", "0.6.1", "0.6.2", "0.6.3", "0.6.4", "0.6.5", "0.6.6", "0.6.7", "0.6.7.post1", "0.6.7.post2",
+            "0.6.7.post3", "0.6.8", "0.6.8.post1", "0.6.9", "0.6.10", "0.6.10.post1", "0.6.11", "0.6.11.post1",
+            "0.6.12", "0.6.13", "0.6.14", "0.6.15", "0.6.15.post1", "0.6.16", "0.6.17", "0.6.18", "0.6.18.post1",
+            "0.7.0", "0.7.0.post1", "0.7.1", "0.7.2", "0.7.2.post1"]
+
+
+def test_the_release_axis_orders_by_version_and_pages_thirty_releases(tmp_path, capsys):
+    """32 releases written in shuffled order: the matrix's columns and `matrix releases --sequence` follow the
+    version (0.6.9, 0.6.10; 0.7.2, 0.7.2.post1), not string order, and the page leads with one row per pair."""
+    import random
+
+    shuffled = RELEASES[:]
+    random.Random(0).shuffle(shuffled)
+    m = build([_release_axis(tmp_path, shuffled)])
+    ids = [e["id"] for e in m["environments"] if "sglang" not in e["id"]]
+    assert ids == [f"cu130-torch2.11-fi{v}@sm90" for v in RELEASES]
+    sg = [e["id"] for e in m["environments"]].index("cu130-torch2.11-fi0.6.15.post1-sglang0.5.17@sm90")
+    assert [e["id"] for e in m["environments"]][sg + 1] == "cu130-torch2.11-fi0.6.15.post1@sm90"  # beside its release
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    out = tmp_path / "releases.md"
+    assert matrix_main(["releases", str(tmp_path / "m.json"), "--sequence", "cu130-torch2.11-fi", "--arch", "sm90",
+                        "-o", str(out)]) == 0
+    page = out.read_text()
+    assert page.startswith("# Release to release (`matrix releases M --sequence cu130-torch2.11-fi --arch sm90`)")
+    assert page.count("## Matrix diff:") == len(RELEASES) - 1 and "sglang" not in page  # the sglang env is not a step
+    heads = [page.index(f"**cu130-torch2.11-fi{a}@sm90 → cu130-torch2.11-fi{b}@sm90**")
+             for a, b in zip(RELEASES, RELEASES[1:], strict=False)]
+    assert heads == sorted(heads)
+    table = page[:heads[0]]
+    rows = [r for r in table.splitlines() if r.startswith("| cu130")]
+    assert len(rows) == len(RELEASES) - 1
+    assert rows[RELEASES.index("0.6.9")].split(" | ")[2] == "1"  # 0.6.9 -> 0.6.10: the one regression
+    assert rows[RELEASES.index("0.6.10")].split(" | ")[5] == "1"  # 0.6.10 -> 0.6.10.post1: fixed
+    with pytest.raises(SystemExit, match="either --pair"):
+        matrix_main(["releases", str(tmp_path / "m.json")])
+    with pytest.raises(SystemExit, match="0 environment"):
+        matrix_main(["releases", str(tmp_path / "m.json"), "--sequence", "cu128"])
+
+
+def test_version_order_puts_post_releases_after_and_pre_releases_before_their_release():
+    from flashinfer_trace.matrix.build import version_order
+
+    ids = ["fi0.7.2.post1@sm90", "fi0.7.0@sm90", "fi0.7.2@sm90", "fi0.7.0rc1@sm90", "fi0.6.10@sm90", "fi0.6.9@sm90"]
+    assert sorted(ids, key=version_order) == ["fi0.6.9@sm90", "fi0.6.10@sm90", "fi0.7.0rc1@sm90", "fi0.7.0@sm90",
+                                              "fi0.7.2@sm90", "fi0.7.2.post1@sm90"]

@@ -427,3 +427,31 @@ def test_a_session_says_when_the_torch_it_imports_is_not_the_pinned_build(tmp_pa
     assert torch_differences_found(combo, {"differences": ["from the install"]}, {"version": "2.8.0"}) == [
         "from the install"]
     assert torch_differences_found(combo, None, {"error": "ImportError: no torch"}) == []
+
+
+@pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
+                    reason="nox is not installed")
+def test_nox_release_axis_selects_the_tagged_per_arch_references_and_bench_and_not_the_nightly(tmp_path):
+    (tmp_path / "constraints").mkdir()
+    shutil.copy(ROOT / "noxfile.py", tmp_path / "noxfile.py")
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    gpu = ('# g\n[combination]\ncuda = "13"\ntorch_variant = "cu130"\narchs = ["sm90"]\npython = ">=3.10"\n{extra}\n'
+           '[pins]\ntorch = "2.11.0"\nflashinfer-python = "{fi}"\n')
+    (tmp_path / "constraints" / "cpu-torch2.13.toml").write_text(
+        '# c\n[combination]\ncuda = "none"\ntorch_variant = "cpu"\narchs = []\npython = ">=3.10"\n'
+        'default_for = ["cpu"]\n[pins]\ntorch = "2.13.0"\n')
+    (tmp_path / "constraints" / "cu130-fi0.6.6.toml").write_text(gpu.format(extra="", fi="0.6.6"))
+    (tmp_path / "constraints" / "cu130-fi0.6.9.toml").write_text(
+        gpu.format(extra='nightly = false\ntags = ["release-axis"]', fi="0.6.9"))
+    (tmp_path / "constraints" / "cu130-fi0.9.0.toml").write_text(gpu.format(
+        extra='nightly = false\ntags = ["release-axis"]\nstatus = "uninstallable"\nreason = "torch>=2.12"', fi="0.9.0"))
+
+    def names(tag):
+        out = subprocess.run([_nox(), "-f", str(tmp_path / "noxfile.py"), "-l", "--json", "-t", tag], cwd=tmp_path,
+                             capture_output=True, text=True, check=True)
+        return {s["name"] for s in json.loads(out.stdout)}
+
+    assert names("release-axis") == {"references-cu130-fi0.6.9-sm90", "bench-cu130-fi0.6.9-sm90",
+                                     "references-cu130-fi0.9.0"}  # the uninstallable one records why
+    nightly = names("nightly")
+    assert "references-cu130-fi0.6.6-sm90" in nightly and not {n for n in nightly if "0.6.9" in n or "0.9.0" in n}

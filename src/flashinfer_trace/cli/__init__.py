@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..escape import for_rich
-from . import bisect, definitions, extract, fitrace, jit, run, sweep, wheelhouse
+from . import bisect, combination, definitions, extract, fitrace, jit, run, sweep, wheelhouse
 from .common import err
 
 __all__ = ["build_parser", "main"]
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashinfer-trace", description=__doc__)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    for group in (definitions, run, jit, sweep, wheelhouse, fitrace, extract, bisect):
+    for group in (definitions, run, jit, sweep, wheelhouse, combination, fitrace, extract, bisect):
         group.add_commands(sub)
 
     from ..matrix.__main__ import add_commands

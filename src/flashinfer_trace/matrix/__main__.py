@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..escape import for_terminal
 from . import build, diff_environments, diff_matrices, render_diff_md, render_releases_md, write_matrix
-from .diff import bisect_commands
+from .diff import bisect_commands, release_sequence
 from .portable import portable, portable_file
 
 TEXT_SUFFIXES = (".json", ".jsonl", ".log", ".txt", ".md", ".html", ".toml")
@@ -49,8 +49,12 @@ def add_commands(sub) -> None:
     r = sub.add_parser("releases", help="one matrix.json's environments diffed pair by pair (release to release) "
                                         "-> one Markdown page")
     r.add_argument("matrix")
-    r.add_argument("--pair", nargs=2, action="append", required=True, metavar=("OLD_ENV", "NEW_ENV"),
+    r.add_argument("--pair", nargs=2, action="append", default=[], metavar=("OLD_ENV", "NEW_ENV"),
                    help="an id, or a unique start of one (repeatable: the page keeps their order)")
+    r.add_argument("--sequence", metavar="PREFIX",
+                   help="instead of pairs: every environment whose id starts with PREFIX (e.g. cu130-torch2.11-fi), "
+                        "ordered by flashinfer-python version, each diffed with the one before")
+    r.add_argument("--arch", help="with --sequence: only this arch's environments (e.g. sm90)")
     r.add_argument("-o", "--output", help="write the page here (default: print it)")
     r.add_argument("--note", help="a paragraph under the heading: how the timings compare, what is missing")
     r.set_defaults(run=run_releases)
@@ -113,10 +117,18 @@ def run_diff(args: argparse.Namespace) -> int:
 
 def run_releases(args: argparse.Namespace) -> int:
     """A report, not a gate: exit 0 whatever changed (`diff` is the gate)."""
-    pairs = [tuple(p) for p in args.pair]
-    command = "matrix releases M " + " ".join(f"--pair {a} {b}" for a, b in pairs)
+    if bool(args.pair) == bool(args.sequence):
+        raise SystemExit("error: give either --pair OLD NEW (repeatable) or --sequence PREFIX")
+    matrix = _load(args.matrix)
     try:
-        text = render_releases_md(_load(args.matrix), pairs, args.note, command)
+        if args.sequence:
+            order = release_sequence(matrix, args.sequence, args.arch)
+            pairs = list(zip(order, order[1:], strict=False))
+            command = f"matrix releases M --sequence {args.sequence}" + (f" --arch {args.arch}" if args.arch else "")
+        else:
+            pairs = [tuple(p) for p in args.pair]
+            command = "matrix releases M " + " ".join(f"--pair {a} {b}" for a, b in pairs)
+        text = render_releases_md(matrix, pairs, args.note, command)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     if args.output:

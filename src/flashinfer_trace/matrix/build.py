@@ -173,8 +173,15 @@ def environments(sessions: list[SessionData]) -> list[Environment]:
 
 def version_order(text: str) -> tuple:
     """A sort key that reads the numbers in an id as numbers: the torch axis' columns go cpu-torch2.8, 2.9,
-    2.10 .. 2.15 (and fi0.6.6 before fi0.6.14), where plain string order would put 2.10 before 2.8."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
+    2.10 .. 2.15 (and fi0.6.6 before fi0.6.14), where plain string order would put 2.10 before 2.8. A post
+    release follows its release (fi0.7.2 before fi0.7.2.post1) and a pre-release precedes it (fi0.7.0rc1 before
+    fi0.7.0): `.post` sorts after any other text, `rc` / `a` / `b` / `.dev` before it."""
+    def key(part: str) -> tuple:
+        if part.isdigit():
+            return (0, int(part), "")
+        return (1, 1 if part == ".post" else -1 if part in ("rc", "a", "b", ".dev") else 0, part)
+
+    return tuple(key(part) for part in re.split(r"(\d+)", text) if part)
 
 
 def _references(env: Environment) -> SessionData | None:

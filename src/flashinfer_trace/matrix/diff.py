@@ -202,18 +202,50 @@ def bisect_commands(old: dict[str, Any], new: dict[str, Any], d: MatrixDiff,
     return out
 
 
+def release_sequence(matrix: dict[str, Any], prefix: str, arch: str | None = None,
+                     package: str = "flashinfer-python") -> list[str]:
+    """The environments whose id starts with `prefix` (and on `arch`), oldest `package` release first by version
+    (0.6.9 before 0.6.10, 0.7.2 before 0.7.2.post1), those with sglang left out when `package` is not sglang:
+    the release axis as one sequence. ValueError when two environments hold one release (name the arch)."""
+    name = canonicalize_name(package)
+    found: dict[Version, str] = {}
+    for env in matrix.get("environments") or []:
+        env_id = env.get("id") or ""
+        if not env_id.startswith(prefix) or (arch and env.get("arch") != arch):
+            continue
+        pins = environment_pins(matrix, env_id)
+        if name not in pins or (name != "sglang" and "sglang" in pins):
+            continue
+        try:
+            version = Version(pins[name])
+        except InvalidVersion:
+            raise ValueError(f"environment {env_id}: {package} {pins[name]!r} is not a version") from None
+        if version in found:
+            raise ValueError(f"{package} {version} is in both {found[version]} and {env_id}: name one arch (--arch)")
+        found[version] = env_id
+    if len(found) < 2:
+        raise ValueError(f"--sequence {prefix}: {len(found)} environment(s) with {package} match; two are needed")
+    return [found[v] for v in sorted(found)]
+
+
 def render_releases_md(matrix: dict[str, Any], pairs: list[tuple[str, str]], note: str | None = None,
                        command: str | None = None) -> str:
     """Release to release within one snapshot: each (old, new) pair's columns diffed like two runs, in order,
-    under one heading, so the page is rebuilt by a command rather than by hand."""
+    under one heading, so the page is rebuilt by a command rather than by hand. A table of every pair's counts
+    comes first: with thirty releases the page is long, and the table says which pairs to read."""
     out = ["# Release to release" + (f" ({for_markdown(command, code=True)})" if command else ""), ""]
     if note:
         out += [note.strip(), ""]
+    sections, rows = [], []
     for old_env, new_env in pairs:
         d = diff_environments(matrix, matrix, old_env, new_env)
         old_id, new_id = (resolve_environment(matrix, e) for e in (old_env, new_env))
-        out += [f"**{for_markdown(old_id)} → {for_markdown(new_id)}**", "", render_diff_md(d).strip(), ""]
-    return "\n".join(out)
+        rows.append(f"| {for_markdown(old_id)} | {for_markdown(new_id)} | {len(d.regressions)} | {len(d.slower)} | "
+                    f"{len(d.faster)} | {len(d.fixed)} | {len(d.changed)} | {len(d.new)} | {len(d.vanished)} |")
+        sections += [f"**{for_markdown(old_id)} → {for_markdown(new_id)}**", "", render_diff_md(d).strip(), ""]
+    out += ["| old | new | regressions | slower | faster | fixed | other | new cells | vanished |",
+            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    return "\n".join(out + sections)
 
 
 def render_diff_md(d: MatrixDiff) -> str:

@@ -10,6 +10,8 @@
     nightly = true
     indexes = ["https://flashinfer.ai/whl/cu130"]   # optional: more package indexes for the pins (FlashInfer's
                                    # own, for flashinfer-jit-cache: its prebuilt JIT modules)
+    tags = ["release-axis"]        # optional: more nox tags for the per-arch reference and bench sessions (an
+                                   # axis run on demand, `nox -t release-axis`, rather than in the nightly)
 
     [pins]                         # exact versions only
     torch = "2.11.0"
@@ -42,8 +44,12 @@ CUDA_MAJORS = ("none", "12", "13")
 ALIASES = ("cpu", "cuda12", "cuda13")
 STATUSES = ("ok", "uninstallable")
 REQUIRED = ("cuda", "torch_variant", "archs", "python")
-KNOWN_FIELDS = (*REQUIRED, "default_for", "status", "reason", "nightly", "indexes")
+KNOWN_FIELDS = (*REQUIRED, "default_for", "status", "reason", "nightly", "indexes", "tags")
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.+_-]*$")
+TAG_PATTERN = re.compile(r"^[a-z][a-z0-9-]*$")
+# tags the noxfile gives sessions itself: a combination naming one would blur what `nox -t` selects
+RESERVED_TAGS = ("references", "bench", "jit", "nightly", "uninstallable", "torch-axis", "cpu", "cuda12", "cuda13",
+                 "tests", "lint", "matrix", *ARCHS)
 
 
 class CombinationError(ValueError):
@@ -72,6 +78,7 @@ class Combination:
     nightly: bool = True
     sha256: str = field(default="", compare=False)
     indexes: tuple[str, ...] = ()  # extra package indexes for the pins (pip --extra-index-url)
+    tags: tuple[str, ...] = ()  # more nox tags for the per-arch sessions (an axis run on demand)
 
     @property
     def installable(self) -> bool:
@@ -116,7 +123,8 @@ class Combination:
         return {"id": self.id, "cuda": self.cuda, "torch_variant": self.torch_variant, "archs": list(self.archs),
                 "python": str(self.python), "pins": {k: str(v) for k, v in self.pins.items()},
                 "default_for": list(self.default_for), "status": self.status, "reason": self.reason,
-                "label": self.label, "file": str(self.path), "sha256": self.sha256, "indexes": list(self.indexes)}
+                "label": self.label, "file": str(self.path), "sha256": self.sha256, "indexes": list(self.indexes),
+                "tags": list(self.tags)}
 
 
 def _need(cond: bool, path: Path, where: str, message: str) -> None:
@@ -172,6 +180,11 @@ def load_combination(path: str | Path) -> Combination:
     _need(isinstance(indexes, list) and all(isinstance(i, str) and re.fullmatch(r"(https?|file)://\S+", i)
                                             for i in indexes), path, "combination.indexes",
           f"{indexes!r}: must be a list of http(s):// or file:// index URLs")
+    tags = meta.get("tags", [])
+    _need(isinstance(tags, list) and all(isinstance(t, str) and TAG_PATTERN.fullmatch(t) for t in tags), path,
+          "combination.tags", f"{tags!r}: must be a list of lower-case tags (letters, digits, '-')")
+    reserved = sorted(set(tags) & set(RESERVED_TAGS))
+    _need(not reserved, path, "combination.tags", f"{reserved} are the noxfile's own tags")
     exact: dict[str, Version] = {}
     for name, value in pins.items():
         where = f"pins.{name}"
@@ -187,7 +200,8 @@ def load_combination(path: str | Path) -> Combination:
         exact[key] = version
     _need("torch" in exact, path, "pins.torch", "missing: every combination pins torch")
     return Combination(cid, path, cuda, variant, tuple(archs), python, exact, tuple(default_for), status,
-                       meta.get("reason"), meta.get("nightly", True), hashlib.sha256(raw).hexdigest(), tuple(indexes))
+                       meta.get("reason"), meta.get("nightly", True), hashlib.sha256(raw).hexdigest(), tuple(indexes),
+                       tuple(tags))
 
 
 def load_combinations(directory: str | Path = "constraints") -> list[Combination]:
