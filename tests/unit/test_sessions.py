@@ -455,3 +455,20 @@ def test_nox_release_axis_selects_the_tagged_per_arch_references_and_bench_and_n
                                      "references-cu130-fi0.9.0"}  # the uninstallable one records why
     nightly = names("nightly")
     assert "references-cu130-fi0.6.6-sm90" in nightly and not {n for n in nightly if "0.6.9" in n or "0.9.0" in n}
+
+
+def test_an_interrupt_before_the_tests_of_a_cpu_session_is_recorded_as_such(tmp_path, monkeypatch):
+    """Ctrl-C during a step before the tests (here the fi_trace import): the session is `interrupted`, its reason
+    says where, and there is no JIT prebuild to report on a CPU."""
+    from flashinfer_trace.sweep import session as sess
+
+    def import_interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sess, "fi_trace_step", import_interrupted)
+    out = tmp_path / "results" / "references-cpu"
+    rc = run_session("references", load_combination(ROOT / "constraints" / "cpu-torch2.13.toml"), "references-cpu",
+                     out, install={"mode": "fresh"}, cwd=_planted_tree(tmp_path))
+    s = json.loads((out / "session.json").read_text())
+    assert rc == 130 and s["status"] == "interrupted" and "interrupted before the tests after 0 test(s)" in s["reason"]
+    assert s["jit"] is None

@@ -24,7 +24,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..results.record import CaseRecord, from_test, parse
 from .combos import Combination, arch_of, load_combination
@@ -104,140 +106,231 @@ def torch_differences_found(combo: Combination, install: dict | None, torch: dic
     return torch_differences(combo, torch)
 
 
-def run_session(kind: str, combo: Combination, session: str, results: Path, *, arch: str | None = None,
-                install: dict | None = None, jobs: int = 1, test_timeout: float = 900.0,
-                extra: list[str] | None = None, cwd: Path | None = None, resume: bool = False,
-                jit_budget: float | None = None, cores: int | None = None,
-                fi_trace: FiTraceConfig | None = None) -> int:
-    """`fi_trace`: the fi_trace step's config (a references session; default: the installed FlashInfer's
-    version, emitted on the session's device); FiTraceConfig(enabled=False) leaves it out."""
+@dataclass
+class SessionConfig:
+    """One session's settings: `main`'s arguments. `fi_trace`: the fi_trace step's config (a references
+    session; default: the installed FlashInfer's version, emitted on the session's device);
+    FiTraceConfig(enabled=False) leaves it out."""
+
+    kind: str  # references | bench | jit
+    combo: Combination
+    session: str
+    results: Path
+    arch: str | None = None
+    install: dict | None = None
+    jobs: int = 1
+    test_timeout: float = 900.0
+    extra: list[str] | None = None  # the test processes' pytest arguments
+    cwd: Path | None = None
+    resume: bool = False
+    jit_budget: float | None = None
+    cores: int | None = None
+    fi_trace: FiTraceConfig | None = None
+
+    @property
+    def definitions(self) -> Path:
+        return (self.cwd or Path(".")) / "definitions"
+
+
+@dataclass
+class SessionState:
+    """What one step hands the next: the session's record as it grows, and what runs in the background."""
+
+    info: SessionInfo
+    manifest: dict
+    t0: float
+    targets: list[Target] = field(default_factory=list)
+    earlier: list = field(default_factory=list)  # a resumed run's records
+    builds: list | None = None  # the prebuild's jobs (a GPU combination)
+    background: Any = None  # the running prebuild (jit.pipeline.Background)
+    noted: dict = field(default_factory=dict)
+    built_before: dict[str, float] | None = None  # the JIT cache's libraries before the prebuild
+    before: Callable | None = None  # the gate a test target waits at until its definitions' modules are built
+    timeline: Timeline | None = None  # set once the tests start
+    records: list = field(default_factory=list)
+
+
+class Done(Exception):
+    """A step ended the session with this exit status; the session's record is written."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def start(_: None, c: SessionConfig) -> SessionState:
     from . import manifest as mf
     from . import mps
-    from .isolation import collect_files, run_isolated
 
     started, t0 = mf.now(), time.monotonic()
-    if "--allow-unconfined-references" in (extra or []):  # the manifest records it; the children inherit it
+    if "--allow-unconfined-references" in (c.extra or []):  # the manifest records it; the children inherit it
         from ..sandbox import configure
 
         configure(allow_unconfined=True)
-    info = SessionInfo(session, combo.id, install_mode=(install or {}).get("mode"), constraints_file=str(combo.path),
-                       constraints_sha256=combo.sha256, started=started, mps=mps.recorded(),
-                       fresh_seed=session_fresh_seed(results, resume) if kind == "references" else None)
-    manifest = mf.collect(combination=combo.metadata(), install=install, repo=cwd or ".")
-    if combo.gpu:  # its version, folder, namespace and counters before; finish() adds those after
+    info = SessionInfo(c.session, c.combo.id, install_mode=(c.install or {}).get("mode"),
+                       constraints_file=str(c.combo.path), constraints_sha256=c.combo.sha256, started=started,
+                       mps=mps.recorded(),
+                       fresh_seed=session_fresh_seed(c.results, c.resume) if c.kind == "references" else None)
+    manifest = mf.collect(combination=c.combo.metadata(), install=c.install, repo=c.cwd or ".")
+    if c.combo.gpu:  # its version, folder, namespace and counters before; finish() adds those after
         from . import compiler_cache
 
         manifest["compiler_cache"] = compiler_cache.start_record(compiler_cache.recorded())
-    status, reason, found = check_gpu(combo, arch)
-    info.arch = found or (arch if combo.gpu else "cpu")
+    return SessionState(info, manifest, t0)
+
+
+def check_device(s: SessionState, c: SessionConfig) -> SessionState:
+    """No GPU, or another arch than the session's: recorded, and the session skips."""
+    from . import manifest as mf
+
+    status, reason, found = check_gpu(c.combo, c.arch)
+    s.info.arch = found or (c.arch if c.combo.gpu else "cpu")
     if status != "ok":
-        info.status, info.reason = status, reason
-        info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
-        write_session(results, info, manifest=mf.finish(manifest))
-        print(f"{session}: {status}: {reason}", file=sys.stderr)
-        return EXIT_SKIPPED
-    differences = torch_differences_found(combo, install, manifest.get("torch"))
+        s.info.status, s.info.reason = status, reason
+        s.info.finished, s.info.wall_seconds = mf.now(), round(time.monotonic() - s.t0, 1)
+        write_session(c.results, s.info, manifest=mf.finish(s.manifest))
+        print(f"{c.session}: {status}: {reason}", file=sys.stderr)
+        raise Done(EXIT_SKIPPED)
+    differences = torch_differences_found(c.combo, c.install, s.manifest.get("torch"))
     if differences:
-        info.reason = "; ".join(differences)
-    folder = BENCH_TESTS if kind == "bench" else REFERENCE_TESTS
-    targets = collect_files([str((cwd or Path(".")) / folder)])
-    earlier = streamed_records(results, kind) if resume else []
-    info.status = "running"  # until the end: a session killed outright is read as partial, from tests.jsonl
-    write_session(results, info, manifest=manifest)
-    built_before, background, before, noted, builds = None, None, None, {}, None
-    definitions = (cwd or Path(".")) / "definitions"
-    try:
-        if combo.gpu:
-            builds, config = plan_prebuild(results, extra or [], cwd=cwd, resume=resume, budget=jit_budget,
-                                           cores=cores)
-            built_before = cache_libraries()
-            background, noted = start_prebuild(builds, config)
-            if kind == "jit":
-                info.jit = finish_prebuild(background, noted)
-                write_session(results, info, manifest=manifest)
-    except KeyboardInterrupt:  # the finished builds are in jit.jsonl, an earlier run's tests in tests.jsonl
-        return _interrupted_prebuild(info, results, manifest, t0, kind, background)
-    if kind == "jit":
-        if info.jit is None:
-            info.jit = {"counts": {}, "wall_seconds": 0.0, "note": f"{combo.id} has no GPU: nothing to build"}
-        bad = {k: v for k, v in info.jit["counts"].items() if k in ("build-failed", "build-timeout")}
-        info.status, info.reason = "ok", ", ".join(f"{k} {v}" for k, v in bad.items()) or None
-        info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
-        write_session(results, info, manifest=mf.finish(manifest))
-        print(f"{session}: prebuild: " + ", ".join(f"{k} {v}" for k, v in info.jit["counts"].items())
-              + f" in {info.jit['wall_seconds']} s", file=sys.stderr)
-        return 1 if bad else 0
-    if kind == "bench" and background is not None:  # timings beside running compiles would be the compiles'
-        try:
-            info.jit, background = finish_prebuild(background, noted), None
-        except KeyboardInterrupt:
-            return _interrupted_prebuild(info, results, manifest, t0, kind, background)
-    if kind == "references":  # FlashInfer's own definitions, imported here, run beside ours (test_fi_trace.py)
-        try:
-            targets, before = reference_targets(targets, info, results, manifest, combo, fi_trace, resume=resume,
-                                                jobs=jobs, definitions=definitions, builds=builds)
-        except KeyboardInterrupt:
-            return _interrupted_prebuild(info, results, manifest, t0, kind, background)
-    convert = record_of(kind, f"{combo.id}@{info.arch}")
-    timeline = Timeline(t0)
+        s.info.reason = "; ".join(differences)
+    return s
 
-    def streamed(r: TestRecord) -> None:
-        record = convert(r)
-        timeline.note(record)
-        stream.write(record.as_dict())
 
-    try:
-        with JsonlStream(results / STREAM, append=resume) as stream:
-            records = earlier + [convert(r) for r in run_isolated(
-                targets, pytest_args(kind, combo, results, extra or [], info.fresh_seed, jobs), python=sys.executable,
-                env=child_environment(1 if kind == "bench" else jobs, cores),
-                cwd=str(cwd) if cwd else None, test_timeout=test_timeout, jobs=1 if kind == "bench" else jobs,
-                log_dir=results / "logs", on_record=streamed, skip={r.nodeid for r in earlier}, before=before)]
-        if background is not None:
-            info.jit = finish_prebuild(background, noted)
-    except KeyboardInterrupt:  # what finished is in the stream: keep it readable as the session's result
-        if background is not None:
-            background.stop()
-            info.jit = _prebuild_so_far(results)
-        info.timeline = timeline.as_dict(background)
-        return _interrupted(info, results, manifest, t0, "", kind)
-    info.timeline = timeline.as_dict(background)
-    bad = [r for r in records if str(r.status) in FAILURES + ERRORS]
+def collect(s: SessionState, c: SessionConfig) -> SessionState:
+    from .isolation import collect_files
+
+    s.targets = collect_files([str((c.cwd or Path(".")) / (BENCH_TESTS if c.kind == "bench" else REFERENCE_TESTS))])
+    s.earlier = streamed_records(c.results, c.kind) if c.resume else []
+    s.info.status = "running"  # until the end: a session killed outright is read as partial, from tests.jsonl
+    write_session(c.results, s.info, manifest=s.manifest)
+    return s
+
+
+def start_builds(s: SessionState, c: SessionConfig) -> SessionState:
+    """A GPU combination's JIT prebuild, started in the background (jit/)."""
+    if c.combo.gpu:
+        s.builds, config = plan_prebuild(c.results, c.extra or [], cwd=c.cwd, resume=c.resume, budget=c.jit_budget,
+                                         cores=c.cores)
+        s.built_before = cache_libraries()
+        s.background, s.noted = start_prebuild(s.builds, config)
+    return s
+
+
+def jit_only(s: SessionState, c: SessionConfig) -> SessionState:
+    """A `jit` session ends with its prebuild."""
+    from . import manifest as mf
+
+    if c.kind != "jit":
+        return s
+    if s.background is not None:
+        s.info.jit, s.background = finish_prebuild(s.background, s.noted), None
+        write_session(c.results, s.info, manifest=s.manifest)
+    if s.info.jit is None:
+        s.info.jit = {"counts": {}, "wall_seconds": 0.0, "note": f"{c.combo.id} has no GPU: nothing to build"}
+    bad = {k: v for k, v in s.info.jit["counts"].items() if k in ("build-failed", "build-timeout")}
+    s.info.status, s.info.reason = "ok", ", ".join(f"{k} {v}" for k, v in bad.items()) or None
+    s.info.finished, s.info.wall_seconds = mf.now(), round(time.monotonic() - s.t0, 1)
+    write_session(c.results, s.info, manifest=mf.finish(s.manifest))
+    print(f"{c.session}: prebuild: " + ", ".join(f"{k} {v}" for k, v in s.info.jit["counts"].items())
+          + f" in {s.info.jit['wall_seconds']} s", file=sys.stderr)
+    raise Done(1 if bad else 0)
+
+
+def bench_waits(s: SessionState, c: SessionConfig) -> SessionState:
+    """Timings beside running compiles would be the compiles': a bench session waits for its whole prebuild."""
+    if c.kind == "bench" and s.background is not None:
+        s.info.jit, s.background = finish_prebuild(s.background, s.noted), None
+    return s
+
+
+def reference_targets(s: SessionState, c: SessionConfig) -> SessionState:
+    """A references session's targets and their gate: FlashInfer's own definitions imported (or a note why not),
+    the files sharded; while the modules build, the targets whose modules are expected ready first, each
+    started once its definitions' builds have ended."""
+    if c.kind != "references":
+        return s
+    step = fi_trace_step(c.results, c.fi_trace or session_fi_trace(c.combo, c.resume))
+    s.info.fi_trace = step.as_dict()
+    write_session(c.results, s.info, manifest=s.manifest)
+    print(f"{c.session}: fi_trace: {step.status}" + (f" {step.count} definition(s)" if step.imported else "")
+          + (f": {step.detail}" if step.detail else ""), file=sys.stderr)
+    kept, own = fi_trace_targets(step, c.results, s.targets)
+    s.targets = shard(kept, c.jobs, c.definitions, own)
+    if s.builds is not None:
+        from .jit import PrebuildWatch
+        from .jit.pipeline import readiness
+
+        ready = readiness(s.builds, read_prebuild(c.results) if c.resume else ())
+        s.targets = order_targets(s.targets, ready, c.definitions)
+        s.before = gate(PrebuildWatch(c.results / JIT_STREAM), c.definitions)
+    return s
+
+
+def run_tests(s: SessionState, c: SessionConfig) -> SessionState:
+    """Every target in its own process (isolation.py), each record streamed to tests.jsonl as it ends."""
+    from .isolation import run_isolated
+
+    convert = record_of(c.kind, f"{c.combo.id}@{s.info.arch}")
+    s.timeline = Timeline(s.t0)
+    jobs = 1 if c.kind == "bench" else c.jobs
+    with JsonlStream(c.results / STREAM, append=c.resume) as stream:
+        def streamed(r: TestRecord) -> None:
+            record = convert(r)
+            s.timeline.note(record)
+            stream.write(record.as_dict())
+
+        s.records = s.earlier + [convert(r) for r in run_isolated(
+            s.targets, pytest_args(c.kind, c.combo, c.results, c.extra or [], s.info.fresh_seed, c.jobs),
+            python=sys.executable, env=child_environment(jobs, c.cores), cwd=str(c.cwd) if c.cwd else None,
+            test_timeout=c.test_timeout, jobs=jobs, log_dir=c.results / "logs", on_record=streamed,
+            skip={r.nodeid for r in s.earlier}, before=s.before)]
+    if s.background is not None:
+        s.info.jit = finish_prebuild(s.background, s.noted)
+    return s
+
+
+def finish(s: SessionState, c: SessionConfig) -> int:
+    """The session's record, a summary line and one line per failed test; 1 when any failed."""
+    from . import manifest as mf
+
+    info = s.info
+    info.timeline = s.timeline.as_dict(s.background)
+    bad = [r for r in s.records if str(r.status) in FAILURES + ERRORS]
     info.status = "tests-failed" if bad else "ok"
-    info.phases = phase_totals(records)
-    if built_before is not None and info.jit is not None:  # modules the tests built, not the prebuild
-        info.jit["compiled_during_tests"] = sorted(set(compiled_since(built_before))
+    info.phases = phase_totals(s.records)
+    if s.built_before is not None and info.jit is not None:  # modules the tests built, not the prebuild
+        info.jit["compiled_during_tests"] = sorted(set(compiled_since(s.built_before))
                                                    - set(info.jit.get("modules_built", ())))
-    info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
-    write_session(results, info, records=records, manifest=mf.finish(manifest))
+    info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - s.t0, 1)
+    write_session(c.results, info, records=s.records, manifest=mf.finish(s.manifest))
     seed = f", fresh seed {info.fresh_seed}" if info.fresh_seed is not None else ""
-    print(f"{session}: {info.status}: " + ", ".join(f"{k} {v}" for k, v in info.counts.items())
+    print(f"{c.session}: {info.status}: " + ", ".join(f"{k} {v}" for k, v in info.counts.items())
           + f" in {info.wall_seconds} s{seed}", file=sys.stderr)
     for line in bad_lines(bad):
         print(line, file=sys.stderr)
     return 1 if bad else 0
 
 
-def reference_targets(files: list[str], info: SessionInfo, results: Path, manifest: dict, combo: Combination,
-                      fi_trace: FiTraceConfig | None, *, resume: bool, jobs: int, definitions: Path,
-                      builds: list | None) -> tuple[list[Target], Callable | None]:
-    """A references session's targets and their gate: FlashInfer's own definitions imported (or a note why not),
-    the files sharded; while the modules build, the targets whose modules are expected ready first, each
-    started once its definitions' builds have ended."""
-    step = fi_trace_step(results, fi_trace or session_fi_trace(combo, resume))
-    info.fi_trace = step.as_dict()
-    write_session(results, info, manifest=manifest)
-    print(f"{info.session}: fi_trace: {step.status}" + (f" {step.count} definition(s)" if step.imported else "")
-          + (f": {step.detail}" if step.detail else ""), file=sys.stderr)
-    kept, own = fi_trace_targets(step, results, files)
-    targets = shard(kept, jobs, definitions, own)
-    if builds is None:
-        return targets, None
-    from .jit import PrebuildWatch
-    from .jit.pipeline import readiness
+# the session, step by step: each takes the last one's state and the config; a step may end it (Done)
+STEPS = (start, check_device, collect, start_builds, jit_only, bench_waits, reference_targets, run_tests)
 
-    ready = readiness(builds, read_prebuild(results) if resume else ())
-    return order_targets(targets, ready, definitions), gate(PrebuildWatch(results / JIT_STREAM), definitions)
+
+def run_session(kind: str, combo: Combination, session: str, results: Path, **options: Any) -> int:
+    """Run STEPS, then `finish`; Ctrl-C at any step keeps what was done (`interrupted`). `options`: the rest of
+    SessionConfig's fields."""
+    config = SessionConfig(kind, combo, session, results, **options)
+    state = None
+    try:
+        for step in STEPS:
+            state = step(state, config)
+    except Done as done:
+        return done.code
+    except KeyboardInterrupt:
+        if state is None:
+            raise
+        return interrupted(state, config)
+    return finish(state, config)
 
 
 def bad_lines(bad: list, limit: int = 20) -> list[str]:
@@ -268,24 +361,25 @@ def _prebuild_so_far(results: Path) -> dict:
     return jit.summarise(jit.read_report(results / JIT_STREAM)) | {"interrupted": True, "report": JIT_STREAM}
 
 
-def _interrupted_prebuild(info: SessionInfo, results: Path, manifest: dict, t0: float, kind: str,
-                          background) -> int:
-    if background is not None:
-        background.stop()
-    info.jit = _prebuild_so_far(results)
-    return _interrupted(info, results, manifest, t0, "during the JIT prebuild", kind)
-
-
-def _interrupted(info: SessionInfo, results: Path, manifest: dict, t0: float, where: str, kind: str) -> int:
-    """Ctrl-C (or a SIGINT from a time limit): every record streamed so far becomes the session's result."""
+def interrupted(s: SessionState, c: SessionConfig) -> int:
+    """Ctrl-C (or a SIGINT from a time limit): the builds that finished are in jit.jsonl, every test record
+    streamed so far (an earlier run's too) in tests.jsonl; both become the session's result."""
     from . import manifest as mf
 
-    records = streamed_records(results, kind)
-    info.status = "interrupted"
-    info.reason = f"interrupted {where + ' ' if where else ''}after {len(records)} test(s); --resume goes on"
-    info.finished, info.wall_seconds = mf.now(), round(time.monotonic() - t0, 1)
-    write_session(results, info, records=records, manifest=mf.finish(manifest))
-    print(f"{info.session}: {info.reason} ({results})", file=sys.stderr)
+    testing = s.timeline is not None
+    if s.background is not None:
+        s.background.stop()
+    if s.background is not None or (c.combo.gpu and not testing):
+        s.info.jit = _prebuild_so_far(c.results)
+    if testing:
+        s.info.timeline = s.timeline.as_dict(s.background)
+    where = "" if testing else "during the JIT prebuild " if c.combo.gpu else "before the tests "
+    records = streamed_records(c.results, c.kind)
+    s.info.status = "interrupted"
+    s.info.reason = f"interrupted {where}after {len(records)} test(s); --resume goes on"
+    s.info.finished, s.info.wall_seconds = mf.now(), round(time.monotonic() - s.t0, 1)
+    write_session(c.results, s.info, records=records, manifest=mf.finish(s.manifest))
+    print(f"{s.info.session}: {s.info.reason} ({c.results})", file=sys.stderr)
     return 130
 
 
