@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ..sweep.wheelhouse import _wheels
 
@@ -30,17 +30,9 @@ def wheelhouse_versions(folder: str | Path, package: str) -> list[Version]:
 
 def parse_pip_index(text: str) -> list[Version]:
     """The versions `pip index versions` printed ("Available versions: 0.7.2, 0.7.1, ...")."""
-    for line in text.splitlines():
-        head, colon, rest = line.partition(":")
-        if colon and head.strip().lower() == "available versions":
-            out = []
-            for item in rest.split(","):
-                try:
-                    out.append(Version(item.strip()))
-                except InvalidVersion:
-                    continue
-            return sorted(out)
-    return []
+    from ..sweep.newcombo import parse_versions
+
+    return parse_versions(text)
 
 
 def index_versions(package: str, *, pre: bool = False, index_url: str | None = None,
