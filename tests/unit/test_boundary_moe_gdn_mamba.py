@@ -227,3 +227,21 @@ def test_boundary_mutant_passes_a_random_case_and_fails_its_boundary(name):
     d = mutate(d if d is not None else load_definition(m.definition), m)
     verdicts = _verdicts(d, (case,))
     assert verdicts == {None: "pass", case: "fail"}, verdicts
+
+
+@pytest.mark.heavy  # 1.3 GiB of fp8 weights per case
+def test_grouped_routing_reaches_a_local_expert_at_every_seed():
+    """A 2-token DeepSeek case whose 32 local experts are one group of eight: a steered token's boost could lose
+    its group to the others (seeds 5 and 7 raised "no token is routed to a local expert", and a fresh seed made
+    CI red). The logits are drawn again from their own stream until a token reaches; a seed that reached at
+    once keeps its inputs."""
+    from flashinfer_trace.dataset import load_definition
+    from flashinfer_trace.inputs.moe import route
+    from flashinfer_trace.semantics import routing_params
+
+    d = load_definition("moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048")
+    for seed in (5, 7, 1309935746):
+        x = generate_inputs(d, "small", seed, device="cpu")
+        offset = int(x.values["local_expert_offset"])
+        chosen = route(x.values["routing_logits"], x.values["routing_bias"], routing_params(d))
+        assert bool(((chosen >= offset) & (chosen < offset + 32)).any()), seed
