@@ -21,6 +21,14 @@ from flashinfer_trace.sweep.session import EXIT_SKIPPED, run_session
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _nox() -> str:
+    return str(Path(sys.executable).parent / "nox") if (Path(sys.executable).parent / "nox").exists() else "nox"
+
+
+needs_nox = pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
+                               reason="nox is not installed")
+
+
 def test_results_round_trip_and_junit(tmp_path):
     records = [TestRecord("tests/a.py::test_ok", "passed", 0.5, properties={"seed": 1}),
                TestRecord("tests/a.py::test_skip", "skipped", message="not-installed: flashinfer"),
@@ -161,8 +169,7 @@ def test_manifest_on_this_machine():
     assert {"clocks_start", "clocks_end", "git_sha", "environment", "gpu"} <= set(m)
 
 
-@pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
-                    reason="nox is not installed")
+@needs_nox
 def test_nox_lists_the_sessions_a_ci_job_needs():
     nox = str(Path(sys.executable).parent / "nox") if (Path(sys.executable).parent / "nox").exists() else "nox"
     listed = subprocess.run([nox, "-l", "--json", "-t", "nightly"], cwd=ROOT, capture_output=True, text=True,
@@ -354,12 +361,23 @@ def test_each_reference_test_gives_its_cached_cuda_blocks_back(monkeypatch):
     assert calls == ["empty"]
 
 
-def _nox() -> str:
-    return str(Path(sys.executable).parent / "nox") if (Path(sys.executable).parent / "nox").exists() else "nox"
+def _nox_sessions(tmp_path: Path, constraints: dict[str, str]):
+    """The project's noxfile over these constraint files only: a function from a tag to the session names."""
+    (tmp_path / "constraints").mkdir()
+    shutil.copy(ROOT / "noxfile.py", tmp_path / "noxfile.py")
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    for name, text in constraints.items():
+        (tmp_path / "constraints" / name).write_text(text)
+
+    def names(tag: str) -> set[str]:
+        out = subprocess.run([_nox(), "-f", str(tmp_path / "noxfile.py"), "-l", "--json", "-t", tag], cwd=tmp_path,
+                             capture_output=True, text=True, check=True)
+        return {s["name"] for s in json.loads(out.stdout)}
+
+    return names
 
 
-@pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
-                    reason="nox is not installed")
+@needs_nox
 def test_nox_torch_axis_selects_exactly_the_cpu_combinations_and_the_nightly_runs_them():
     from flashinfer_trace.sweep.combos import load_combinations
 
@@ -380,24 +398,13 @@ def test_nox_torch_axis_selects_exactly_the_cpu_combinations_and_the_nightly_run
     assert {e["session"] for e in jobs["cpu"]} >= set(axis) and not set(axis) & {e["session"] for e in jobs["gpu"]}
 
 
-@pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
-                    reason="nox is not installed")
+@needs_nox
 def test_a_cpu_combination_with_nightly_false_stays_on_the_axis_but_out_of_the_nightly(tmp_path):
-    (tmp_path / "constraints").mkdir()
-    shutil.copy(ROOT / "noxfile.py", tmp_path / "noxfile.py")
-    (tmp_path / "src").symlink_to(ROOT / "src")
     body = '[combination]\ncuda = "none"\ntorch_variant = "cpu"\narchs = []\npython = ">=3.10"\n{extra}\n' \
            '[pins]\ntorch = "{torch}"\n'
-    (tmp_path / "constraints" / "cpu-torch2.13.toml").write_text(
-        "# a\n" + body.format(extra='default_for = ["cpu"]', torch="2.13.0"))
-    (tmp_path / "constraints" / "cpu-torch2.9.toml").write_text("# b\n" + body.format(extra="nightly = false",
-                                                                                        torch="2.9.1"))
-
-    def names(tag):
-        out = subprocess.run([_nox(), "-f", str(tmp_path / "noxfile.py"), "-l", "--json", "-t", tag], cwd=tmp_path,
-                             capture_output=True, text=True, check=True)
-        return {s["name"] for s in json.loads(out.stdout)}
-
+    names = _nox_sessions(tmp_path, {
+        "cpu-torch2.13.toml": "# a\n" + body.format(extra='default_for = ["cpu"]', torch="2.13.0"),
+        "cpu-torch2.9.toml": "# b\n" + body.format(extra="nightly = false", torch="2.9.1")})
     assert names("torch-axis") == {"references-cpu-torch2.13", "references-cpu-torch2.9"}
     assert "references-cpu-torch2.9" not in names("nightly") and "references-cpu-torch2.13" in names("nightly")
 
@@ -429,28 +436,18 @@ def test_a_session_says_when_the_torch_it_imports_is_not_the_pinned_build(tmp_pa
     assert torch_differences_found(combo, None, {"error": "ImportError: no torch"}) == []
 
 
-@pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
-                    reason="nox is not installed")
+@needs_nox
 def test_nox_release_axis_selects_the_tagged_per_arch_references_and_bench_and_not_the_nightly(tmp_path):
-    (tmp_path / "constraints").mkdir()
-    shutil.copy(ROOT / "noxfile.py", tmp_path / "noxfile.py")
-    (tmp_path / "src").symlink_to(ROOT / "src")
     gpu = ('# g\n[combination]\ncuda = "13"\ntorch_variant = "cu130"\narchs = ["sm90"]\npython = ">=3.10"\n{extra}\n'
            '[pins]\ntorch = "2.11.0"\nflashinfer-python = "{fi}"\n')
-    (tmp_path / "constraints" / "cpu-torch2.13.toml").write_text(
-        '# c\n[combination]\ncuda = "none"\ntorch_variant = "cpu"\narchs = []\npython = ">=3.10"\n'
-        'default_for = ["cpu"]\n[pins]\ntorch = "2.13.0"\n')
-    (tmp_path / "constraints" / "cu130-fi0.6.6.toml").write_text(gpu.format(extra="", fi="0.6.6"))
-    (tmp_path / "constraints" / "cu130-fi0.6.9.toml").write_text(
-        gpu.format(extra='nightly = false\ntags = ["release-axis"]', fi="0.6.9"))
-    (tmp_path / "constraints" / "cu130-fi0.9.0.toml").write_text(gpu.format(
-        extra='nightly = false\ntags = ["release-axis"]\nstatus = "uninstallable"\nreason = "torch>=2.12"', fi="0.9.0"))
-
-    def names(tag):
-        out = subprocess.run([_nox(), "-f", str(tmp_path / "noxfile.py"), "-l", "--json", "-t", tag], cwd=tmp_path,
-                             capture_output=True, text=True, check=True)
-        return {s["name"] for s in json.loads(out.stdout)}
-
+    names = _nox_sessions(tmp_path, {
+        "cpu-torch2.13.toml": '# c\n[combination]\ncuda = "none"\ntorch_variant = "cpu"\narchs = []\n'
+                              'python = ">=3.10"\ndefault_for = ["cpu"]\n[pins]\ntorch = "2.13.0"\n',
+        "cu130-fi0.6.6.toml": gpu.format(extra="", fi="0.6.6"),
+        "cu130-fi0.6.9.toml": gpu.format(extra='nightly = false\ntags = ["release-axis"]', fi="0.6.9"),
+        "cu130-fi0.9.0.toml": gpu.format(
+            extra='nightly = false\ntags = ["release-axis"]\nstatus = "uninstallable"\nreason = "torch>=2.12"',
+            fi="0.9.0")})
     assert names("release-axis") == {"references-cu130-fi0.6.9-sm90", "bench-cu130-fi0.6.9-sm90",
                                      "references-cu130-fi0.9.0"}  # the uninstallable one records why
     nightly = names("nightly")
