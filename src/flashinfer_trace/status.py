@@ -23,7 +23,10 @@ class Status(str, enum.Enum):
     SKIP = "skip"  # could not run here: `Kind` says why
     XFAIL = "xfail"  # a known issue (constraints/known-issues.toml), failing as recorded
     XPASS = "xpass"  # a known issue now passing: the entry should go
-    NOT_RUN = "not-run"  # left out on purpose (a run=false known issue) or never reached
+    NOT_RUN = "not-run"  # left out on purpose (a run=false known issue), never reached, or stopped by the harness
+    # the outputs differ, in a regime the API does not promise (Kind.OUTSIDE_CONTRACT; docs/boundary/): shown and
+    # counted apart, never red and never a pass
+    INFO = "info"
 
     def __str__(self) -> str:
         return self.value
@@ -49,12 +52,17 @@ class Kind(str, enum.Enum):
     INPUTS = "inputs"  # the generator raised
     LOAD = "load"  # the definition file did not load
     KNOWN_ISSUE = "known-issue"
+    BUILDING = "building"  # not-run: the kernel's JIT module is built by a `jit-` session of its own, not here
+    # not-run, the harness's failure and never a kernel's: the device ran out of memory with the case alone on it,
+    # or the case could not get its memory from the device's budget in time
+    OUT_OF_MEMORY = "out-of-memory"
     # the case ran and was wrong
     MISMATCH = "mismatch"  # element-wise, beyond tolerance
     FLAKY_WRONG = "flaky-wrong"  # wrong in some of the repeated runs on the same inputs, right in others
     SAMPLES = "samples"  # a sampler's statistics differ
     SHAPE = "shape"
     DTYPE = "dtype"
+    OUTSIDE_CONTRACT = "outside-contract"  # info: a difference where the API promises nothing (docs/boundary/)
     MUTATES_INPUTS = "mutates-inputs"  # the reference wrote into inputs it does not declare as outputs
     NONDETERMINISTIC = "nondeterministic"
     REFERENCE = "reference"  # the confined reference raised, timed out or crashed
@@ -70,6 +78,11 @@ class Kind(str, enum.Enum):
 GROUND_TRUTH_KINDS = (Kind.UNSUPPORTED, Kind.NOT_INSTALLED, Kind.IMPORT_FAILED, Kind.API_MISSING,
                       Kind.DTYPE_UNSUPPORTED, Kind.NO_GPU, Kind.ARCH_UNSUPPORTED, Kind.BUILD_FAILED,
                       Kind.BUILD_TIMEOUT)
+
+
+# not-run records of these kinds are the harness's failures, not the kernel's: a session with any is not clean
+# (its summary counts them apart), and the matrix shows their cells as not-run, never as a verdict
+HARNESS_KINDS = (Kind.OUT_OF_MEMORY,)
 
 
 # Reason kinds, in the order `availability` checks them. The matrix maps them to cell states:
@@ -132,6 +145,7 @@ class CellState(str, enum.Enum):
     INSTALL_FAILED = "install-failed"
     XFAIL = "xfail"
     XPASS = "xpass"
+    INFO = "info"
     NOT_RUN = "not-run"
 
     def __str__(self) -> str:
@@ -144,7 +158,7 @@ _SKIP_STATES = {Kind.ARCH_UNSUPPORTED: CellState.SKIP_ARCH, Kind.API_MISSING: Ce
 _FAIL_STATES = {Kind.MUTATES_INPUTS: CellState.MUTATES_INPUTS, Kind.FLAKY_WRONG: CellState.FLAKY_WRONG}
 _DIRECT = {Status.PASS: CellState.PASS, Status.FAIL: CellState.FAIL, Status.ERROR: CellState.ERROR,
            Status.TIMEOUT: CellState.TIMEOUT, Status.XFAIL: CellState.XFAIL, Status.XPASS: CellState.XPASS,
-           Status.NOT_RUN: CellState.NOT_RUN}
+           Status.NOT_RUN: CellState.NOT_RUN, Status.INFO: CellState.INFO}
 
 
 def cell_state(status: Status, kind: Kind | None) -> CellState:
@@ -173,18 +187,19 @@ MEANING = {
     CellState.INSTALL_FAILED: "the combination could not be installed",
     CellState.XFAIL: "a known issue (constraints/known-issues.toml), failing as recorded",
     CellState.XPASS: "a known issue now passing: the entry should go",
+    CellState.INFO: "differs where the API promises nothing (docs/boundary/): informational, never red",
     CellState.NOT_RUN: "no result for this cell",
 }
 SYMBOL = {CellState.PASS: "✅", CellState.FAIL: "❌", CellState.FLAKY_WRONG: "🎲", CellState.MUTATES_INPUTS: "✍",
           CellState.ERROR: "💥", CellState.TIMEOUT: "⏱", CellState.SKIP_ARCH: "🚫", CellState.SKIP_API_MISSING: "➖",
           CellState.SKIP_NOT_INSTALLED: "⬜", CellState.SKIP_OTHER: "⏭", CellState.BUILD_FAILED: "🔨",
           CellState.BUILD_TIMEOUT: "⌛", CellState.INSTALL_FAILED: "📦", CellState.XFAIL: "🟡", CellState.XPASS: "⭐",
-          CellState.NOT_RUN: "·"}
+          CellState.INFO: "ℹ", CellState.NOT_RUN: "·"}
 # the states a cell shows before any other, worst first (a cell is its worst case)
 WORST_FIRST = (CellState.ERROR, CellState.TIMEOUT, CellState.MUTATES_INPUTS, CellState.FAIL, CellState.FLAKY_WRONG,
                CellState.XPASS)
 # how an environment's column sorts, most severe first
 SEVERITY = (CellState.ERROR, CellState.FAIL, CellState.FLAKY_WRONG, CellState.MUTATES_INPUTS, CellState.TIMEOUT,
             CellState.BUILD_FAILED, CellState.BUILD_TIMEOUT, CellState.INSTALL_FAILED, CellState.XFAIL, CellState.XPASS,
-            CellState.SKIP_API_MISSING, CellState.SKIP_ARCH, CellState.SKIP_OTHER, CellState.SKIP_NOT_INSTALLED,
+            CellState.INFO, CellState.SKIP_API_MISSING, CellState.SKIP_ARCH, CellState.SKIP_OTHER, CellState.SKIP_NOT_INSTALLED,
             CellState.PASS, CellState.NOT_RUN)
