@@ -79,19 +79,18 @@ class CheckConfig:
     # where a comparison's ground truth comes from (get_ground_truth's signature): planted kernels replace it
     resolve: Callable[..., Any] | None = None
     kernel: str | None = None  # the source "kernel": the user's MODULE:FUNCTION (groundtruth/kernel.py)
-    # test processes sharing the device: a case whose point is a large tensor (Builder.require_bytes) may use
-    # 1/gpu_share of its memory (eight such cases at once ran the H100 out of memory)
-    gpu_share: int = 1
 
     @property
     def resolved_device(self) -> str:
         return default_device() if self.device in (None, "auto") else self.device
 
     def memory(self) -> int | None:
-        """Bytes one case may use when several test processes share the device; None: all of it."""
-        if self.gpu_share <= 1:
-            return None
-        return memory_budget(self.resolved_device) // self.gpu_share
+        """Bytes one case may use: a GPU's whole budget (its ledger hands them out: budget/); None on a CPU
+        (what is available there is judged per case)."""
+        from .budget import device_budget
+
+        budget = device_budget(self.resolved_device)
+        return None if budget is None else budget.capacity
 
     def repeats_for(self, gt) -> int:
         """Runs of one comparison: a GPU kernel may race (wrong in some runs); more where it reduces across
@@ -133,7 +132,6 @@ def config_from_options(get: Callable[[str], Any], **more: Any) -> CheckConfig:
                        device=get("device"), draws=get("draws"), save_failures=get("save_failures"),
                        save_inputs=bool(get("save_inputs")), jit_report=get("jit_report"),
                        fresh_seed=fresh_seed(get("fresh_seed")), repeats=get("repeats"), paths=not get("plain_path"),
-                       gpu_share=get("gpu_share") or 1,
                        tolerance={k: v for k in TOLERANCE_OPTIONS if (v := get(k)) is not None}, **more)
 
 
@@ -292,7 +290,7 @@ def definition_cases(d: Definition, config: CheckConfig, budget: int | None = No
 def plan(discovered: Discovered, config: CheckConfig) -> list[Case | CaseRecord]:
     """Cases in the order they run; a definition no generator supports is one skip record."""
     out: list[Case | CaseRecord] = list(discovered.errors)
-    budget = config.memory() or memory_budget(config.resolved_device)  # a shared device: this process's share
+    budget = config.memory() or memory_budget(config.resolved_device)  # a GPU: its ledger's budget
     for d in discovered.definitions:
         try:
             out += definition_cases(d, config, budget)
@@ -328,8 +326,14 @@ class Memo:
     them writes reaches another."""
 
     def __init__(self, device: str, memory: int | None = None):
+        from .budget import device_budget
+        from .budget.guard import CaseMemory
+
         self.device = device
-        self.memory = memory  # bytes a case may use here (CaseTooLarge past it)
+        budget = device_budget(device)
+        # on a GPU every case's memory comes from the device's budget, shared by every process there (budget/)
+        self.memory_guard = CaseMemory(budget) if budget is not None else None
+        self.memory = budget.capacity if budget is not None else memory  # bytes a case may use (CaseTooLarge past it)
         self.key: tuple | None = None
         self.inputs: Inputs | None = None
         self.outputs: tuple | None = None
@@ -349,11 +353,40 @@ class Memo:
             self.mutated = []
             self.sampler_draws = {}
             self.fits(case.definition)
+            guard = self.memory_guard
+            if guard is not None:
+                guard.before_generation(case.definition, key[:4], case.id)
             with phases("inputs"):
                 self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
-                                              case=case.case, memory=self.memory)
+                                              case=case.case, memory=self.memory,
+                                              reserve=guard.reserver(case.id) if guard is not None else None)
+            if guard is not None:
+                guard.after_generation(case.definition, key[:4], self.inputs)
             self.key = key
+        if self.memory_guard is not None:
+            self.memory_guard.plan_case(case.definition, case.source, case.path, DEFAULT_REPEATS, case.id)
         return self.inputs
+
+    def group(self, case: Case) -> tuple:
+        return (case.definition.name, case.size, case.seed, case.case, case.definition_set)
+
+    def free(self) -> None:
+        """Drop every tensor of the current group (inputs, the reference's outputs, its draws), close the reference
+        worker's large CUDA arena, empty the allocator's cache and give the group's lease back."""
+        from .sandbox import pool
+
+        self.key = self.inputs = self.outputs = self._scales = None
+        self.mutated, self.sampler_draws = [], {}
+        pool.trim()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        if self.memory_guard is not None:
+            self.memory_guard.release()
+
+    def held(self) -> int:
+        """Bytes of the group's tensors this memo holds (its inputs and the reference's outputs)."""
+        tensors = [*(self.inputs.values.values() if self.inputs is not None else ()), *(self.outputs or ())]
+        return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
     def fits(self, definition: Definition) -> None:
         """The plan judged the memory once, at the start; on a CPU what is available changes while a run goes on
@@ -500,6 +533,10 @@ def outcome_of(e: BaseException) -> tuple[Status, Kind, str]:
         return Status.SKIP, Kind(e.kind), str(e)
     if isinstance(e, CaseTooLarge):
         return Status.SKIP, Kind.TOO_LARGE, f"too-large: {e}"
+    from .budget.guard import classify
+
+    if (memory := classify(e)) is not None:  # the device ran out of memory: the harness's, never a verdict
+        return memory
     if isinstance(e, EdgeCaseUnavailable):
         return Status.SKIP, Kind.NO_GENERATOR, f"no-generator: {e}"
     if isinstance(e, InputGenerationError):
@@ -512,7 +549,24 @@ def outcome_of(e: BaseException) -> tuple[Status, Kind, str]:
 
 
 def run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
-    """One case, start to record; never raises for what the case does (KeyboardInterrupt passes)."""
+    """One case, start to record; never raises for what the case does (KeyboardInterrupt passes). On a GPU within
+    the memory the device's budget gives it (budget/guard.py: running out of memory is retried alone, never a
+    verdict)."""
+    guard = memo.memory_guard
+    if guard is None:
+        return _run_case(case, memo, config)
+    from .budget.guard import guarded
+    from .sandbox import pool
+
+    if memo.key is not None and memo.key != memo.group(case):
+        memo.free()  # the last group's tensors and lease go back before this one asks
+    guard.worker_peak = pool.take_device_peak
+    return guarded(case, guard, lambda: _run_case(case, memo, config), memo.free, memo.held)
+
+
+def _run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
+    from .budget.guard import NeedMemory
+    from .budget.ledger import BudgetTimeout
     from .sandbox import pool
 
     start, starts, phases = time.perf_counter(), pool.worker_starts(), Phases()
@@ -526,6 +580,8 @@ def run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
                 record = _structure(case, memo, phases)
             else:
                 record = _deterministic(case, memo, phases)
+        except (NeedMemory, BudgetTimeout):  # the device's budget: budget/guard.py starts the case again
+            raise
         except Exception as e:  # a kernel or reference that raises is a record, not a crash of the run
             status, kind, detail = outcome_of(e)
             record = case.record(status, kind=kind, detail=detail)

@@ -67,8 +67,6 @@ def add_check_options(addoption: Callable[..., Any], prefix: str = "") -> None:
     addoption(f"{o}plain-path", dest="plain_path", action="store_true",
               help="check only each source's plain call, not its other paths (tensor cores, fa3, plan reuse, "
                    "CUDA graphs)")
-    addoption(f"{o}gpu-share", dest="gpu_share", type=_positive, default=None, metavar="N",
-              help="N test processes share the device: a case needing more than 1/N of its memory is too-large")
     addoption(f"{o}device", dest="device", default=None, help="cpu, cuda or auto (default: cuda when available)")
     for name, what in (("atol", "atol"), ("rtol", "rtol"), ("matched-ratio", "required matched ratio"),
                        ("min-cosine", "cosine floor (fp8 MoE sets one)")):

@@ -97,7 +97,8 @@ def _making_device(device: str | torch.device) -> torch.device:
 
 
 def generate_inputs(definition: Definition | str | Path, size: str = "small", seed: int = 0, *,
-                    device: str | torch.device = "cpu", case: str | None = None, memory: int | None = None) -> Inputs:
+                    device: str | torch.device = "cpu", case: str | None = None, memory: int | None = None,
+                    reserve=None) -> Inputs:
     """Inputs for one case of a definition: the same (definition, size, seed, case) always gives
     bit-identical values, whatever the device. The tensors are made on `device` itself (a CPU or
     a CUDA device; on the CPU and then moved for any other), the small structural ones on the CPU
@@ -109,7 +110,9 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
     device, not across devices), else from its declaration alone (`declared.py`). `Inputs.source` says
     which. An edge case is the family's: where the family does not fit, EdgeCaseUnavailable. A family that
     fits but whose case breaks the definition (a constraint, a const axis) is an InputGenerationError, not
-    a fallback: the definition or the generator is wrong, and benign declared inputs would hide which."""
+    a fallback: the definition or the generator is wrong, and benign declared inputs would hide which.
+    `memory`: the bytes a case may use (a larger one is CaseTooLarge); `reserve(nbytes, what)`: asked before a
+    family generator makes a large tensor (a device's memory budget)."""
     d = _definition(definition)
     if size not in SIZES:
         raise InputGenerationError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}", definition=d.name)
@@ -119,7 +122,7 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
         raise InputGenerationError(f"unknown edge case {case!r} for op_type {d.op_type!r}; valid: "
                                    f"{', '.join(cases) or 'none'}", definition=d.name)
     try:
-        return _generate_by_family(d, size, seed, device=device, case=case, memory=memory)
+        return _generate_by_family(d, size, seed, device=device, case=case, memory=memory, reserve=reserve)
     except GeneratorMismatch as e:
         if case is not None:
             error = EdgeCaseUnavailable(f"edge case {case!r} needs the {family_for(d).name} generator, which does not "
@@ -172,7 +175,7 @@ def _cached(d: Definition, size: str, seed: int, device, source: str, make) -> I
 
 
 def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | torch.device,
-                        case: str | None, memory: int | None = None) -> Inputs:
+                        case: str | None, memory: int | None = None, reserve=None) -> Inputs:
     strings = [n for n, spec in d.inputs.items() if spec.is_string]
     if strings:  # fi_trace's string arguments: no generator knows a value for one (docs/definitions.md)
         raise GeneratorMismatch(
@@ -197,7 +200,7 @@ def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | to
         if hit is not None:
             _cache.move_to_end(key)
             return hit.to(device, copy=True)
-    builder = Builder(d, size, seed, case, device=_making_device(device), memory=memory)
+    builder = Builder(d, size, seed, case, device=_making_device(device), memory=memory, reserve=reserve)
     try:
         family.generate(builder)
     except InputGenerationError:

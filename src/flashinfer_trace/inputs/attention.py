@@ -364,6 +364,7 @@ def _put_sparse_kv(b: Builder, names: list[str], slots: list[torch.Tensor], page
         flat[rows] = random_tensor((rows.numel(), *flat.shape[1:]), b.spec(name).dtype, b.rng(name),
                                    device=b.device)
         b.put(name, t)
+        b.sparse.add(name)
 
 
 # -- the boundary cases' values -------------------------------------------------------------------

@@ -16,7 +16,7 @@ built on the CPU first and copied. So:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +156,9 @@ class Inputs:
     # where the values came from: our family generator, or an fi_trace definition's own `init`
     # ("fi_trace init", inputs/fitrace_init.py; check results record it)
     source: str = "generator"
+    # inputs made large for their offsets and read at a few rows (large_offsets' caches): the memory planner
+    # counts them as copied, not as widened (budget/plan.py)
+    sparse: tuple[str, ...] = ()
 
     def args(self) -> list[Any]:
         return [v for k, v in self.values.items() if k not in self.ignored]
@@ -183,7 +186,7 @@ class Inputs:
     def _map(self, fn) -> Inputs:
         values = {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
         return Inputs(self.definition, self.size, self.seed, self.case, values, dict(self.axes), self.ignored,
-                      self.source)
+                      self.source, self.sparse)
 
     def __repr__(self) -> str:
         parts = []
@@ -212,9 +215,14 @@ class Builder:
     """
 
     def __init__(self, definition: Definition, size: str, seed: int, case: str | None,
-                 device: torch.device | str = "cpu", memory: int | None = None):
+                 device: torch.device | str = "cpu", memory: int | None = None,
+                 reserve: Callable[[int, str], None] | None = None):
         self.definition = definition
-        self.memory = memory  # bytes this case may use (a share of the device); None: all of the device's
+        self.memory = memory  # bytes this case may use (the device's budget); None: all of the device's memory
+        # asked before a large tensor is made (the device's memory budget: budget/guard.py); it may raise to have
+        # the case generated again once the memory is there
+        self.reserve = reserve
+        self.sparse: set[str] = set()
         self.size = size
         self.seed = seed
         self.case = case
@@ -238,6 +246,8 @@ class Builder:
             raise CaseTooLarge(f"{what} needs {nbytes / 2**30:.1f} GiB (x{factor} for the check's copies), more "
                                f"than the {budget / 2**30:.0f} GiB of {self.device.type} memory this check may use",
                                definition=self.definition.name)
+        if self.reserve is not None:
+            self.reserve(nbytes, what)
 
     def rng(self, tag: str) -> Stream:
         """One named random stream of this case."""
@@ -341,7 +351,8 @@ class Builder:
             check_all(d.constraints, {**axes, **values}, definition=d.name)
         except ConstraintError as e:
             raise InputGenerationError(str(e)) from None
-        return Inputs(d.name, self.size, self.seed, self.case, values, axes, tuple(ignored))
+        return Inputs(d.name, self.size, self.seed, self.case, values, axes, tuple(ignored),
+                      sparse=tuple(n for n in values if n in self.sparse))
 
     def _unsized_axes(self) -> set[str]:
         """Var axes that may stay without a value (a subclass's say; none here)."""

@@ -172,6 +172,7 @@ def _put_pool_past_int32(b: Builder, first_page: int) -> None:
         t[first_page:] = random_tensor((shape[0] - first_page, *shape[1:]), b.spec(name).dtype, b.rng(name),
                                        device=b.device)
         b.put(name, t)
+        b.sparse.add(name)
 
 
 def _page_boundary_rows(tokens: int, topk: int, pages: int, page_size: int, g) -> torch.Tensor:

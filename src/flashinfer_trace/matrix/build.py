@@ -30,7 +30,7 @@ from typing import Any
 from ..results.record import CaseRecord, parse
 from ..status import MEANING, SYMBOL, WORST_FIRST, Status, cell_state
 from ..sweep.manifest import sandbox_label
-from ..sweep.results import read_jsonl, read_latest
+from ..sweep.results import RAN, read_jsonl, read_latest
 from . import drift_view
 
 SCHEMA_VERSION = 1
@@ -111,7 +111,7 @@ def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | 
     streamed = (folder / "tests.jsonl").is_file()
     runs_tests = not str(session.get("session", "")).startswith("jit")  # a jit session only builds
     tests_doc = _load_json(folder / "tests.json", problems,
-                           required=session.get("status") in ("ok", "tests-failed") and not streamed and runs_tests)
+                           required=session.get("status") in RAN and not streamed and runs_tests)
     tests = None
     if isinstance(tests_doc, dict) and isinstance(tests_doc.get("tests"), list):
         tests = _records(tests_doc["tests"], folder / "tests.json", problems)
@@ -122,7 +122,7 @@ def read_session(folder: Path, problems: list[dict[str, str]]) -> SessionData | 
         if session.get("status") == "running":
             session = {**session, "status": "interrupted",
                        "reason": f"the session stopped while running; {len(tests)} streamed test record(s)"}
-    if tests is None and session.get("status") in ("ok", "tests-failed") and runs_tests:
+    if tests is None and session.get("status") in RAN and runs_tests:
         session = {**session, "status": "corrupt", "reason": "tests.json missing or unreadable"}
     bench = _load_json(folder / "benchmark.json", problems, required=False)
     benchmarks = bench.get("benchmarks", []) if isinstance(bench, dict) else []

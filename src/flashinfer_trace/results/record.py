@@ -90,6 +90,10 @@ class CaseRecord(BaseModel):
     phases: dict[str, float] = Field(default_factory=dict)  # seconds per phase, worker_starts
     seconds: float = 0.0
     device_time_us: float | None = None
+    # a GPU case's device memory (budget/): planned and measured peak bytes, the lease held, the ground truth's
+    # memory class; over_plan where the measured peak passed the plan (the planner's miss), alone where it ran
+    # with the device to itself after running out of memory
+    memory: dict[str, Any] | None = None
     inputs: str | None = None  # where the inputs came from: "generator", "fi_trace init" or "declared"
     known_issue: str | None = None
     failure_file: str | None = None

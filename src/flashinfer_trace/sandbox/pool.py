@@ -418,13 +418,15 @@ class _Pool:
     cuda: dict[str, torch.Tensor] = field(default_factory=dict)
     last_status: dict | None = None
     arena_hint: int = MIN_HOST_ARENA  # the last worker's CPU arena: the next one starts as large
+    device_peak: int = 0  # the largest device memory a worker's call reserved since `take_device_peak`
 
     def cuda_arena(self, device: str, size: int = 0, definition: str = "<sandbox>") -> torch.Tensor:
         """The CUDA arena of a device, at least `size` bytes. Growing it means new workers (theirs is
-        mapped once, before confinement), so it starts generous and doubles."""
+        mapped once, before confinement); it grows to what the call needs and a quarter more, not by doubling
+        (device memory is planned per case: budget/), and `trim` gives a large one back after its case."""
         arena = self.cuda.get(device)
         if arena is None or arena.numel() < size:
-            new = max(MIN_CUDA_ARENA, size, 2 * (arena.numel() if arena is not None else 0))
+            new = max(MIN_CUDA_ARENA, size + size // 4)
             if self.worker is not None and self.worker.device == device:
                 self.close()
             self.cuda.pop(device, None)
@@ -468,13 +470,36 @@ class _Pool:
             self.worker.kill()
             self.worker = None
 
+    def trim(self) -> None:
+        """A CUDA arena grown past its minimum goes back to the device, with the worker that maps it (a worker
+        holds nothing else: it empties its allocator's cache after every call)."""
+        with self.lock:
+            large = [d for d, a in self.cuda.items() if a.numel() > MIN_CUDA_ARENA]
+            if large and self.worker is not None and self.worker.device in large:
+                self.close()
+            for d in large:
+                del self.cuda[d]
+
     def reset_after_fork(self) -> None:
         self.lock = threading.RLock()
         self.worker, self.cuda = None, {}
+        self.device_peak = 0
 
 
 _pool = _Pool()
 os.register_at_fork(after_in_child=_pool.reset_after_fork)
+
+
+def trim() -> None:
+    """Give a large CUDA arena (and its worker) back: the memo calls it when a case group ends."""
+    _pool.trim()
+
+
+def take_device_peak() -> int:
+    """The largest device memory a worker's call reserved since the last ask (its own allocator: the arena is the
+    parent's), and forget it."""
+    peak, _pool.device_peak = _pool.device_peak, 0
+    return peak
 
 
 def shutdown(*, fork_server: bool = False) -> None:
@@ -651,7 +676,7 @@ class ConfinedReference:
         buffers = {"cpu": w.arena.tensor}
         if device.startswith("cuda"):
             if _pool.cuda_arena(device).numel() < need.get("cuda", 0):
-                _pool.cuda_arena(device, 4 * need["cuda"], self.definition)
+                _pool.cuda_arena(device, need["cuda"], self.definition)
                 return None, None, None, cpu_bytes
             buffers["cuda"] = _pool.cuda[device]
         arenas = Arenas(buffers)
@@ -666,16 +691,18 @@ class ConfinedReference:
             return answer, specs, buffers, cpu_bytes
         want = answer["need"] if isinstance(answer["need"], dict) else {}
         cuda, cpu = want.get("cuda", 0), want.get("cpu", 0)
-        if type(cpu) is not int or type(cuda) is not int or cpu > settings.memory:
+        if type(cpu) is not int or type(cuda) is not int or cpu > settings.memory or (
+                cuda and cuda > torch.cuda.get_device_properties(torch.device(device)).total_memory):
             w.kill()
-            raise ReferenceFailure(self.definition, "memory", f"outputs of {_text(cpu, 40)} bytes asked for")
+            raise ReferenceFailure(self.definition, "memory", f"outputs of {_text(max(cpu, cuda), 40)} bytes asked "
+                                   "for: more than the device has")
         grow_cuda = cuda > buffers.get("cuda", torch.empty(0)).numel()
         if not grow_cuda and cpu <= w.arena.size:
             w.kill()
             raise ReferenceFailure(self.definition, "protocol", "the worker asked for an arena it has")
         _pool.close()  # its arena cannot grow (sealed): the call runs again in a new worker
         if grow_cuda:
-            _pool.cuda_arena(device, 2 * cuda, self.definition)
+            _pool.cuda_arena(device, cuda, self.definition)
         return None, None, None, max(cpu_bytes, cpu)
 
     def _raise_for(self, answer: dict, w: _Worker) -> None:
@@ -697,6 +724,9 @@ class ConfinedReference:
 
     def _outputs(self, answer: dict, w: _Worker, args: list, specs: list, buffers: dict) -> Any:
         ok = answer.get("ok")
+        peak = ok.get("device_peak") if isinstance(ok, dict) else None
+        if type(peak) is int and 0 <= peak < 1 << 50:  # the worker's word, bounded: it only informs the planner
+            _pool.device_peak = max(_pool.device_peak, peak)
         try:
             if not isinstance(ok, dict):
                 raise ProtocolError("no outputs in the answer")

@@ -214,6 +214,8 @@ class _Server:
         versions = [t._version for t in inputs]
         input_end = dict(msg.get("input_end", {}))
         self.state.restore(int(msg.get("seed") or 0))
+        if self.gpu:  # the call's own peak, for the parent's memory planner (budget/)
+            torch.cuda.reset_peak_memory_stats()
         try:
             with torch.inference_mode(False):
                 # by keyword where the parent named the arguments (an fi_trace entry point), else by position
@@ -240,6 +242,7 @@ class _Server:
                               "line": None}}
         if self.gpu:
             torch.cuda.synchronize()
+            return {"ok": {"outputs": encoded, "mutated": mutated, "device_peak": torch.cuda.max_memory_reserved()}}
         return {"ok": {"outputs": encoded, "mutated": mutated}}
 
     def serve(self) -> None:

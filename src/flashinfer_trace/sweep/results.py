@@ -1,6 +1,6 @@
 """What a session leaves behind, `results/<session>/`, written atomically:
 
-    session.json    the session: combination, status (ok / tests-failed / install-failed /
+    session.json    the session: combination, status (ok / tests-failed / harness-failed / install-failed /
                     arch-mismatch / no-gpu / uninstallable; running until it ends, interrupted), reason,
                     install mode, constraints hash
     env.json        the environment manifest (manifest.py)
@@ -41,8 +41,11 @@ RECORD_SCHEMA = 2  # results/record.py's SCHEMA_VERSION: a references session's 
 
 SCHEMA_VERSION = 1
 TEST_STATUSES = ("passed", "failed", "error", "timeout", "skipped", "xfailed", "xpassed")
-SESSION_STATUSES = ("ok", "tests-failed", "install-failed", "arch-mismatch", "no-gpu", "uninstallable",
-                    "running", "interrupted")  # running: written at the start, so a killed session still says so
+# harness-failed: the tests ran, but some could not be judged for the harness's own failure (out of device memory);
+# running: written at the start, so a killed session still says so
+SESSION_STATUSES = ("ok", "tests-failed", "harness-failed", "install-failed", "arch-mismatch", "no-gpu",
+                    "uninstallable", "running", "interrupted")
+RAN = ("ok", "tests-failed", "harness-failed")  # the sessions whose tests ran (their records are the matrix's)
 FILES = ("session.json", "env.json", "tests.json", "junit.xml", "benchmark.json")
 
 
@@ -88,6 +91,8 @@ class SessionInfo:
     # a references session's fi_trace step (sweep/fitrace_step.py): FlashInfer's own definitions imported into
     # fi_trace/ and checked beside ours, or why not (status skip, kind not-installed / api-missing)
     fi_trace: dict[str, Any] | None = None
+    # a GPU session's device memory (results/memory.py): peaks planned and measured, misses, retries, harness failures
+    memory: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):

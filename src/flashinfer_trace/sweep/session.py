@@ -66,8 +66,8 @@ def check_gpu(combo: Combination, arch: str | None) -> tuple[str, str | None, st
     return "ok", None, found
 
 
-def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], fresh_seed: int | None = None,
-                jobs: int = 1) -> list[str]:
+def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], fresh_seed: int | None = None
+                ) -> list[str]:
     if kind == "bench":
         return [f"--benchmark-json={results / 'benchmark.json'}", f"--bench-stream={results / 'benchmark.jsonl'}",
                 "-p", "no:xdist", *extra]
@@ -76,9 +76,8 @@ def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], 
     # one fresh seed for every test process of the session (they collect the same cases); the user's wins
     fresh = [] if fresh_seed is None or any(a.startswith("--fresh-seed") for a in extra) else [
         f"--fresh-seed={fresh_seed}"]
-    # the test processes share one GPU: a case that needs more than its share of the memory is too-large
-    share = [f"--gpu-share={jobs}"] if combo.gpu and jobs > 1 else []
-    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *fresh, *share, *extra]
+    # the test processes share one GPU: each case takes its memory from the device's budget (budget/)
+    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *fresh, *extra]
 
 
 def session_fresh_seed(results: Path, resume: bool) -> int:
@@ -281,7 +280,7 @@ def run_tests(s: SessionState, c: SessionConfig) -> SessionState:
             stream.write(record.as_dict())
 
         s.records = s.earlier + [convert(r) for r in run_isolated(
-            s.targets, pytest_args(c.kind, c.combo, c.results, c.extra or [], s.info.fresh_seed, c.jobs),
+            s.targets, pytest_args(c.kind, c.combo, c.results, c.extra or [], s.info.fresh_seed),
             python=sys.executable, env=child_environment(jobs, c.cores), cwd=str(c.cwd) if c.cwd else None,
             test_timeout=c.test_timeout, jobs=jobs, log_dir=c.results / "logs", on_record=streamed,
             skip={r.nodeid for r in s.earlier}, before=s.before)]
@@ -296,8 +295,12 @@ def finish(s: SessionState, c: SessionConfig) -> int:
 
     info = s.info
     info.timeline = s.timeline.as_dict(s.background)
+    from ..results.memory import memory_line, memory_summary
+
     bad = [r for r in s.records if str(r.status) in FAILURES + ERRORS]
-    info.status = "tests-failed" if bad else "ok"
+    info.memory = memory_summary(s.records)
+    harness = bool(info.memory and info.memory["out_of_memory"])  # the harness failed: no cell can say green
+    info.status = "harness-failed" if harness else "tests-failed" if bad else "ok"
     info.phases = phase_totals(s.records)
     if s.built_before is not None and info.jit is not None:  # modules the tests built, not the prebuild
         info.jit["compiled_during_tests"] = sorted(set(compiled_since(s.built_before))
@@ -307,9 +310,9 @@ def finish(s: SessionState, c: SessionConfig) -> int:
     seed = f", fresh seed {info.fresh_seed}" if info.fresh_seed is not None else ""
     print(f"{c.session}: {info.status}: " + ", ".join(f"{k} {v}" for k, v in info.counts.items())
           + f" in {info.wall_seconds} s{seed}", file=sys.stderr)
-    for line in bad_lines(bad):
+    for line in [*bad_lines(bad), *filter(None, [memory_line(info.memory)])]:
         print(line, file=sys.stderr)
-    return 1 if bad else 0
+    return 1 if bad or harness else 0
 
 
 # the session, step by step: each takes the last one's state and the config; a step may end it (Done)

@@ -99,6 +99,10 @@ def worker_main(answer_fd: int, device: str) -> int:
             except Exception:  # noqa: BLE001
                 pass
             roots = cache_roots()
+            if device.startswith("cuda"):  # its small warm-up cases are its standing lease of the device's budget
+                from ...budget import device_budget
+
+                device_budget(device).standing()
         before = libraries(roots)
         status, message = _warm(job, device)
         used = loaded_libraries(roots)

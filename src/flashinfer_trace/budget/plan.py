@@ -1,0 +1,141 @@
+"""A case's planned peak of device memory: every copy that lives at once, from the sizes of its inputs.
+
+One case group (a definition's inputs at one size, seed and edge case) is generated once and shared by its
+checks and sources (check.Memo), so the plan is the group's standing data plus the largest phase of the case
+being run:
+
+    standing    the pristine inputs, the reference's outputs
+    reference   a copy of the inputs for the call, the CUDA arena holding inputs and outputs for the worker,
+                the worker's own temporaries (a plain-torch reference upcasts to float32)
+    kernel      per run, a copy of the inputs, its outputs and the first run's kept for the spread; the
+                wrapper's workspace; a CUDA graph or plan-reuse path keeps a live copy of the inputs and the
+                other data besides
+    torch       the float64 ground truth: every floating input upcast, and its intermediates
+    sampler     one call's repeated rows (the reference's and the kernel's chunks), and the draws
+    compare     both outputs upcast to float64, and the error model's scales
+
+What the plan leaves out it learns: a case whose measured peak passes its plan is reported (a bug of the
+planner, CaseRecord.memory) and the ratio raises every later plan of its op type and source (`Learned`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from ..definition import Definition
+    from ..inputs import Inputs
+
+MiB = 1 << 20
+WORKSPACE = 512 * MiB  # FlashInfer's wrappers' float workspace (groundtruth/flashinfer.py WORKSPACE_BYTES)
+SLACK = 64 * MiB  # the allocator's rounding and the libraries' small buffers
+MARGIN = 1.25  # over the sum: block rounding, fragmentation
+REFERENCE_CHUNK = 4 << 28  # a sampler's reference call: 2**28 float32 elements (verdict/samples CHUNK_ELEMENTS)
+KERNEL_SAMPLER_ROWS = 4096  # the samplers' rows per kernel call (groundtruth ROWS_PER_CALL)
+GENERATION_GUESS = 256 * MiB  # the var-sized inputs of a small or medium case, before any was made
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The bytes of one case group's tensors."""
+
+    inputs: int  # every input tensor
+    floats: int  # elements of the floating inputs the reference and the torch truth widen (not the sparse ones)
+    outputs: int  # the outputs' bytes (the declared dtypes; unknown dimensions counted as 1)
+    output_elements: int
+    vocab_rows: tuple[int, int] | None = None  # a sampler's (rows, vocab)
+
+    @classmethod
+    def of(cls, definition: Definition, inputs: Inputs) -> Sizes:
+        from ..dtypes import torch_dtype
+        from ..reference import expected_shapes
+
+        tensors = {k: v for k, v in inputs.values.items() if isinstance(v, torch.Tensor)}
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        # a sparse input (a cache past 2**31 elements, read at a few rows) is copied whole but widened only where read
+        floats = sum(t.numel() for k, t in tensors.items() if t.is_floating_point() and k not in inputs.sparse)
+        out_bytes = out_elements = 0
+        for spec, shape in zip(definition.outputs.values(), expected_shapes(definition, inputs), strict=True):
+            if shape is None or spec.dtype is None:
+                continue
+            n = math.prod(d or 1 for d in shape)
+            out_elements += n
+            out_bytes += n * torch.empty(0, dtype=torch_dtype(spec.dtype)).element_size()
+        rows = None
+        if definition.is_sampler:
+            from ..inputs.sampling import distribution_input
+
+            dist = inputs.values.get(distribution_input(definition))
+            if isinstance(dist, torch.Tensor) and dist.dim() == 2:
+                rows = (int(dist.shape[0]), int(dist.shape[1]))
+        return cls(nbytes, floats, out_bytes, out_elements, rows)
+
+
+def source_class(source: str | None, kind: str | None, path: str | None) -> str:
+    """How a ground truth spends memory: torch's float64, a sampler, a kernel (plain or planned), none."""
+    if source is None:
+        return "structure"
+    if kind == "sampler":
+        return "sampler"
+    if source == "torch":
+        return "torch"
+    return "kernel-planned" if path and any(m in path for m in ("graph", "plan-reuse")) else "kernel"
+
+
+def case_bytes(sizes: Sizes, klass: str, *, repeats: int = 1) -> dict[str, int]:
+    """The parts of one case's peak (bytes): standing data, then each phase; `total` is the plan."""
+    i, o = sizes.inputs, sizes.outputs
+    arena = i + o
+    parts = {"standing": i + o}
+    phases = {"reference": i + arena + 2 * (4 * sizes.floats + 4 * sizes.output_elements)}
+    if klass in ("kernel", "kernel-planned"):
+        kept = o * (2 if repeats > 1 else 1)
+        phases["kernel"] = i + o + kept + WORKSPACE + (2 * i if klass == "kernel-planned" else 0)
+    elif klass == "torch":
+        phases["torch"] = i + 2 * 8 * sizes.floats + 2 * 8 * sizes.output_elements
+    elif klass == "sampler" and sizes.vocab_rows is not None:
+        rows, vocab = sizes.vocab_rows
+        chunk = min(REFERENCE_CHUNK, 4 * vocab * max(1, REFERENCE_CHUNK // max(4 * vocab, 1)))
+        phases["reference"] = max(phases["reference"], 2 * chunk + 4 * chunk)  # rows, arena copy, the sort's
+        phases["kernel"] = 3 * 4 * KERNEL_SAMPLER_ROWS * vocab + WORKSPACE
+    if klass != "structure":
+        phases["compare"] = 3 * 8 * sizes.output_elements
+    parts.update(phases)
+    parts["total"] = int(MARGIN * (parts["standing"] + max(phases.values()))) + SLACK
+    return parts
+
+
+def generation_bytes(definition: Definition, learned: int | None = None) -> int:
+    """What generating a group's inputs may take before anything of it is known: the inputs this process
+    made last for the same definition, size and edge case, else its fixed-size inputs and a small case's
+    var-sized ones (a generator that makes a large tensor asks for it first: Builder.require_bytes)."""
+    from ..inputs.common import fixed_bytes
+
+    if learned is not None:
+        return int(MARGIN * learned) + SLACK
+    return int(MARGIN * 2 * fixed_bytes(definition)) + GENERATION_GUESS
+
+
+@dataclass
+class Learned:
+    """What measurement taught the planner in this process: per (op type, source class), the largest ratio of a
+    measured peak to its plan; and per case group the bytes its inputs took."""
+
+    ratios: dict[tuple[str, str], float] = field(default_factory=dict)
+    inputs: dict[tuple, int] = field(default_factory=dict)
+
+    def scale(self, op_type: str, klass: str) -> float:
+        return self.ratios.get((op_type, klass), 1.0)
+
+    def learn(self, op_type: str, klass: str, base: int, planned: int, measured: int) -> bool:
+        """Record a measurement of a case planned at `planned` (`base` before the learned scale); True where it
+        passed its plan (the planner's miss): later plans of its kind are raised to cover it with a margin."""
+        if base <= 0 or measured <= planned:
+            return False
+        key = (op_type, klass)
+        self.ratios[key] = max(self.ratios.get(key, 1.0), MARGIN * measured / base)
+        return True

@@ -1,0 +1,346 @@
+"""The device's memory budget: the ledger every process consults (budget/ledger.py), a case's plan (plan.py)
+and the engine's cases run within it (guard.py). The ledger needs no GPU; the engine's side is driven through a
+stand-in device (a meter the test sets) on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashinfer_trace import check
+from flashinfer_trace.budget.device import DeviceBudget, is_out_of_memory
+from flashinfer_trace.budget.guard import CaseMemory, Meter
+from flashinfer_trace.budget.ledger import BudgetTimeout, Ledger
+from flashinfer_trace.budget.plan import Sizes, case_bytes, source_class
+from flashinfer_trace.results.memory import memory_summary
+from flashinfer_trace.status import Kind, Status
+
+GiB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- the ledger -----------------------------------------------------------------------------------------------
+def test_leases_add_up_and_go_back(tmp_path):
+    ledger = Ledger(tmp_path, 10 * GiB)
+    a = ledger.acquire(4 * GiB, label="a")
+    b = ledger.acquire(5 * GiB, label="b")
+    assert ledger.used() == 9 * GiB
+    with pytest.raises(BudgetTimeout, match="not granted within"):
+        ledger.acquire(2 * GiB, label="c", timeout=0.2)
+    a.release()
+    c = ledger.acquire(2 * GiB, label="c", timeout=1)
+    assert ledger.used() == 7 * GiB
+    b.release(), c.release()
+    assert ledger.used() == 0 and not list(tmp_path.glob("*.json"))
+
+
+def test_a_lease_larger_than_the_device_is_refused_at_once(tmp_path):
+    ledger = Ledger(tmp_path, 10 * GiB)
+    t0 = time.monotonic()
+    with pytest.raises(BudgetTimeout, match="more than the device's whole budget"):
+        ledger.acquire(11 * GiB, label="huge", timeout=30)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_waiting_lease_is_granted_when_memory_comes_back(tmp_path):
+    ledger = Ledger(tmp_path, 10 * GiB)
+    held = ledger.acquire(8 * GiB, label="held")
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(ledger.acquire(4 * GiB, label="waiter", timeout=20)))
+    waiter.start()
+    time.sleep(0.3)
+    assert not got and any(e.waiting for e in ledger.entries())  # it left a ticket
+    held.release()
+    waiter.join(10)
+    assert got and got[0].nbytes == 4 * GiB and ledger.used() == 4 * GiB
+    got[0].release()
+
+
+def test_resizing_grows_only_where_it_fits_and_never_waits(tmp_path):
+    ledger = Ledger(tmp_path, 10 * GiB)
+    a, b = ledger.acquire(2 * GiB), ledger.acquire(6 * GiB)
+    assert a.resize(4 * GiB) and ledger.used() == 10 * GiB
+    t0 = time.monotonic()
+    assert not a.resize(5 * GiB)  # 11 GiB: refused now, not waited for
+    assert time.monotonic() - t0 < 1
+    assert a.nbytes == 4 * GiB and a.resize(1 * GiB) and ledger.used() == 7 * GiB
+    a.release(), b.release()
+
+
+def test_the_lease_of_a_dead_process_is_reclaimed(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT / "src")!r})
+        from flashinfer_trace.budget.ledger import Ledger
+        lease = Ledger({str(tmp_path)!r}, {10 * GiB}).acquire({9 * GiB}, label="doomed")
+        print("held", flush=True)
+        time.sleep(60)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        ledger = Ledger(tmp_path, 10 * GiB)
+        assert ledger.used() == 9 * GiB  # alive: its lock is held
+        with pytest.raises(BudgetTimeout):
+            ledger.acquire(2 * GiB, timeout=0.2)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+        lease = ledger.acquire(2 * GiB, timeout=5)  # the dead one's 9 GiB came back without anyone releasing it
+        assert ledger.used() == 2 * GiB
+        lease.release()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_an_alone_lease_waits_for_every_case_and_holds_off_new_ones(tmp_path):
+    ledger = Ledger(tmp_path, 10 * GiB)
+    context = ledger.acquire(1 * GiB, kind="context")
+    case = ledger.acquire(1 * GiB, label="running case")
+    got = []
+    alone = threading.Thread(target=lambda: got.append(ledger.acquire(2 * GiB, kind="alone", timeout=20)))
+    alone.start()
+    time.sleep(0.3)
+    assert not got  # a case lease is live
+    with pytest.raises(BudgetTimeout):  # 1 GiB would fit, but an alone request is waiting: it goes first
+        ledger.acquire(1 * GiB, label="newcomer", timeout=0.3)
+    other_context = ledger.acquire(1 * GiB, kind="context", timeout=1)  # a process can still start
+    case.release()
+    alone.join(10)
+    assert got and got[0].kind == "alone"
+    assert got[0].nbytes == 10 * GiB - 2 * GiB  # the whole budget but the contexts
+    with pytest.raises(BudgetTimeout):
+        ledger.acquire(1, label="during alone", timeout=0.3)
+    got[0].release()
+    ledger.acquire(1 * GiB, label="after", timeout=1).release()
+    context.release(), other_context.release()
+
+
+def test_a_ticket_past_its_patience_goes_before_newer_small_leases(tmp_path):
+    ledger = Ledger(tmp_path, 10 * GiB, patience=0.5)
+    small = ledger.acquire(3 * GiB)
+    got = []
+    big = threading.Thread(target=lambda: got.append(ledger.acquire(9 * GiB, label="big", timeout=20)))
+    big.start()
+    ledger.acquire(1 * GiB, label="early", timeout=0.2).release()  # before its patience: small ones still pass
+    time.sleep(0.8)
+    with pytest.raises(BudgetTimeout):
+        ledger.acquire(1 * GiB, label="late", timeout=0.3)  # it fits, but the big one has waited long enough
+    small.release()
+    big.join(10)
+    assert got and got[0].nbytes == 9 * GiB
+    got[0].release()
+
+
+def test_many_processes_never_hold_more_than_the_budget(tmp_path):
+    """Eight processes take and give back leases of random sizes; each writes what it holds while it holds it,
+    and at no moment does the sum of what is written pass the budget."""
+    code = textwrap.dedent(f"""
+        import os, random, sys, time, json
+        sys.path.insert(0, {str(ROOT / "src")!r})
+        from flashinfer_trace.budget.ledger import Ledger
+        ledger = Ledger({str(tmp_path / "ledger")!r}, 100, poll=0.005)
+        rng = random.Random(int(sys.argv[1]))
+        log = {str(tmp_path / "log")!r}
+        for _ in range(25):
+            n = rng.randint(10, 70)
+            lease = ledger.acquire(n, timeout=60)
+            with open(log, "a") as f:
+                f.write(json.dumps([time.monotonic(), n]) + "\\n")
+            time.sleep(rng.random() * 0.01)
+            with open(log, "a") as f:
+                f.write(json.dumps([time.monotonic(), -n]) + "\\n")
+            lease.release()
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i)]) for i in range(8)]
+    assert all(p.wait(120) == 0 for p in procs)
+    events = sorted(json.loads(line) for line in (tmp_path / "log").read_text().splitlines())
+    level, top = 0, 0
+    for _, delta in events:  # a release is logged before it happens, a grant after: a true sum never reads low
+        level += delta
+        top = max(top, level)
+    assert len(events) == 8 * 25 * 2 and level == 0
+    assert top <= 100
+
+
+# -- out of memory --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["CUDA out of memory. Tried to allocate 2.00 GiB",
+                                  "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate",
+                                  "the worker did not start: torch.OutOfMemoryError: CUDA out of memory"])
+def test_what_running_out_of_device_memory_looks_like(text):
+    assert is_out_of_memory(RuntimeError(text))
+    status, kind, detail = check.outcome_of(RuntimeError(text))
+    assert (status, kind) == (Status.NOT_RUN, Kind.OUT_OF_MEMORY) and detail.startswith("out-of-memory")
+
+
+@pytest.mark.parametrize("text", ["CUDA error: an illegal memory access was encountered",
+                                  "resident memory 20.0 GiB passed the limit of 16.0 GiB; the worker was killed",
+                                  "shape mismatch: out of range"])
+def test_other_errors_stay_errors(text):
+    assert not is_out_of_memory(RuntimeError(text))
+    assert check.outcome_of(RuntimeError(text))[0] is Status.ERROR
+
+
+def test_torch_out_of_memory_error_is_memory():
+    assert is_out_of_memory(torch.OutOfMemoryError("no room"))
+
+
+# -- the plan ---------------------------------------------------------------------------------------------------
+def _sizes(inputs: int, outputs: int = 0) -> Sizes:
+    return Sizes(inputs, inputs // 2, outputs, outputs // 2)
+
+
+def test_a_plan_counts_each_copy_that_lives_at_once():
+    s = _sizes(GiB, 256 << 20)
+    kernel = case_bytes(s, "kernel", repeats=5)
+    planned = case_bytes(s, "kernel-planned", repeats=5)
+    torch_gt = case_bytes(s, "torch")
+    assert kernel["standing"] == GiB + (256 << 20)
+    assert planned["kernel"] == kernel["kernel"] + 2 * GiB  # a graph keeps a live copy of the inputs and the other data
+    assert torch_gt["torch"] > torch_gt["reference"]  # float64 of every floating input
+    assert kernel["total"] >= 1.25 * (kernel["standing"] + max(kernel["reference"], kernel["kernel"]))
+    assert source_class("flashinfer", None, "tensor-cores+graph") == "kernel-planned"
+    assert source_class("torch", None, None) == "torch" and source_class(None, None, None) == "structure"
+
+
+def test_a_sparse_input_is_copied_but_not_widened():
+    from flashinfer_trace.inputs.common import Inputs
+
+    d = _definition()
+    x = torch.zeros(1024, 4096, dtype=torch.bfloat16)
+    dense = Inputs(d.name, "small", 0, None, {"input": x, "weight": torch.ones(4096, dtype=torch.bfloat16)},
+                   {"batch_size": 1024, "hidden_size": 4096})
+    sparse = Inputs(**{**dense.__dict__, "sparse": ("input",)})
+    a, b = Sizes.of(d, dense), Sizes.of(d, sparse)
+    assert a.inputs == b.inputs and b.floats == a.floats - x.numel()
+
+
+# -- the engine under a budget (a stand-in device) ----------------------------------------------------------
+class _Meter(Meter):
+    """A device allocator the test drives: `grow` is what each case adds on top of what it starts with."""
+
+    def __init__(self):
+        self.now, self.grow = 0, 0
+
+    def start(self) -> int:
+        return self.now
+
+    def peak(self) -> int:
+        return self.now + self.grow
+
+
+def _definition():
+    from flashinfer_trace.dataset import Dataset
+
+    return Dataset().load("rmsnorm_h4096")
+
+
+def _memo(tmp_path, capacity=8 * GiB, meter=None) -> check.Memo:
+    memo = check.Memo("cpu")
+    budget = DeviceBudget("cuda:0", Ledger(tmp_path / "ledger", capacity), context_bytes=GiB // 4, total=capacity)
+    memo.memory_guard = CaseMemory(budget, wait=5, meter=meter or _Meter())
+    memo.memory = capacity
+    return memo
+
+
+def _case(source="torch", seed=0):
+    return check.Case(_definition(), check.Check.MATCH, "small", seed, source=source)
+
+
+def test_each_gpu_case_records_its_plan_and_its_measured_peak(tmp_path):
+    meter = _Meter()
+    memo = _memo(tmp_path, meter=meter)
+    meter.grow = 1 << 20
+    record = check.run_case(_case(), memo, check.CheckConfig(device="cpu"))
+    assert record.status is Status.PASS
+    m = record.memory
+    assert m["ground_truth"] == "torch" and m["planned"] > 0 and m["lease"] >= m["planned"]
+    assert m["measured"] >= 1 << 20 and not m.get("over_plan")
+    ledger = memo.memory_guard.budget.ledger
+    assert ledger.used() == m["lease"] + GiB // 4  # the group's lease and the process's standing one
+    check.run_case(_case(seed=1), memo, check.CheckConfig(device="cpu"))  # another group: the last went back
+    assert len([e for e in ledger.entries() if e.kind == "case"]) == 1
+
+
+def test_a_case_over_its_plan_is_reported_and_raises_the_next_plans(tmp_path):
+    meter = _Meter()
+    memo = _memo(tmp_path, meter=meter)
+    first = check.run_case(_case(), memo, check.CheckConfig(device="cpu"))
+    meter.grow = 3 * first.memory["planned"]  # the planner missed
+    second = check.run_case(_case(seed=1), memo, check.CheckConfig(device="cpu"))
+    assert second.memory["over_plan"] and second.memory["measured"] > second.memory["planned"]
+    third = check.run_case(_case(seed=2), memo, check.CheckConfig(device="cpu"))
+    assert third.memory["planned"] > 3 * first.memory["planned"]  # learned within the run
+    summary = memory_summary([first, second, third])
+    assert summary["over_plan"] == 1 and summary["out_of_memory"] == 0
+    assert summary["measured_max_bytes"] == max(r.memory["measured"] for r in (first, second, third))
+
+
+def _flaky_memory(fails: int):
+    """A ground truth that runs out of device memory `fails` times, then computes."""
+    from flashinfer_trace.groundtruth import get_ground_truth
+
+    calls = {"n": 0}
+
+    def resolve(source, d, **kw):
+        gt = get_ground_truth(source, d, **kw)
+
+        class OutOfMemoryFirst:
+            def __getattr__(self, name):
+                return getattr(gt, name)
+
+            def __call__(self, inputs, **more):
+                calls["n"] += 1
+                if calls["n"] <= fails:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+                return gt(inputs, **more)
+
+        return OutOfMemoryFirst()
+
+    return resolve, calls
+
+
+def test_out_of_memory_is_retried_alone_and_never_a_verdict(tmp_path):
+    memo = _memo(tmp_path)
+    resolve, calls = _flaky_memory(1)
+    record = check.run_case(_case(), memo, check.CheckConfig(device="cpu", resolve=resolve))
+    assert record.status is Status.PASS and calls["n"] >= 2
+    assert record.memory["alone"] and "out of memory" in record.memory["retried_alone_after"]
+    assert not [e for e in memo.memory_guard.budget.ledger.entries() if e.kind == "alone"]  # given back at once
+
+
+def test_out_of_memory_alone_is_the_harness_s_failure(tmp_path):
+    memo = _memo(tmp_path)
+    resolve, _ = _flaky_memory(10)
+    record = check.run_case(_case(), memo, check.CheckConfig(device="cpu", resolve=resolve))
+    assert (record.status, record.kind) == (Status.NOT_RUN, Kind.OUT_OF_MEMORY)
+    assert "even with the device to itself" in record.detail
+    summary = memory_summary([record])
+    assert summary["out_of_memory"] == 1
+
+
+def test_a_case_larger_than_the_device_is_too_large_with_its_plan(tmp_path):
+    memo = _memo(tmp_path, capacity=1 << 20)  # a 1 MiB device: the rmsnorm case's plan does not fit
+    record = check.run_case(_case(), memo, check.CheckConfig(device="cpu"))
+    assert (record.status, record.kind) == (Status.SKIP, Kind.TOO_LARGE)
+    assert "its plan is" in record.detail and "GiB in all" in record.detail
+
+
+def test_a_case_waits_for_memory_another_process_holds(tmp_path):
+    memo = _memo(tmp_path, capacity=2 * GiB)
+    ledger = memo.memory_guard.budget.ledger
+    hog = ledger.acquire(2 * GiB - GiB // 4, label="another process")  # all but this process's standing lease
+    threading.Timer(0.5, hog.release).start()
+    record = check.run_case(_case(), memo, check.CheckConfig(device="cpu"))
+    assert record.status is Status.PASS and record.phases.get("memory_wait", 0) == 0  # its first lease waited in
+    assert record.seconds >= 0.4  # the run: it could not start before the other process gave memory back
