@@ -218,10 +218,33 @@ def reference_engine(request: pytest.FixtureRequest, pytestconfig: pytest.Config
 def release_cuda_cache() -> None:
     """Give this process's cached CUDA blocks back after each test: a session runs several test processes
     and reference workers on one GPU, and blocks one of them caches after a large case are memory the
-    others cannot get."""
+    others cannot get. A CUDA context the test broke (a sticky error: an illegal address, a launch failure)
+    fails here: the process then ends after this test's report (`pytest_runtest_logfinish`), and the session's
+    supervisor runs the rest in a new one, so that no later test inherits the error as its own."""
+    global _broken
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except RuntimeError as e:
+            _broken = " ".join(str(e).split())[:300]
+
+
+_broken: str | None = None  # why this process's CUDA context cannot be trusted any more
+EXIT_CONTEXT_BROKEN = 86  # the test process's exit status when it ends for that (isolation.py runs the rest anew)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    if _broken is not None:
+        sys.stderr.write(f"{nodeid}: the CUDA context is broken ({_broken}); this test process ends here and the "
+                         "rest run in a new one\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        import os
+
+        os._exit(EXIT_CONTEXT_BROKEN)
 
 
 def _set_record(properties: list, record: dict[str, Any]) -> None:

@@ -470,7 +470,7 @@ def test_a_reference_that_writes_into_its_inputs_fails_every_case_it_ran():
 def test_written_inputs_compares_bytes_and_allows_declared_in_place_outputs():
     import torch
 
-    from flashinfer_trace.check import written_inputs
+    from flashinfer_trace.memo import written_inputs
     from flashinfer_trace.inputs import generate_inputs
 
     d = Definition.model_validate(VALID)
@@ -498,8 +498,10 @@ def test_memory_gone_since_the_plan_makes_a_case_too_large_not_a_crash(monkeypat
     monkeypatch.setattr(check, "memory_budget", lambda device: 10 * peak_bytes(d))
     case = next(c for c in plan(Discovered([d], []), config) if c.check.value == "shape")
     assert case.skip is None
-    monkeypatch.setattr(check, "memory_budget", lambda device: peak_bytes(d) // 2)
+    from flashinfer_trace import memo
+
+    monkeypatch.setattr(memo, "memory_budget", lambda device: peak_bytes(d) // 2)  # what the memo judges by
     record = run_case(case, Memo("cpu"), config)
     assert (record.status, record.kind) == (Status.SKIP, Kind.TOO_LARGE) and "now: its fixed-size" in record.detail
-    monkeypatch.setattr(check, "memory_budget", lambda device: 10 * peak_bytes(d))
+    monkeypatch.setattr(memo, "memory_budget", lambda device: 10 * peak_bytes(d))
     assert run_case(case, Memo("cpu"), config).status is Status.PASS

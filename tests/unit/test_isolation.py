@@ -198,3 +198,28 @@ def test_collect_files(tmp_path):
     found = collect_files([str(tmp_path), "tests/x.py::test_y"])
     assert found == [str(tmp_path / "sub" / "test_c.py"), str(tmp_path / "test_a.py"), str(tmp_path / "test_b.py"),
                      "tests/x.py::test_y"]
+
+
+def test_a_broken_cuda_context_ends_its_process_after_the_report_and_the_rest_run_anew(tmp_path, plant):
+    """The reference plugin's rule: a test that leaves the CUDA context broken keeps its own record, and the
+    tests after it run in a new process instead of inheriting the error (stood in for by the plugin's flag)."""
+    target = plant("test_context.py", """
+        import os
+        import flashinfer_trace.pytest_plugin as plugin
+
+        def test_breaks_it():
+            plugin._broken = "CUDA error: an illegal memory access was encountered"
+
+        def test_after_one():
+            assert plugin._broken is None, "inherited the broken context"
+            print("pid", os.getpid())
+
+        def test_after_two():
+            assert plugin._broken is None
+    """)
+    records = run_isolated([target], ["-p", "flashinfer_trace.pytest_plugin", "-s"], cwd=str(tmp_path),
+                           log_dir=tmp_path / "logs", test_timeout=60)
+    assert short(records) == [("test_breaks_it", "passed"), ("test_after_one", "passed"),
+                              ("test_after_two", "passed")]
+    logs = sorted((tmp_path / "logs").glob("*.log"))
+    assert len(logs) == 2 and "the CUDA context is broken" in logs[0].read_text()

@@ -121,6 +121,16 @@ def peak_bytes(definition: Definition) -> int:
     return sum(n * (3 * itemsize + 12) for n, itemsize in _fixed_elements(definition))
 
 
+def too_large(d: Definition, budget: int) -> str | None:
+    """Why a definition cannot be checked in this much memory, or None."""
+    peak = peak_bytes(d)
+    if peak <= budget:
+        return None
+    return (f"its fixed-size inputs alone are {fixed_bytes(d) / 2**30:.1f} GiB; with the worker's copy and the "
+            f"reference's float32 and the ground truth's float64 ones that is ~{peak / 2**30:.0f} GiB, more than "
+            f"the {budget / 2**30:.0f} GiB this check may use")
+
+
 def fixed_bytes(definition: Definition) -> int:
     """Bytes of the inputs whose every dimension is a const axis (weights, caches of a fixed size):
     what any size tier allocates at least. A public MoE with 384 local experts has 17 GB of them."""
