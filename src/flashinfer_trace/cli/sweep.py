@@ -58,9 +58,9 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         err.print(f"error: {for_rich(str(e))}", style="red", highlight=False)
         return 2
     if left and not args.json:
-        out.print(f"left out (for another arch than this host's {arch}, uninstallable, or CPU sessions without "
-                  f"--with-cpu): {len(left)}" + (f": {for_rich(', '.join(left))}" if args.dry_run else ""),
-                  highlight=False)
+        other_arch = f"for another arch than this host's {arch}, " if arch and not args.all_archs else ""
+        out.print(f"left out ({other_arch}uninstallable, or CPU sessions without --with-cpu): {len(left)}"
+                  + (f": {for_rich(', '.join(left))}" if args.dry_run else ""), highlight=False)
     if not todo:
         err.print("error: no session selected", style="red", highlight=False)
         return 2
