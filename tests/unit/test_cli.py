@@ -97,6 +97,14 @@ def test_sandbox_violation_surfaces_on_run(capsys, valid, write_def):
     assert code == 2 and "rmsnorm_h8.json" in err and "reference-sandbox" in err
 
 
+def test_errors_of_the_modules_a_command_imported_are_one_clear_line(capsys, valid, write_def):
+    """main() catches the input generator's errors by class once the command has imported its module (main
+    imports none of those modules itself: they import torch)."""
+    folder = write_def(valid).parent
+    code, out, err = run_cli(capsys, "inputs", "rmsnorm_h8", "--case", "no_such_case", "--definitions", str(folder))
+    assert code == 2 and out == "" and err.startswith("error: rmsnorm_h8: unknown edge case 'no_such_case'")
+
+
 def test_run_without_names_asks_for_all(capsys):
     code, _, err = run_cli(capsys, "run")
     assert code == 2 and "--all" in err

@@ -6,6 +6,7 @@ at once; a failing session does not stop the others; the summary says what ran w
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -148,32 +149,63 @@ def test_concurrent_sessions_get_their_own_mps_daemon_directories(tmp_path, monk
         mps.stop(state, env)
 
 
+# a stand-in nox: its listing filters as nox 2026's does (the last -s only; -s ignored beside -t; no -s, -t or -k:
+# only the default sessions; -k True: every one), and a session writes its session.json and appends to ran.jsonl
 NOX = """#!{python}
 import json, os, sys
 args = sys.argv[1:]
+ENTRIES = [
+    {{"session": "references-cpu", "name": "references-cpu", "tags": ["references", "cpu", "combo:cpu"],
+      "default": True}},
+    {{"session": "good", "name": "good", "tags": ["nightly", "sm90", "combo:good"], "default": False}},
+    {{"session": "bad", "name": "bad", "tags": ["nightly", "sm90", "combo:bad"], "default": False}},
+    {{"session": "other-arch", "name": "other-arch", "tags": ["nightly", "sm80", "combo:x"], "default": False}},
+    {{"session": "references-c1", "name": "references-c1", "tags": ["references", "combo:c1"], "default": False}},
+    {{"session": "jit-c1", "name": "jit-c1", "tags": ["jit", "combo:c1"], "default": False}},
+    {{"session": "bench-c1", "name": "bench-c1", "tags": ["bench", "combo:c1"], "default": False}},
+]
+def last(flag):
+    return args[len(args) - 1 - args[::-1].index(flag) + 1] if flag in args else None
 if "-l" in args:
-    print(json.dumps([{{"session": n, "tags": ["nightly", "sm90", "combo:" + n]}} for n in ("good", "bad")]
-                     + [{{"session": "other-arch", "tags": ["nightly", "sm80", "combo:x"]}}]))
+    s, t, k = last("-s"), last("-t"), last("-k")
+    if k == "True":
+        keep = ENTRIES
+    elif t is not None:
+        keep = [e for e in ENTRIES if t in e["tags"]]
+    elif s is not None:
+        keep = [e for e in ENTRIES if e["session"] == s]
+    else:
+        keep = [e for e in ENTRIES if e["default"]]
+    print(json.dumps([{{k: v for k, v in e.items() if k != "default"}} for e in keep]))
     sys.exit(0)
 name = args[args.index("-s") + 1]
-out = os.path.join(os.environ["FLASHINFER_TRACE_RESULTS"], name)
+results = os.environ["FLASHINFER_TRACE_RESULTS"]
+out = os.path.join(results, name)
 os.makedirs(out, exist_ok=True)
 status = "tests-failed" if name == "bad" else "ok"
 json.dump({{"status": status, "posargs": args[args.index("--") + 1:], "gpu": os.environ["CUDA_VISIBLE_DEVICES"]}},
           open(os.path.join(out, "session.json"), "w"))
+with open(os.path.join(results, "ran.jsonl"), "a") as f:
+    f.write(json.dumps({{"name": name, "gpu": os.environ["CUDA_VISIBLE_DEVICES"]}}) + "\\n")
 sys.exit(1 if name == "bad" else 0)
 """
 
 
-def test_the_command_lists_runs_and_sums_up(tmp_path, monkeypatch, capsys):
-    from flashinfer_trace.cli import main
-
+@pytest.fixture
+def fake_nox(tmp_path, monkeypatch):
+    """The stand-in nox's path; results under tmp_path/results; a host of three sm90 GPUs."""
     nox = tmp_path / "nox"
     nox.write_text(NOX.format(python=sys.executable))
     nox.chmod(0o755)
     monkeypatch.setattr(host, "host_gpus", lambda: (["0", "1", "2"], "sm90"))
     monkeypatch.setenv("FLASHINFER_TRACE_RESULTS", str(tmp_path / "results"))
-    rc = main(["sweep", "run", "-t", "nightly", "--gpus", "0,1", "--cores", "6", "--nox", str(nox), "--",
+    return str(nox)
+
+
+def test_the_command_lists_runs_and_sums_up(tmp_path, fake_nox, capsys):
+    from flashinfer_trace.cli import main
+
+    rc = main(["sweep", "run", "-t", "nightly", "--gpus", "0,1", "--cores", "6", "--nox", fake_nox, "--",
                "--wheelhouse", "wh"])
     assert rc == 1  # one session failed
     text = capsys.readouterr().out
@@ -186,3 +218,127 @@ def test_the_command_lists_runs_and_sums_up(tmp_path, monkeypatch, capsys):
         written = json.loads((tmp_path / "results" / name / "session.json").read_text())
         assert written["posargs"] == ["--cores", "3", "--wheelhouse", "wh"] and written["gpu"] in ("0", "1")
     assert main(["sweep", "run", "--gpus", "0"]) == 2 and "-t TAG or -s NAME" in capsys.readouterr().err
+
+
+def test_every_named_session_and_tag_runs_once_over_every_gpu(tmp_path, fake_nox, capsys):
+    """-s A -s B -t T: the union, each session once, on both GPUs (nox itself would run only the last -s, and
+    none of them beside -t)."""
+    from flashinfer_trace.cli import main
+
+    rc = main(["sweep", "run", "-s", "references-c1", "-s", "good", "-t", "nightly", "-s", "good", "--gpus", "0,1",
+               "--cores", "4", "--nox", fake_nox])
+    assert rc == 1  # bad (tag nightly) failed
+    ran = _ran(tmp_path / "results")
+    assert sorted(r["name"] for r in ran) == ["bad", "good", "references-c1"]  # other-arch: sm80, left out
+    assert {r["gpu"] for r in ran} == {"0", "1"}
+    summary = json.loads((tmp_path / "results" / "host" / "summary.json").read_text())
+    assert summary["gpus"] == ["0", "1"] and summary["cores_per_session"] == 2
+
+
+def test_unknown_sessions_and_tags_are_named_with_close_matches_before_anything_runs(tmp_path, fake_nox, capsys):
+    from flashinfer_trace.cli import main
+
+    rc = main(["sweep", "run", "-s", "good", "-s", "referenses-c1", "-t", "nigthly", "-t", "bench", "--gpus", "0",
+               "--nox", fake_nox])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "no session 'referenses-c1' (close: references-c1" in err and "no tag 'nigthly' (close: nightly)" in err
+    assert "'good'" not in err and "'bench'" not in err  # those exist
+    assert not (tmp_path / "results").exists()  # nothing ran
+
+
+def test_dry_run_shows_which_session_on_which_gpu_with_its_cores(tmp_path, fake_nox, capsys):
+    from flashinfer_trace.cli import main
+
+    args = ["sweep", "run", "-t", "nightly", "-s", "references-c1", "-s", "bench-c1", "-s", "jit-c1", "--gpus",
+            "0,1", "--cores", "8", "--nox", fake_nox, "--dry-run"]
+    assert main([*args, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["gpus"] == ["0", "1"] and shown["cores_per_session"] == 4 and shown["left_out"] == ["other-arch"]
+    assert [(p["gpu"], p["session"]) for p in shown["plan"]] == [
+        ("0", "good"), ("1", "bad"),  # nox's order; each GPU takes the next session
+        ("0", "references-c1"), ("1", "jit-c1"),  # jit-c1 is not references-c1's group: beside it
+        ("0", "bench-c1")]  # bench-c1 is: after it
+    assert shown["plan"][0]["command"] == [fake_nox, "-s", "good", "--", "--cores", "4"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "5 session(s) over GPU(s) 0, 1, 4 cores each" in text
+    gpu0 = text[text.index("GPU 0:"):text.index("GPU 1:")]
+    assert f"{fake_nox} -s good -- --cores 4" in gpu0 and f"{fake_nox} -s bench-c1 -- --cores 4" in gpu0
+    assert "jit-c1" in text[text.index("GPU 1:"):]
+    assert not (tmp_path / "results").exists()  # nothing ran
+
+
+def test_the_listing_is_every_session_selected_in_python(fake_nox):
+    entries = host.list_sessions([fake_nox])
+    assert [e["session"] for e in entries] == ["references-cpu", "good", "bad", "other-arch", "references-c1",
+                                               "jit-c1", "bench-c1"]  # not only the default session
+    picked = host.select(entries, ["bench-c1", "good"], ["nightly", "jit"])
+    assert [e["session"] for e in picked] == ["good", "bad", "other-arch", "jit-c1", "bench-c1"]  # nox's order, once
+    with pytest.raises(HostError, match=r"no session 'god' \(close: good\)"):
+        host.select(entries, ["god"], [])
+    with pytest.raises(HostError, match=r"no tag 'zzz' \(`nox -l`"):
+        host.select(entries, [], ["zzz"])
+
+
+def test_group_of_a_combinations_sessions_and_its_own_for_the_prebuild():
+    assert host.group_of("references-c1-sm90") == host.group_of("bench-c1") == host.group_of("references-c1") == "c1"
+    assert host.group_of("jit-c1") == "jit:c1"
+    assert host.group_of("references-cpu-torch2.10") == "cpu-torch2.10"
+    # an alias session's combination is its combo: tag
+    assert host.group_of("references-cuda13", ["references", "combo:cu130-x"]) == "cu130-x"
+    assert host.group_of("jit-cuda13", ["jit", "combo:cu130-x"]) == host.group_of("jit-cu130-x") == "jit:cu130-x"
+    assert host.group_of("tests-heavy", ["nightly", "cpu"]) == "tests-heavy"  # no combination: its own
+
+
+def test_a_prebuild_runs_beside_its_combinations_references_but_not_beside_another_prebuild(tmp_path):
+    entries = [{"session": n, "tags": ["combo:c1"]} for n in ("references-c1", "jit-c1", "jit-cuda13", "bench-c1")]
+    todo, _ = host.sessions(entries, None)
+    assert [s.group for s in todo] == ["c1", "jit:c1", "jit:c1", "c1"]
+    host.run(todo, _config(tmp_path, ["0", "1"], seconds=0.4))
+    ran = {r["name"]: r for r in _ran(tmp_path)}
+    assert _overlap(ran["references-c1"], ran["jit-c1"])
+    assert not _overlap(ran["jit-c1"], ran["jit-cuda13"])
+    assert not _overlap(ran["references-c1"], ran["bench-c1"])
+
+
+def test_no_more_gpu_slots_than_groups():
+    """Three sessions of one combination on two GPUs: one slot, with every core (a second would only wait)."""
+    todo = [HostSession(n, "c1") for n in ("references-c1", "bench-c1", "references-c1-sm90")]
+    assert host.slots_for(todo, ["0", "1"]) == ["0"]
+    assert [g for g, _ in host.plan(todo, ["0", "1"])] == ["0", "0", "0"]
+    two = [*todo, HostSession("references-c2", "c2")]
+    assert host.slots_for(two, ["0", "1", "2"]) == ["0", "1"]
+    assert [(g, s.name) for g, s in host.plan(two, ["0", "1", "2"])] == [
+        ("0", "references-c1"), ("1", "references-c2"), ("0", "bench-c1"), ("0", "references-c1-sm90")]
+
+
+NOXFILE = """import nox
+
+@nox.session(venv_backend="none", tags=["t1"])
+def a(session):
+    pass
+
+@nox.session(venv_backend="none", tags=["t2", "combo:c"], default=False)
+def b(session):
+    pass
+
+@nox.session(name="jit-c", venv_backend="none", tags=["combo:c"], default=False)
+def jit_c(session):
+    pass
+"""
+
+
+def test_a_real_nox_lists_every_session_not_only_the_default_ones(tmp_path):
+    """What the stand-in assumes of nox: `nox -l --json` alone lists only the default sessions, the listing
+    here every one of them."""
+    pytest.importorskip("nox")
+    (tmp_path / "noxfile.py").write_text(NOXFILE)
+    nox = [sys.executable, "-m", "nox"]
+    plain = subprocess.run([*nox, "-l", "--json"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    assert [e["session"] for e in json.loads(plain)] == ["a"]
+    entries = host.list_sessions(nox, cwd=str(tmp_path))
+    assert [(e["session"], e["tags"]) for e in entries] == [("a", ["t1"]), ("b", ["t2", "combo:c"]),
+                                                            ("jit-c", ["combo:c"])]
+    assert [e["session"] for e in host.select(entries, ["a"], ["t2"])] == ["a", "b"]
+    assert [s.group for s in host.sessions(entries, None)[0]] == ["a", "c", "jit:c"]

@@ -4,8 +4,12 @@ check of it. pip is a fake that resolves from a small made-up index and writes s
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import shutil
+import socket
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,8 @@ from flashinfer_trace.sweep import wheelhouse
 from flashinfer_trace.sweep.combos import load_combination
 from flashinfer_trace.sweep.install import PROJECT_REQUIREMENTS, InstallOptions, install
 from flashinfer_trace.sweep.wheelhouse import WheelhouseError
+
+PROBE = wheelhouse.probe_index  # the real one, before the fixture stands in for it
 
 ROOT = Path(__file__).resolve().parents[2]
 COMBO = load_combination(ROOT / "constraints" / "cu130-torch2.11-fi0.6.6.toml")
@@ -76,6 +82,19 @@ class FakePip:
                 name, version = req.split("===")
                 data = b"swapped!" + _content(name, version) if name == self.swap else _content(name, version)
                 (Path(value["--dest"]) / _file(name, version)).write_bytes(data)
+
+
+@pytest.fixture(autouse=True)
+def probed(monkeypatch):
+    """No test reaches the network: every index answers, and each probe is recorded as (url, project)."""
+    calls: list[tuple[str, str]] = []
+
+    def probe(url: str, project: str, timeout: float = wheelhouse.INDEX_TIMEOUT) -> None:
+        calls.append((url, project))
+
+    monkeypatch.setattr(wheelhouse, "probe_index", probe)
+    monkeypatch.setattr(wheelhouse, "configured_index", lambda python=None: None)
+    return calls
 
 
 def _options(call: list[str], flag: str) -> list[str]:
@@ -264,3 +283,136 @@ def test_a_real_pip_takes_the_arguments_and_downloads_exactly_what_it_resolved(t
     assert sorted(p.name for p in out.glob("*.whl")) == ["pytest-8.0-py3-none-any.whl", "shared-2.0-py3-none-any.whl"]
     assert manifest["left_out"] == [{"name": "fakecuda", "version": "1.0"}, {"name": "torch", "version": "2.13.0"}]
     assert wheelhouse.verify(out, combo.id) == manifest
+
+
+# -- the indexes, checked before pip ----------------------------------------------------------------------
+def test_each_index_the_build_uses_is_probed_before_pip(tmp_path, probed):
+    pip = FakePip()
+    wheelhouse.build(COMBO, tmp_path / "wh", version="3.12", pip=pip)
+    assert probed == [("https://pypi.org/simple", "torch"), ("https://download.pytorch.org/whl/cu130", "torch")]
+    assert _options(pip.calls[0], "--index-url") == []  # pip's own configured index, untouched
+    probed.clear()
+    pip = FakePip()
+    wheelhouse.build(COMBO, tmp_path / "wh2", version="3.12", pip=pip, torch_index="", index_url="http://mirror/simple")
+    assert probed == [("http://mirror/simple", "torch")]  # --torch-index "": no torch index at all
+    for call in pip.calls:
+        assert _options(call, "--index-url") == ["http://mirror/simple"] and _options(call, "--extra-index-url") == []
+
+
+def test_an_unreachable_index_stops_the_build_before_pip_naming_it_and_the_flag_that_skips_it(tmp_path):
+    def probe(url: str, project: str) -> str | None:
+        return "no answer within 10 s" if "pytorch" in url else None
+
+    pip = FakePip()
+    with pytest.raises(WheelhouseError) as e:
+        wheelhouse.build(COMBO, tmp_path / "wh", version="3.12", pip=pip, probe=probe)
+    assert pip.calls == [] and not (tmp_path / "wh").exists()
+    assert str(e.value).startswith("the torch index https://download.pytorch.org/whl/cu130 is unreachable (no answer "
+                                   "within 10 s)")
+    assert '--torch-index ""' in str(e.value) and "pypi.org" not in str(e.value)
+    with pytest.raises(WheelhouseError, match=r"^the main index http://mirror/simple is unreachable \(down\).*"
+                                              r"--index-url URL"):
+        wheelhouse.build(COMBO, tmp_path / "wh", version="3.12", pip=pip, index_url="http://mirror/simple",
+                         probe=lambda url, project: "down" if "mirror" in url else None)
+    assert pip.calls == []
+
+
+def test_a_probe_that_never_answers_is_cut_off_at_the_timeout():
+    hold = threading.Event()
+
+    def stuck(url: str, project: str) -> None:
+        hold.wait()  # as a name lookup no socket timeout bounds
+
+    index = wheelhouse.Index("http://stuck/simple", "the main index", "--index-url URL", "torch")
+    try:
+        with pytest.raises(WheelhouseError, match=r"http://stuck/simple is unreachable \(no answer within 0.2 s\)"):
+            wheelhouse.check_indexes([index], stuck, timeout=0.2)
+    finally:
+        hold.set()
+
+
+def _closed_port() -> tuple[socket.socket, int]:
+    """A port on 127.0.0.1 that refuses connections: bound (no one else takes it), never listening."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s, s.getsockname()[1]
+
+
+@pytest.fixture
+def local_index():
+    """A tiny index on 127.0.0.1 in a thread: /simple/torch/ answers 200, other projects 404, /broken/ 503;
+    its `seen` lists the paths asked for."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.path)
+            code = 200 if self.path == "/simple/torch/" else 503 if self.path.startswith("/broken/") else 404
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b"<html></html>")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.seen = seen
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_real_probe_on_a_local_index_and_a_closed_port(local_index, tmp_path):
+    base = f"http://127.0.0.1:{local_index.server_address[1]}"
+    assert PROBE(f"{base}/simple", "torch") is None
+    assert PROBE(f"{base}/simple/", "Flashinfer_Python") is None  # a 404: the index is there
+    assert local_index.seen == ["/simple/torch/", "/simple/flashinfer-python/"]  # one GET each, the name normalized
+    assert PROBE(f"{base}/broken", "torch") == f"HTTP 503 for {base}/broken/torch/"
+    sock, port = _closed_port()
+    try:
+        why = PROBE(f"http://127.0.0.1:{port}/simple", "torch", timeout=5)
+    finally:
+        sock.close()
+    assert why is not None and "refused" in why.lower()
+    assert PROBE(tmp_path.as_uri(), "torch") is None
+    assert PROBE((tmp_path / "absent").as_uri(), "torch") == f"{tmp_path / 'absent'} does not exist"
+
+
+def test_the_command_stops_at_once_on_an_unreachable_index(tmp_path, monkeypatch, capsys, local_index):
+    """Through the real probe: a closed port as the main index, a local index as the torch index."""
+    monkeypatch.setattr(wheelhouse, "probe_index", PROBE)
+    pip = FakePip()
+    monkeypatch.setattr(wheelhouse, "pip_runner", lambda python: pip)
+    sock, port = _closed_port()
+    closed, reachable = f"http://127.0.0.1:{port}/simple", f"http://127.0.0.1:{local_index.server_address[1]}/simple"
+    args = ["wheelhouse", "build", "--combination", COMBO.id, "--out", str(tmp_path / "wh"), "--constraints",
+            str(ROOT / "constraints")]
+    try:
+        assert main([*args, "--index-url", closed, "--torch-index", reachable]) == 2
+    finally:
+        sock.close()
+    err = capsys.readouterr().err
+    assert f"error: the main index {closed} is unreachable" in err and "--index-url URL" in err
+    assert "torch index" not in err and pip.calls == []
+    assert main([*args, "--index-url", reachable, "--torch-index", ""]) == 0  # both answer: the build goes on
+    assert len(pip.calls) == 2 and _options(pip.calls[0], "--index-url") == [reachable]
+
+
+def test_the_configured_main_index_is_what_pip_of_that_python_says(tmp_path, monkeypatch):
+    monkeypatch.undo()  # the real configured_index
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nassert sys.argv[1:] == ['-m', 'pip', 'config', 'list']\n"
+                    "print(\"global.index-url='https://global/simple'\")\n"
+                    "print(\"global.extra-index-url='https://extra/simple'\")\n"
+                    "print(\"download.index-url='https://download/simple'\")\n")
+    fake.chmod(0o755)
+    assert wheelhouse.configured_index(str(fake)) == "https://download/simple"
+    fake.write_text(f"#!{sys.executable}\nprint(\"global.extra-index-url='https://extra/simple'\")\n")
+    assert wheelhouse.configured_index(str(fake)) is None  # PyPI
+    monkeypatch.setenv("PIP_INDEX_URL", "https://env/simple")
+    assert wheelhouse.configured_index(str(fake)) == "https://env/simple"
+    monkeypatch.delenv("PIP_INDEX_URL")
+    assert wheelhouse.configured_index(str(tmp_path / "no-such-python")) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import warnings
 from collections.abc import Sequence
 
@@ -34,13 +35,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# errors whose message says all, by the module that defines them: each is caught only where a command imported
+# its module (importing them here would import torch, which the commands that run no kernel must not need)
+_CLEAR_ERRORS = (("sandbox.errors", "SandboxError"), ("inputs.common", "InputGenerationError"),
+                 ("verdict.compare", "ToleranceConfigError"))
+
+
+def _clear_errors() -> tuple[type[BaseException], ...]:
+    package = __name__.rpartition(".")[0]
+    loaded = (sys.modules.get(f"{package}.{module}") for module, _ in _CLEAR_ERRORS)
+    return (KeyError, FileNotFoundError,
+            *(getattr(m, name) for m, (_, name) in zip(loaded, _CLEAR_ERRORS, strict=True) if m is not None))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=_NUMPY_WARNING, category=UserWarning)  # before torch is imported
     args = build_parser().parse_args(argv)
-    from ..inputs import InputGenerationError
-    from ..sandbox import SandboxError
-    from ..validate import DefinitionError
-    from ..verdict.compare import ToleranceConfigError
+    from ..validate import DefinitionError  # no torch
 
     try:
         return args.func(args)
@@ -49,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for p in e.problems:
             err.print(f"  {for_rich(p)}", highlight=False, style="red")
         return 2
-    except (SandboxError, InputGenerationError, ToleranceConfigError, KeyError, FileNotFoundError) as e:
+    except _clear_errors() as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         err.print(f"error: {for_rich(msg, multiline=True)}", highlight=False, style="red")
         return 2

@@ -17,7 +17,8 @@ def add_commands(sub) -> None:
     ssub = s.add_subparsers(dest="sweep_command", required=True)
     r = ssub.add_parser("run", help="nox sessions (by tag or name), one per GPU at a time, CUDA_VISIBLE_DEVICES "
                                     "pinned, the cores shared; a summary at the end. Exit 1 if any failed")
-    r.add_argument("-t", "--tag", action="append", default=[], help="nox tag (repeatable), e.g. nightly")
+    r.add_argument("-t", "--tag", action="append", default=[],
+                   help="nox tag (repeatable), e.g. nightly: every session of every -t and -s runs")
     r.add_argument("-s", "--session", action="append", default=[], help="nox session name (repeatable)")
     r.add_argument("--gpus", help="GPU indices to use, e.g. 0,1 (default: every GPU nvidia-smi lists)")
     r.add_argument("--cores", type=int, help="the cores to share among the sessions (default: all)")
@@ -30,7 +31,8 @@ def add_commands(sub) -> None:
                                                 "results/)")
     r.add_argument("--log-dir", type=Path, help="one console log per session and summary.json (default "
                                                 "RESULTS/host)")
-    r.add_argument("--dry-run", action="store_true", help="list what would run where, run nothing")
+    r.add_argument("--dry-run", action="store_true",
+                   help="the plan: which session on which GPU, with how many cores; run nothing")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.add_argument("posargs", nargs=argparse.REMAINDER, help="after --: every session's arguments (nox posargs)")
     r.set_defaults(func=cmd_sweep_run)
@@ -46,29 +48,24 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     results = args.results or Path(os.environ.get("FLASHINFER_TRACE_RESULTS") or "results")
     nox = shlex.split(args.nox)
     try:
+        selected = host.select(host.list_sessions(nox), args.session, args.tag)
         gpus, arch = host.host_gpus()
         gpus = host.parse_gpus(args.gpus) if args.gpus else gpus
-        todo, left = host.sessions(host.list_sessions(nox, args.tag, args.session), None if args.all_archs else arch,
-                                   cpu=args.with_cpu)
+        todo, left = host.sessions(selected, None if args.all_archs else arch, cpu=args.with_cpu)
         config = host.HostConfig(gpus=gpus, command=host.nox_command(nox, posargs), results=results,
                                  log_dir=args.log_dir or results / "host", cores=args.cores or os.cpu_count() or 1)
     except host.HostError as e:
         err.print(f"error: {for_rich(str(e))}", style="red", highlight=False)
         return 2
-    if left:
-        out.print(f"left out (for another arch than this host's {arch}, uninstallable, or CPU sessions without "
-                  f"--with-cpu): {len(left)}",
-                  highlight=False)
+    if left and not args.json:
+        other_arch = f"for another arch than this host's {arch}, " if arch and not args.all_archs else ""
+        out.print(f"left out ({other_arch}uninstallable, or CPU sessions without --with-cpu): {len(left)}"
+                  + (f": {for_rich(', '.join(left))}" if args.dry_run else ""), highlight=False)
     if not todo:
         err.print("error: no session selected", style="red", highlight=False)
         return 2
     if args.dry_run:
-        slots = min(len(config.gpus), len(todo))
-        out.print(f"{len(todo)} session(s) over GPU(s) {', '.join(config.gpus[:slots])}, "
-                  f"{max(1, config.cores // slots)} cores each:", highlight=False)
-        for s in todo:
-            out.print(f"  {for_rich(' '.join(config.command(s, max(1, config.cores // slots))))}", highlight=False)
-        return 0
+        return _show_plan(todo, left, config, args.json)
 
     def ended(r) -> None:
         out.print(f"GPU {r.gpu}: {for_rich(r.session)} {for_rich(r.status)} in {r.wall_seconds} s", highlight=False)
@@ -82,3 +79,25 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
                   + ", ".join(f"{k} {v}" for k, v in sorted(summary["counts"].items()))
                   + f"; summary in {for_rich(str(config.log_dir / 'summary.json'))}", highlight=False)
     return 1 if summary["failed"] else 0
+
+
+def _show_plan(todo, left: list[str], config, as_json: bool) -> int:
+    """What would run on which GPU slot, with its share of the cores, in the order of an equal-length run."""
+    from ..sweep import host
+
+    slots = host.slots_for(todo, config.gpus)
+    cores = max(1, config.cores // len(slots))
+    order = host.plan(todo, config.gpus)
+    if as_json:
+        print_json({"gpus": slots, "cores": config.cores, "cores_per_session": cores, "left_out": left,
+                    "plan": [{"gpu": g, "session": s.name, "group": s.group, "command": config.command(s, cores)}
+                             for g, s in order]})
+        return 0
+    out.print(f"{len(todo)} session(s) over GPU(s) {', '.join(slots)}, {cores} cores each; each GPU takes the next "
+              "session as its last one ends, one session of a combination at a time (the order if all took as "
+              "long):", highlight=False)
+    for gpu in slots:
+        out.print(f"  GPU {gpu}:", highlight=False)
+        for s in (s for g, s in order if g == gpu):
+            out.print(f"    {for_rich(' '.join(config.command(s, cores)))}", highlight=False)
+    return 0

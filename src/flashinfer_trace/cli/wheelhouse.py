@@ -33,7 +33,11 @@ def add_commands(top) -> None:
                         "install resolves from the same folder")
     b.add_argument("--torch-index", metavar="URL",
                    help="where torch's CUDA wheels are (default https://download.pytorch.org/whl/<variant>; "
-                        "none for a CPU combination)")
+                        "none for a CPU combination; '' for none: torch then comes from the main index)")
+    b.add_argument("--index-url", metavar="URL",
+                   help="the main index, e.g. a mirror (default: the one --python's pip is configured with, else "
+                        "PyPI). Each index is checked first: one that does not answer in "
+                        f"{wheelhouse.INDEX_TIMEOUT:g} s stops the build")
     b.add_argument("--python", default=sys.executable, metavar="PYTHON",
                    help="the interpreter whose pip resolves (default: this one); pip evaluates markers for it")
     b.add_argument("--constraints", default="constraints", metavar="DIR", help="the combinations' folder")
@@ -58,6 +62,7 @@ def run_build(args: argparse.Namespace) -> int:
         manifest = wheelhouse.build(combo, args.out, version=args.python_version,
                                     platforms=args.platform or wheelhouse.DEFAULT_PLATFORMS, exclude=args.exclude,
                                     add=args.add, project=not args.no_project, torch_index=args.torch_index,
+                                    index_url=args.index_url or wheelhouse.configured_index(args.python),
                                     pip=wheelhouse.pip_runner(args.python))
     except (CombinationError, wheelhouse.WheelhouseError) as e:
         return _error(str(e))

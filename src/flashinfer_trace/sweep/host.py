@@ -4,18 +4,26 @@ The nightly sessions ran one after another on one GPU while the others idled. He
 session as its last one ends, with CUDA_VISIBLE_DEVICES pinned to it (the session's MPS daemon, its test
 processes and reference workers see that one GPU; mps.py gives each daemon private directories). The host's
 cores are shared: a session gets cores / (sessions at once), passed as `--cores N` (MAX_JOBS for its JIT
-builds, the prebuild's pool, the test processes' CPU threads). Two sessions of one combination never run at once:
-they share its install folder and its JIT cache, and the second would wait on the first's locks or redo its
-builds. Each session writes results/<session>/ exactly as alone; its console output goes to
-<log_dir>/<session>.log; a failing session does not stop the others. The end is a summary (per session: GPU,
-status, wall time; the total wall time), written as JSON.
+builds, the prebuild's pool, the test processes' CPU threads). Two sessions of one group (`group_of`: a
+combination) never run at once: they share its install folder and its JIT cache, and the second would wait on
+the first's locks or redo its builds. Each session writes results/<session>/ exactly as alone; its console
+output goes to <log_dir>/<session>.log; a failing session does not stop the others. The end is a summary (per
+session: GPU, status, wall time; the total wall time), written as JSON.
 
-    sessions(entries, arch)         -> [HostSession]   from `nox -l --json`, those for this host's arch
+The sessions are selected here, not by nox: nox keeps only the last of several `-s`, ignores `-s` beside `-t`,
+and `nox -l --json` alone lists only the default sessions. So every session is listed once (`-k True`: a
+keyword expression every session matches) and the names and tags are matched in Python.
+
+    list_sessions(nox)              -> every entry of `nox -l --json`
+    select(entries, names, tags)    -> the entries they select (HostError naming an unknown one)
+    sessions(entries, arch)         -> [HostSession]   those for this host's arch, grouped (group_of)
+    plan(sessions, gpus)            -> [(gpu, session)]  the order they would run in if all took as long
     run(sessions, config)           -> summary dict    config.command(session, cores) builds the command (a seam)
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import subprocess
@@ -88,16 +96,71 @@ def host_gpus() -> tuple[list[str], str | None]:
     return [str(i) for i in range(len(rows))], arch
 
 
-def list_sessions(nox: Sequence[str], tags: Sequence[str], names: Sequence[str], cwd: str | None = None) -> list[dict]:
-    """`nox -l --json` for the tags and names: the entries (name, tags) of the sessions they select."""
-    cmd = [*nox, "-l", "--json", *[a for t in tags for a in ("-t", t)], *[a for n in names for a in ("-s", n)]]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
+LIST_ALL = ("-l", "--json", "-k", "True")  # a keyword expression every session matches: all, not the defaults
+SESSION_KINDS = ("references", "bench", "jit")  # the noxfile's per-combination sessions: <kind>-<id>[-<arch>]
+
+
+def list_sessions(nox: Sequence[str], cwd: str | None = None) -> list[dict]:
+    """Every session nox knows: the entries (session, name, tags, ...) of `nox -l --json -k True`."""
+    cmd = [*nox, *LIST_ALL]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise HostError(f"{' '.join(cmd)}: {e}") from None
     if p.returncode != 0:
         raise HostError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
     try:
-        return json.loads(p.stdout)
+        entries = json.loads(p.stdout)
     except ValueError:
         raise HostError(f"{' '.join(cmd)}: not JSON: {p.stdout[:200]!r}") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("session"), str)
+                                                for e in entries):
+        raise HostError(f"{' '.join(cmd)}: expected a list of {{session, tags}}: {p.stdout[:200]!r}")
+    return entries
+
+
+def _unknown(kind: str, wanted: Sequence[str], known: set[str]) -> list[str]:
+    problems = []
+    for w in dict.fromkeys(wanted):
+        if w not in known:
+            close = difflib.get_close_matches(w, sorted(known), n=4)
+            problems.append(f"no {kind} {w!r}" + (f" (close: {', '.join(close)})" if close else ""))
+    return problems
+
+
+def select(entries: list[dict], names: Sequence[str] = (), tags: Sequence[str] = ()) -> list[dict]:
+    """The entries named (a session's full name, or its function's name for every parametrization) or carrying
+    one of `tags`: the union, in nox's order, each once. HostError naming every unknown name and tag, with the
+    close matches, before anything runs."""
+    known_names = {e["session"] for e in entries} | {e["name"] for e in entries if isinstance(e.get("name"), str)}
+    known_tags = {t for e in entries for t in e.get("tags") or ()}
+    problems = _unknown("session", names, known_names) + _unknown("tag", tags, known_tags)
+    if problems:
+        raise HostError("; ".join(problems) + " (`nox -l` lists them)")
+    names, tags = set(names), set(tags)
+    return [e for e in entries
+            if e["session"] in names or e.get("name") in names or tags & set(e.get("tags") or ())]
+
+
+def combination_of(session_name: str) -> str | None:
+    """The combination a `<kind>-<combination>[-<arch>]` session name runs (kind: references, bench, jit)."""
+    kind, _, rest = session_name.partition("-")
+    if kind not in SESSION_KINDS or not rest:
+        return None
+    head, _, arch = rest.rpartition("-")
+    return head if head and arch in ARCHS else rest
+
+
+def group_of(session_name: str, tags: Sequence[str] = ()) -> str:
+    """The sessions that must not run at once share a group: those of one combination (its `combo:` tag, else
+    its name), which share its install folder and JIT cache. A `jit-<combination>` session is its own group,
+    `jit:<combination>`: it may run beside its combination's other sessions, never beside another prebuild
+    of that combination. A session of no combination is a group of its own."""
+    combo = next((t.removeprefix("combo:") for t in tags if t.startswith("combo:")), None)
+    combo = combo or combination_of(session_name)
+    if combo is None:
+        return session_name
+    return f"jit:{combo}" if session_name.startswith("jit-") else combo
 
 
 def sessions(entries: list[dict], arch: str | None, *, cpu: bool = False) -> tuple[list[HostSession], list[str]]:
@@ -110,9 +173,31 @@ def sessions(entries: list[dict], arch: str | None, *, cpu: bool = False) -> tup
         if "uninstallable" in tags or (arch and archs and arch not in archs) or (not cpu and "cpu" in tags):
             left.append(e["session"])
             continue
-        group = next((t.removeprefix("combo:") for t in tags if t.startswith("combo:")), e["session"])
-        keep.append(HostSession(e["session"], group))
+        keep.append(HostSession(e["session"], group_of(e["session"], tags)))
     return keep, left
+
+
+def slots_for(todo: Sequence[HostSession], gpus: Sequence[str]) -> list[str]:
+    """The GPUs to use: no more than the sessions, nor than the groups (a slot whose every candidate belongs to a
+    running group would wait idle, holding a share of the cores)."""
+    return list(gpus[:max(1, min(len(gpus), len({s.group for s in todo})))])
+
+
+def plan(todo: Sequence[HostSession], gpus: Sequence[str]) -> list[tuple[str, HostSession]]:
+    """(gpu, session) in the order `run` would start them if every session took as long: each round, each GPU in
+    turn takes the first session whose group is not running. Real durations differ, so which GPU runs which
+    session may too; the order of the queue and the groups' one-at-a-time hold."""
+    slots, todo, order = slots_for(todo, gpus), list(todo), []
+    while todo:
+        running: set[str] = set()
+        for gpu in slots:
+            ready = next((s for s in todo if s.group not in running), None)
+            if ready is None:
+                break
+            todo.remove(ready)
+            running.add(ready.group)
+            order.append((gpu, ready))
+    return order
 
 
 def nox_command(nox: Sequence[str], posargs: Sequence[str]) -> Callable[[HostSession, int], list[str]]:
@@ -183,7 +268,7 @@ def _slot(gpu: str, queue: _Queue, config: HostConfig, cores: int, runs: list[Se
 def run(todo: list[HostSession], config: HostConfig, on_end: Callable[[SessionRun], None] | None = None) -> dict:
     """Run every session, one per GPU at a time; the summary (also written to log_dir/summary.json)."""
     config.log_dir.mkdir(parents=True, exist_ok=True)
-    slots = config.gpus[:max(1, min(len(config.gpus), len(todo)))]
+    slots = slots_for(todo, config.gpus)
     cores = max(1, config.cores // len(slots))
     queue, runs, lock = _Queue(todo), [], threading.Lock()
     t0 = time.time()

@@ -17,7 +17,12 @@ downloaded at exactly the resolved versions (`pip download --no-deps`). pip eval
 markers for the interpreter that runs it, not for `--python-version` / `--platform`; a difference
 between the two is a note in the manifest (run pip with the target's Python for an exact closure).
 
+Before pip runs, each index it is to use (the main one, the torch index, the combination's own) gets one GET of
+its page for one project with a short timeout. pip retries an index that does not answer for many minutes
+before it says anything; an unreachable one stops the build at once, naming it and the flag that does without it.
+
     build(combo, dest, ...)            -> the manifest written to dest/wheelhouse.json
+    check_indexes(indexes)             -> None; WheelhouseError naming every index that does not answer
     verify(folder, combination=None)   -> its manifest (None without one); WheelhouseError on a mismatch
 
 Standard library and `packaging` only: install.py, which the noxfile imports, calls `verify`.
@@ -29,11 +34,17 @@ import hashlib
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -46,6 +57,8 @@ MANIFEST = "wheelhouse.json"
 FORMAT = 1
 DEFAULT_PLATFORMS = ("manylinux_2_28_x86_64",)
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"  # as install.py's fresh mode
+DEFAULT_INDEX = "https://pypi.org/simple"  # pip's own default
+INDEX_TIMEOUT = 10.0  # seconds for an index's first answer; a reachable one answers in far less
 # the glibc each legacy manylinux tag stands for (PEP 600)
 LEGACY_MANYLINUX = {"manylinux2014": (2, 17), "manylinux2010": (2, 12), "manylinux1": (2, 5)}
 PLATFORM = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
@@ -53,6 +66,7 @@ PYTHON_VERSION = re.compile(r"3\.(\d{1,2})")
 MACHINES = ("x86_64", "aarch64", "i686", "ppc64le", "s390x", "armv7l")
 
 Pip = Callable[[list[str]], None]  # runs `pip ARGS...`; raises WheelhouseError on a failure
+Probe = Callable[[str, str], "str | None"]  # (index URL, project) -> why it cannot serve pip, None if it answers
 
 
 class WheelhouseError(ValueError):
@@ -73,6 +87,93 @@ def pip_runner(python: str = sys.executable) -> Pip:
             raise WheelhouseError(f"pip {args[0]} failed (exit {proc.returncode}):\n{tail}")
 
     return run
+
+
+def configured_index(python: str = sys.executable) -> str | None:
+    """The main index the pip of `python` is configured with (PIP_INDEX_URL, else pip.conf's download, install
+    or global `index-url`); None where it has none and uses PyPI."""
+    if os.environ.get("PIP_INDEX_URL"):
+        return os.environ["PIP_INDEX_URL"]
+    try:
+        listed = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                                timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = dict(re.findall(r"^([:\w.-]+)\.index-url='(.*)'$", listed, re.MULTILINE))
+    return next((found[k] for k in (":env:", "download", "install", "global") if found.get(k)), None)
+
+
+@dataclass(frozen=True)
+class Index:
+    """An index pip is to use, and what to do without it."""
+
+    url: str
+    role: str  # "the main index", ...
+    instead: str  # the flag (or the edit) that does without it
+    project: str  # whose page is fetched
+
+
+def probe_index(url: str, project: str, timeout: float = INDEX_TIMEOUT) -> str | None:
+    """Why `url` cannot serve pip, or None when it answers: one GET of its simple page for `project`, no retries.
+    Any HTTP answer below 500 counts (a 404: the index is there without that project), and so does a certificate
+    pip may have its own settings for; no answer within `timeout`, a refused connection or a 5xx does not."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        path = Path(urllib.request.url2pathname(parsed.path))
+        return None if path.exists() else f"{path} does not exist"
+    page = f"{url.rstrip('/')}/{canonicalize_name(project)}/"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(page, headers={"Accept": "text/html"}),
+                                    timeout=timeout) as answer:
+            answer.read(1)
+    except urllib.error.HTTPError as e:
+        return None if e.code < 500 else f"HTTP {e.code} for {page}"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            return None
+        if isinstance(reason, TimeoutError):
+            return f"no answer within {timeout:g} s"
+        return f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)
+    return None
+
+
+def check_indexes(indexes: Sequence[Index], probe: Probe | None = None, timeout: float = INDEX_TIMEOUT) -> None:
+    """Every index probed at once; WheelhouseError naming each that does not answer within `timeout` (name
+    resolution included, which no socket timeout bounds), and how to do without it."""
+    probe = probe or (lambda url, project: probe_index(url, project, timeout))
+    why: list[str | None] = [f"no answer within {timeout:g} s"] * len(indexes)
+
+    def one(k: int, index: Index) -> None:
+        try:
+            why[k] = probe(index.url, index.project)
+        except Exception as e:  # noqa: BLE001 - a probe that fails says why the index cannot serve
+            why[k] = f"{type(e).__name__}: {e}"
+
+    threads = [threading.Thread(target=one, args=(k, i), daemon=True) for k, i in enumerate(indexes)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout + 1
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    down = [f"{i.role} {i.url} is unreachable ({reason}); pip would retry it for minutes: {i.instead}"
+            for i, reason in zip(indexes, list(why), strict=True) if reason is not None]
+    if down:
+        raise WheelhouseError("\n".join(down))
+
+
+def indexes_of(combo: Combination, torch_index: str | None, index_url: str | None,
+               project: str) -> list[Index]:
+    """The indexes a build's pip calls use: the main one (`index_url`, else PyPI), the torch index and the
+    combination's own."""
+    found = [Index(index_url or DEFAULT_INDEX, "the main index" if index_url else "the main index (pip's default)",
+                   "name a reachable one, e.g. a mirror, with --index-url URL", project)]
+    if torch_index:
+        found.append(Index(torch_index, "the torch index", 'do without it with --torch-index "" (torch then comes '
+                           "from the main index) or name another with --torch-index URL", "torch"))
+    found += [Index(url, f"{combo.id}'s own index", f"it is the `indexes` of {combo.path.name}", project)
+              for url in combo.indexes]
+    return found
 
 
 def python_version(text: str, combo: Combination) -> str:
@@ -229,9 +330,10 @@ def requirements(combo: Combination, add: Sequence[str] = (), project: bool = Tr
 
 def build(combo: Combination, dest: str | Path, *, version: str, platforms: Sequence[str] = DEFAULT_PLATFORMS,
           exclude: Sequence[str] = (), add: Sequence[str] = (), project: bool = True, torch_index: str | None = None,
-          pip: Pip | None = None) -> dict:
+          index_url: str | None = None, pip: Pip | None = None, probe: Probe | None = None) -> dict:
     """Resolve `combo` (with the project's requirements and `add`) for the target, download the
-    closure into `dest`, write and return its manifest."""
+    closure into `dest`, write and return its manifest. `torch_index` None is the variant's default, "" none;
+    `index_url` None is pip's default. Each index is probed first (`probe`, default probe_index)."""
     if not combo.installable:
         raise WheelhouseError(f"{combo.id} is marked uninstallable ({combo.reason}): there is nothing to download")
     wanted_requirements = requirements(combo, add, project)
@@ -243,7 +345,10 @@ def build(combo: Combination, dest: str | Path, *, version: str, platforms: Sequ
     if torch_index is None and combo.torch_variant != "cpu":
         torch_index = DEFAULT_TORCH_INDEX.format(variant=combo.torch_variant)
     index_urls = ([torch_index] if torch_index else []) + list(combo.indexes)  # the combination's own: FlashInfer's
-    indexes = [a for i in index_urls for a in ("--extra-index-url", i)]
+    first = Requirement(wanted_requirements[0]).name if wanted_requirements else "pip"  # whose page is asked for
+    check_indexes(indexes_of(combo, torch_index, index_url, first), probe)
+    indexes = [*(["--index-url", index_url] if index_url else []),
+               *(a for i in index_urls for a in ("--extra-index-url", i))]
     target = ["--only-binary=:all:", "--python-version", version, "--implementation", "cp",
               *(a for t in tags for a in ("--platform", t)), *indexes, "--disable-pip-version-check"]
     with tempfile.TemporaryDirectory(prefix="flashinfer-trace-wheelhouse-") as tmp:
