@@ -256,16 +256,17 @@ def test_dry_run_shows_which_session_on_which_gpu_with_its_cores(tmp_path, fake_
     shown = json.loads(capsys.readouterr().out)
     assert shown["gpus"] == ["0", "1"] and shown["cores_per_session"] == 4 and shown["left_out"] == ["other-arch"]
     assert [(p["gpu"], p["session"]) for p in shown["plan"]] == [
-        ("0", "good"), ("1", "bad"),  # nox's order; each GPU takes the next session
-        ("0", "references-c1"), ("1", "jit-c1"),  # jit-c1 is not references-c1's group: beside it
-        ("0", "bench-c1")]  # bench-c1 is: after it
-    assert shown["plan"][0]["command"] == [fake_nox, "-s", "good", "--", "--cores", "4"]
+        ("0", "references-c1"), ("1", "jit-c1"),  # the named ones first, in the order named; jit-c1 is not
+        # references-c1's group, so it runs beside it, and bench-c1 is, so it waits
+        ("0", "bench-c1"), ("1", "good"),  # then the tag's, in nox's order; each GPU takes the next
+        ("0", "bad")]
+    assert shown["plan"][0]["command"] == [fake_nox, "-s", "references-c1", "--", "--cores", "4"]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "5 session(s) over GPU(s) 0, 1, 4 cores each" in text
     gpu0 = text[text.index("GPU 0:"):text.index("GPU 1:")]
-    assert f"{fake_nox} -s good -- --cores 4" in gpu0 and f"{fake_nox} -s bench-c1 -- --cores 4" in gpu0
-    assert "jit-c1" in text[text.index("GPU 1:"):]
+    assert f"{fake_nox} -s references-c1 -- --cores 4" in gpu0 and f"{fake_nox} -s bench-c1 -- --cores 4" in gpu0
+    assert "jit-c1" in text[text.index("GPU 1:"):] and "good" in text[text.index("GPU 1:"):]
     assert not (tmp_path / "results").exists()  # nothing ran
 
 
@@ -274,7 +275,8 @@ def test_the_listing_is_every_session_selected_in_python(fake_nox):
     assert [e["session"] for e in entries] == ["references-cpu", "good", "bad", "other-arch", "references-c1",
                                                "jit-c1", "bench-c1"]  # not only the default session
     picked = host.select(entries, ["bench-c1", "good"], ["nightly", "jit"])
-    assert [e["session"] for e in picked] == ["good", "bad", "other-arch", "jit-c1", "bench-c1"]  # nox's order, once
+    # the named ones in the order named (the queue), then the tags' in nox's order; each once
+    assert [e["session"] for e in picked] == ["bench-c1", "good", "bad", "other-arch", "jit-c1"]
     with pytest.raises(HostError, match=r"no session 'god' \(close: good\)"):
         host.select(entries, ["god"], [])
     with pytest.raises(HostError, match=r"no tag 'zzz' \(`nox -l`"):

@@ -129,17 +129,22 @@ def _unknown(kind: str, wanted: Sequence[str], known: set[str]) -> list[str]:
 
 
 def select(entries: list[dict], names: Sequence[str] = (), tags: Sequence[str] = ()) -> list[dict]:
-    """The entries named (a session's full name, or its function's name for every parametrization) or carrying
-    one of `tags`: the union, in nox's order, each once. HostError naming every unknown name and tag, with the
+    """The entries named (a session's full name, or its function's name for every parametrization), in the order
+    named (the queue a host runs them in), then those carrying one of `tags` in nox's order: each once. HostError naming every unknown name and tag, with the
     close matches, before anything runs."""
     known_names = {e["session"] for e in entries} | {e["name"] for e in entries if isinstance(e.get("name"), str)}
     known_tags = {t for e in entries for t in e.get("tags") or ()}
     problems = _unknown("session", names, known_names) + _unknown("tag", tags, known_tags)
     if problems:
         raise HostError("; ".join(problems) + " (`nox -l` lists them)")
-    names, tags = set(names), set(tags)
-    return [e for e in entries
-            if e["session"] in names or e.get("name") in names or tags & set(e.get("tags") or ())]
+    order = {n: i for i, n in enumerate(dict.fromkeys(names))}
+    tags = set(tags)
+
+    def rank(e: dict) -> int | None:
+        return order.get(e["session"], order.get(e.get("name")))
+
+    named = sorted((e for e in entries if rank(e) is not None), key=rank)  # the order the user named them in
+    return named + [e for e in entries if rank(e) is None and tags & set(e.get("tags") or ())]
 
 
 def combination_of(session_name: str) -> str | None:
