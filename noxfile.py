@@ -67,7 +67,7 @@ def _skip(session: nox.Session, info: SessionInfo) -> None:
 
 def _matrix(session: nox.Session, kind: str, combo, arch: str | None) -> None:
     name, out = session.name, RESULTS / session.name
-    opts, pytest_args = parse_session_args(session.posargs)
+    opts, pytest_args = parse_session_args(session.posargs, combination=combo.id)
     info = SessionInfo(name, combo.id, constraints_file=str(combo.path.relative_to(ROOT)),
                        constraints_sha256=combo.sha256, arch=arch)
     if not combo.installable:

@@ -136,6 +136,15 @@ def test_session_flags_are_split_from_pytest_args(tmp_path):
     assert InstallOptions().mode == "fresh"
     with pytest.raises(ValueError, match="not a folder"):
         parse_session_args(["--wheelhouse", str(tmp_path / "missing")], environ={})
+    # one set of arguments for every session of a sweep: each combination its own wheelhouse
+    (tmp_path / "wh" / "cu130-x").mkdir(parents=True)
+    opts, _ = parse_session_args(["--wheelhouse", str(tmp_path / "wh" / "{combination}"), "--extra-wheels",
+                                  str(tmp_path / "wh" / "{combination}")], environ={}, combination="cu130-x")
+    assert opts.wheelhouse == opts.extra_wheels == tmp_path / "wh" / "cu130-x"
+    with pytest.raises(ValueError, match="not a folder"):
+        parse_session_args(["--wheelhouse", str(tmp_path / "wh" / "{combination}")], environ={}, combination="c2")
+    with pytest.raises(ValueError, match="outside a combination"):
+        parse_session_args(["--wheelhouse", str(tmp_path / "wh" / "{combination}")], environ={})
     with pytest.raises(ValueError, match="needs a value"):
         parse_session_args(["--jobs"], environ={})
 

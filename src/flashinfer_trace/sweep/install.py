@@ -98,9 +98,11 @@ class InstallResult:
         return asdict(self)
 
 
-def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = None
+def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = None, combination: str | None = None
                        ) -> tuple[InstallOptions, list[str]]:
-    """Split `nox -s X -- ...` into this project's session flags and the rest (for pytest)."""
+    """Split `nox -s X -- ...` into this project's session flags and the rest (for pytest). A folder's
+    `{combination}` becomes the session's combination id: one set of arguments serves every session of a sweep
+    (`sweep run ... -- --wheelhouse wh/{combination}`), each with its own wheelhouse."""
     env = os.environ if environ is None else environ
     opts = InstallOptions(wheelhouse=Path(env[WHEELHOUSE_ENV]) if env.get(WHEELHOUSE_ENV) else None,
                           preinstalled_torch=(env.get(PREINSTALLED_ENV) or None),
@@ -158,6 +160,12 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"--cores {value!r}: expected a whole number of cores, at least 1")
             opts.cores = int(value)
+    for attr in ("wheelhouse", "extra_wheels", "jit_modules"):
+        folder = getattr(opts, attr)
+        if folder is not None and "{combination}" in str(folder):
+            if combination is None:
+                raise ValueError(f"--{attr.replace('_', '-')} {folder}: {{combination}} outside a combination's session")
+            setattr(opts, attr, Path(str(folder).replace("{combination}", combination)))
     for flag, folder in (("--wheelhouse", opts.wheelhouse), ("--extra-wheels", opts.extra_wheels),
                          ("--jit-modules", opts.jit_modules)):
         if folder is not None and not folder.is_dir():
