@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..status import Kind, Status
-from .device import DeviceBudget, is_out_of_memory
+from .device import WAIT_S, DeviceBudget, is_out_of_memory
 from .ledger import BudgetTimeout, Lease
 from .plan import Learned, Sizes, case_bytes, generation_bytes, source_class
 
@@ -68,7 +68,7 @@ class CudaMeter(Meter):
 
 
 class CaseMemory:
-    def __init__(self, budget: DeviceBudget, *, wait: float | None = None, meter: Meter | None = None) -> None:
+    def __init__(self, budget: DeviceBudget, *, wait: float | None = WAIT_S, meter: Meter | None = None) -> None:
         self.budget = budget
         self.wait = wait
         self.meter = meter or CudaMeter(budget.device)
@@ -178,7 +178,7 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
     of the group's tensors now. Waits for memory are a phase of the record (`memory_wait`)."""
     waited, retried, measured = 0.0, None, {}
     record = None
-    for _ in range(4):  # a regeneration for memory, a retry alone, one more regeneration within it
+    for _ in range(8):  # regenerations as the group's need becomes known, a retry alone, regenerations within it
         try:
             with guard.measured(measured, held):
                 record = run()
@@ -212,7 +212,11 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
                 waited += time.perf_counter() - t0
             continue
         break
-    assert record is not None
+    if record is None:  # the group's need kept growing past every lease it was given
+        free()
+        record = case.record(Status.NOT_RUN, kind=Kind.OUT_OF_MEMORY,
+                             detail=f"out-of-memory: the case's memory could not be held after 8 tries (planned "
+                                    f"{guard.planned / 2**30:.2f} GiB)")
     if record.kind is Kind.OUT_OF_MEMORY and retried is not None and record.status is Status.NOT_RUN:
         record.detail = (f"out-of-memory even with the device to itself (planned "
                          f"{guard.planned / 2**30:.2f} GiB of {guard.budget.capacity / 2**30:.1f} GiB): "
