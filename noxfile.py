@@ -11,7 +11,9 @@ this file makes environments and calls flashinfer_trace.sweep.install / flashinf
                                              combination's `tags`; `flashinfer-trace combination new` writes them)
     nox -s references-cuda13 -- --wheelhouse .whl --preinstalled-torch -k rmsnorm
                                              offline, reusing this interpreter's torch; the rest to pytest
-    nox -s jit-cuda13 -- -k moe --jit-budget 1800    only the JIT prebuild (start long builds ahead; resumable)
+    nox -s jit-cuda13 -- -k moe                  only the JIT prebuild, an hour a job (--jit-budget S): what the
+                                             references session defers as too long (`not-run: building`); start
+                                             it before or beside that one; --resume keeps what it built
     nox -s references-cuda13 -- --no-mps     without the session's own CUDA MPS daemon (sweep/mps.py)
     nox -s references-cuda13 -- --jit-modules DIR    load the modules another machine built (sweep/prebuilt.py)
     nox -s jit-cuda13 -- --no-ccache         JIT builds without the shared compiler cache (sweep/compiler_cache.py)

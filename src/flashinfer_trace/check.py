@@ -388,6 +388,8 @@ def _deterministic(case: Case, memo: Memo, phases: Phases) -> CaseRecord:
 def outcome_of(e: BaseException) -> tuple[Status, Kind, str]:
     """Every exception a case can end in, as a status: the one place they are mapped."""
     if isinstance(e, GroundTruthUnavailable):  # an adapter that finds out late that it cannot run this
+        if e.kind == Kind.BUILDING.value:  # its module is a `jit-` session's to build: no verdict, not a skip
+            return Status.NOT_RUN, Kind.BUILDING, f"not-run: {e}"
         return Status.SKIP, Kind(e.kind), str(e)
     if isinstance(e, CaseTooLarge):
         return Status.SKIP, Kind.TOO_LARGE, f"too-large: {e}"

@@ -189,9 +189,10 @@ class _Engine:
         _set_record(self.node.user_properties, record.as_dict())
         if record.status is Status.PASS:
             return
-        # pytest prints these to the terminal as they are, and a detail may quote the definition
-        if record.status is Status.SKIP:
-            pytest.skip(reason=for_terminal(record.detail or str(record.kind), multiline=True))
+        # pytest prints these to the terminal as they are, and a detail may quote the definition. A not-run case
+        # (`not-run: building`) is pytest's skip too: the record, not pytest's outcome, is what the session keeps
+        if record.status in (Status.SKIP, Status.NOT_RUN):
+            pytest.skip(reason=for_terminal(record.detail or f"{record.status}: {record.kind}", multiline=True))
         pytest.fail(for_terminal(f"{record.status.value}: {record.detail}", multiline=True), pytrace=False)
 
 
@@ -289,7 +290,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # the job, and only these tests need its answer at collection
             if not issue.applies(name, source, versions, arch):
                 continue
-            if not (issue.unless_jit_ready and case.definition_set is None and _jit_ready(prebuild, name, source)):
+            if not (issue.unless_jit_ready and case.definition_set is None and _jit_lifts(prebuild, name, source)):
                 item.add_marker(pytest.mark.xfail(strict=True, run=issue.run, reason=issue.describe()))
                 item.user_properties.append(("known_issue", issue.id))
                 break
@@ -304,8 +305,19 @@ def _qualified(case: Case | CaseRecord) -> str:
 def _jit_ready(prebuild, definition: str, source: str | None) -> bool:
     """The session's prebuild (its JIT report) has this test's modules: built, found cached, or in FlashInfer's
     prebuilt package."""
+    return _jit_status(prebuild, definition, source) in ("built", "cached", "prebuilt")
+
+
+def _jit_lifts(prebuild, definition: str, source: str | None) -> bool:
+    """An `unless_jit_ready` issue does not apply: the prebuild has the modules, or it deferred them to the
+    combination's `jit-` session, and the case's own `not-run: building` (with the command) says more than the
+    issue's xfail."""
+    return _jit_status(prebuild, definition, source) in ("built", "cached", "prebuilt", "deferred")
+
+
+def _jit_status(prebuild, definition: str, source: str | None) -> str | None:
     found = prebuild(definition, source) if prebuild is not None and source else None
-    return found is not None and str(found.status) in ("built", "cached", "prebuilt")
+    return None if found is None else str(found.status)
 
 
 def _definition_of(item: pytest.Item) -> str | None:

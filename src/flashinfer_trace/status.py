@@ -74,10 +74,12 @@ class Kind(str, enum.Enum):
         return self.value
 
 
-# the kinds a GroundTruthUnavailable may carry (its constructor checks)
+# the kinds a GroundTruthUnavailable may carry (its constructor checks). `building` is the one that is no skip:
+# the prebuild left the module to the combination's `jit-` session (BuildStatus.DEFERRED), and the case records
+# not-run (check.outcome_of)
 GROUND_TRUTH_KINDS = (Kind.UNSUPPORTED, Kind.NOT_INSTALLED, Kind.IMPORT_FAILED, Kind.API_MISSING,
                       Kind.DTYPE_UNSUPPORTED, Kind.NO_GPU, Kind.ARCH_UNSUPPORTED, Kind.BUILD_FAILED,
-                      Kind.BUILD_TIMEOUT)
+                      Kind.BUILD_TIMEOUT, Kind.BUILDING)
 
 
 # not-run records of these kinds are the harness's failures, not the kernel's: a session with any is not clean
@@ -121,6 +123,9 @@ class BuildStatus(str, enum.Enum):
     PREBUILT = "prebuilt"  # not built: FlashInfer's own prebuilt package (flashinfer-jit-cache) supplies the modules
     BUILD_FAILED = "build-failed"
     BUILD_TIMEOUT = "build-timeout"
+    # not built by this session: expected to take longer than its budget, and not in the JIT cache; the
+    # combination's `jit-` session builds it (the record's message names the command), its cases are not-run
+    DEFERRED = "deferred"
     ERROR = "error"
 
     def __str__(self) -> str:
@@ -188,7 +193,8 @@ MEANING = {
     CellState.XFAIL: "a known issue (constraints/known-issues.toml), failing as recorded",
     CellState.XPASS: "a known issue now passing: the entry should go",
     CellState.INFO: "differs where the API promises nothing (docs/boundary/): informational, never red",
-    CellState.NOT_RUN: "no result for this cell",
+    CellState.NOT_RUN: "no result for this cell (left out, or `not-run: building`: its JIT module is the "
+                       "combination's `jit-` session's to build)",
 }
 SYMBOL = {CellState.PASS: "✅", CellState.FAIL: "❌", CellState.FLAKY_WRONG: "🎲", CellState.MUTATES_INPUTS: "✍",
           CellState.ERROR: "💥", CellState.TIMEOUT: "⏱", CellState.SKIP_ARCH: "🚫", CellState.SKIP_API_MISSING: "➖",

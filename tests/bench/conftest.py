@@ -17,6 +17,9 @@ pytest-benchmark's machine_info lacks.
     --bench-stream FILE               append each benchmark to FILE (JSONL, fsynced) the moment it finishes, in
                                       pytest-benchmark's JSON format: a crash, a timeout or an interrupt keeps
                                       what was measured (the bench sessions pass results/<session>/benchmark.jsonl)
+    --bench-jit-report FILE           the session's JIT prebuild report (jit.jsonl): a ground truth whose module it
+                                      could not build, or left to the `jit-` session (`not-run: building`), skips
+                                      instead of compiling inside the test (the bench sessions pass theirs)
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--bench-sandbox-cpu", action="store_true",
                 help="also time the reference worker's per-call cost on the CPU")
     g.addoption("--bench-stream", default=None, metavar="FILE", help="append each finished benchmark to FILE (JSONL)")
+    g.addoption("--bench-jit-report", default=None, metavar="FILE",
+                help="the JIT prebuild's report: what it could not build or deferred is skipped, not built here")
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +67,16 @@ def bench_options(pytestconfig: pytest.Config) -> dict:
         "torch_sampling": opt("--bench-torch-sampling"),
         "sandbox_cpu": opt("--bench-sandbox-cpu"),
     }
+
+
+@pytest.fixture(scope="session")
+def bench_prebuild(pytestconfig: pytest.Config):
+    """The prebuild report's lookup for get_ground_truth (None without --bench-jit-report). A bench session waits
+    for its whole prebuild first, so the report is final."""
+    from flashinfer_trace.sweep.jit.report import JitReport
+
+    path = pytestconfig.getoption("--bench-jit-report")
+    return JitReport.load(path).outcome if path else None
 
 
 _ROWS = pytest.StashKey[list]()

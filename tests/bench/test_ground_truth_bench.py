@@ -17,7 +17,8 @@ Each test times the ground truth's kernel twice:
 Benchmarks are grouped by definition. Run them serially: pytest-benchmark disables itself under
 xdist (`-n`), and two processes on one GPU disturb each other's numbers. On a machine without CUDA
 every test is collected and skips with a `no-gpu:` reason; a ground truth that cannot run here
-skips with its GroundTruthUnavailable reason (`not-installed: flashinfer`, `arch-unsupported: ...`).
+skips with its GroundTruthUnavailable reason (`not-installed: flashinfer`, `arch-unsupported: ...`; with the
+session's `--bench-jit-report`, `build-timeout: ...` or `not-run: building: ...` where the prebuild did not build it).
 """
 
 from __future__ import annotations
@@ -57,12 +58,13 @@ def _release_gpu_memory():
 
 
 def _skip_unavailable(e: GroundTruthUnavailable):
-    pytest.skip(reason=str(e))
+    # building: the module is the combination's `jit-` session's to build; nothing was timed, and nothing failed
+    pytest.skip(reason=f"not-run: {e}" if e.kind == "building" else str(e))
 
 
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("name", NAMES)
-def test_ground_truth(benchmark, bench_options, bench_record, name, source):
+def test_ground_truth(benchmark, bench_options, bench_record, bench_prebuild, name, source):
     if not torch.cuda.is_available():
         pytest.skip(reason=f"no-gpu: torch {torch.__version__} sees no CUDA device")
     if source not in bench_options["sources"]:
@@ -72,7 +74,7 @@ def test_ground_truth(benchmark, bench_options, bench_record, name, source):
         pytest.skip(reason="slow: the torch sampling ground truth sorts the whole vocabulary in float64 per "
                            "call (--bench-torch-sampling to time it)")
     try:
-        gt = get_ground_truth(source, d, device="cuda")
+        gt = get_ground_truth(source, d, device="cuda", prebuild=bench_prebuild)
     except GroundTruthUnavailable as e:
         _skip_unavailable(e)
     size, seed = bench_options["size"], bench_options["seed"]

@@ -470,8 +470,8 @@ def test_a_reference_that_writes_into_its_inputs_fails_every_case_it_ran():
 def test_written_inputs_compares_bytes_and_allows_declared_in_place_outputs():
     import torch
 
-    from flashinfer_trace.memo import written_inputs
     from flashinfer_trace.inputs import generate_inputs
+    from flashinfer_trace.memo import written_inputs
 
     d = Definition.model_validate(VALID)
     pristine = generate_inputs(d, "small", 0)

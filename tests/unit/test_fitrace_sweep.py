@@ -197,8 +197,8 @@ def test_records_of_the_two_sets_do_not_collide_and_old_records_read_as_ours():
 
 def test_the_engine_does_not_reuse_one_sets_inputs_for_the_other():
     from flashinfer_trace.check import Case, Memo
-    from flashinfer_trace.memo import Phases
     from flashinfer_trace.dataset import load_path
+    from flashinfer_trace.memo import Phases
     from flashinfer_trace.results.record import Check
 
     d = load_path(ROOT / "definitions" / "rmsnorm" / "rmsnorm_h128.json")

@@ -354,8 +354,9 @@ def test_a_bench_session_times_nothing_before_its_prebuild_has_ended(tmp_path, m
 
     tree, out, starts = tmp_path / "repo", tmp_path / "results" / "bench-x", tmp_path / "starts.jsonl"
     (tree / "tests" / "bench").mkdir(parents=True)
-    (tree / "tests" / "bench" / "conftest.py").write_text(  # the session passes the bench suite's own option
-        "def pytest_addoption(parser):\n    parser.addoption('--bench-stream', default=None)\n")
+    (tree / "tests" / "bench" / "conftest.py").write_text(  # the session passes the bench suite's own options
+        "def pytest_addoption(parser):\n    parser.addoption('--bench-stream', default=None)\n"
+        "    parser.addoption('--bench-jit-report', default=None)\n")
     (tree / "tests" / "bench" / "test_b.py").write_text(
         f"import json, time\n\n\ndef test_b():\n    with open({str(starts)!r}, 'a') as f:\n"
         "        f.write(json.dumps({'at': time.time()}) + '\\n')\n")

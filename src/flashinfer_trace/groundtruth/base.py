@@ -231,11 +231,15 @@ def availability(adapter: Adapter, definition: Definition, device: str | None, *
 
 
 def _check_prebuild(adapter: Adapter, definition: Definition, prebuild: PrebuildLookup) -> None:
-    """A module the prebuild could not build is not built again inside a test's time."""
+    """A module the prebuild could not build is not built again inside a test's time; one it left to the
+    combination's `jit-` session (`deferred`) is `building`: its cases are not run here (check.outcome_of)."""
     record = prebuild(definition.name, adapter.source)
-    if record is not None and record.api == adapter.api and record.status in ("build-failed", "build-timeout"):
-        detail = record.message or record.status
-        raise GroundTruthUnavailable(record.status, f"{adapter.api}: {detail}")
+    if record is None or record.api != adapter.api:
+        return
+    if record.status in ("build-failed", "build-timeout"):
+        raise GroundTruthUnavailable(record.status, f"{adapter.api}: {record.message or record.status}")
+    if record.status == "deferred":
+        raise GroundTruthUnavailable("building", f"{adapter.api}: {record.message or 'left to a jit- session'}")
 
 
 # What FlashInfer 0.7.2.post1's kernels raise on a GPU they are not built for (seen on the H100, sm90):

@@ -323,6 +323,9 @@ def cell(definition: str, env: Environment, tests: list[CaseRecord], issues: lis
         apis = sorted({t.ground_truth.api for t in group if t.ground_truth} - {None})
         sources[src] = {"state": state, "counts": dict(Counter(t.status.value for t in group)), "reason": reason,
                         "api": apis[0] if len(apis) == 1 else apis or None}  # which kernel path ran
+        why = {t.kind for t in group if t.status is Status.NOT_RUN}
+        if state == "not-run" and len(why) == 1 and None not in why:  # why not run (building: a jit- session's)
+            sources[src]["kind"] = next(iter(why)).value
         used = tolerance_used(group)
         if used is not None:
             sources[src]["tolerance_used"] = used
@@ -335,6 +338,7 @@ def cell(definition: str, env: Environment, tests: list[CaseRecord], issues: lis
     sources.update(not_run_by_known_issue(definition, env, sources, issues or []))
     all_states = [test_state(t) for t in tests]
     worst = next((b for b in BAD if b in all_states), None)
+    kind = None
     if worst:
         state = worst
         reason = next((t.detail for t in tests if test_state(t) == worst and t.detail), None)
@@ -345,14 +349,15 @@ def cell(definition: str, env: Environment, tests: list[CaseRecord], issues: lis
         elif any(k["state"] == "xfail" for k in kernel):
             state, reason = "xfail", next(k["reason"] for k in kernel if k["state"] == "xfail")
         elif any(k["state"] == "not-run" for k in kernel):  # left out on purpose: that, not another's skip
-            state, reason = "not-run", next(k["reason"] for k in kernel if k["state"] == "not-run")
+            first = next(k for k in kernel if k["state"] == "not-run")
+            state, reason, kind = "not-run", first["reason"], first.get("kind")
         elif kernel:
             state, reason = kernel[0]["state"], kernel[0]["reason"]
         else:
             state, reason = _summarise(all_states, [t.detail for t in tests])
     return {"definition": definition, "environment": env.id, "state": state, "reason": reason, "sources": sources,
             "checks": dict(Counter(t.status.value for t in checks)), "tolerance": tolerance,
-            "timing": timing(definition, env), "tests": len(tests)}
+            "timing": timing(definition, env), "tests": len(tests), **({"kind": kind} if kind else {})}
 
 
 def not_run_by_known_issue(definition: str, env: Environment, sources: dict[str, Any], issues: list

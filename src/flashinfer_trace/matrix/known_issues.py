@@ -12,13 +12,14 @@ xfail, so a combination that starts passing shows as xpass (and fails the run un
     expires = 2027-06-30                           # past this date the entry fails loudly
     run = false                                    # optional: do not even run (a hang, a crash)
     unless_jit_ready = true                        # optional: lifted for a test whose JIT module the
-                                                   # session's prebuild has (built or cached)
+                                                   # session's prebuild has (built or cached) or deferred
 
 An entry applies when every condition holds; a package it names that is not installed does not
 satisfy it. An expired entry is an error at collection: it must be re-checked, not left to rot.
 `unless_jit_ready` is for an entry that exists only because a build is too slow for a session (fp8 MoE's
 fused_moe_90 on sm90): where the prebuild has the module, from another machine or a long build, the
-test runs and its verdict is real.
+test runs and its verdict is real; where the prebuild deferred it to the combination's `jit-` session, the test
+runs too and records `not-run: building` with the command that builds it (sweep/jit/expect.py).
 """
 
 from __future__ import annotations

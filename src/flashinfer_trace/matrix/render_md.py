@@ -25,6 +25,8 @@ def cell_text(cell: dict[str, Any] | None, symbols: dict[str, str]) -> str:
     if cell is None:
         return symbols["not-run"]
     text = symbols.get(cell["state"]) or _esc(cell["state"])
+    if cell.get("kind") == "building":  # not run: its module is the combination's jit- session's to build
+        text += " building"
     timing = cell.get("timing")
     if timing and timing.get("median_us") is not None:
         text += f" {timing['median_us']:.1f} µs"
@@ -72,6 +74,15 @@ def render_md(matrix: dict[str, Any]) -> str:
         lines += ["", "## Combinations not run", "", "| combination | CUDA | archs | why |", "|---|---|---|---|"]
         lines += [f"| {_esc(c['label'])} ({_code(c['combination'])}) | {_esc(c['cuda'])} | "
                   f"{_esc(', '.join(c['archs']))} | {_esc(c['reason'])} |" for c in matrix["not_run"]]
+    building = [c for c in matrix["cells"] if c.get("kind") == "building"]
+    if building:
+        labels = {e["id"]: e["label"] for e in envs}
+        lines += ["", "## Not run: modules still building", "",
+                  "Cases whose JIT module takes longer to build than a session's budget: the session's prebuild left "
+                  "it to the combination's `jit-` session (docs/matrix-sessions.md); they run once it is built.", "",
+                  "| environment | definition | reason |", "|---|---|---|"]
+        lines += [f"| {_esc(labels.get(c['environment'], c['environment']))} | {_code(c['definition'])} | "
+                  f"{_esc(c.get('reason') or '')} |" for c in building]
     built = [e for e in envs if (e.get("jit") or {}).get("modules")]
     if built:
         lines += ["", "## JIT builds per module", "",

@@ -130,8 +130,8 @@ def _unknown(kind: str, wanted: Sequence[str], known: set[str]) -> list[str]:
 
 def select(entries: list[dict], names: Sequence[str] = (), tags: Sequence[str] = ()) -> list[dict]:
     """The entries named (a session's full name, or its function's name for every parametrization), in the order
-    named (the queue a host runs them in), then those carrying one of `tags` in nox's order: each once. HostError naming every unknown name and tag, with the
-    close matches, before anything runs."""
+    named (the queue a host runs them in), then those carrying one of `tags` in nox's order: each once. HostError
+    naming every unknown name and tag, with the close matches, before anything runs."""
     known_names = {e["session"] for e in entries} | {e["name"] for e in entries if isinstance(e.get("name"), str)}
     known_tags = {t for e in entries for t in e.get("tags") or ()}
     problems = _unknown("session", names, known_names) + _unknown("tag", tags, known_tags)

@@ -9,7 +9,9 @@
   (a wheelhouse carries what the kernels need, not FlashInfer's whole optional closure) into one
   folder per combination ($FLASHINFER_TRACE_SITE/<combination>, layered in by a .pth file), so
   every session of a combination sees the same paths: FlashInfer's JIT build files embed the
-  include paths and compare source mtimes, and a reinstall would recompile every kernel. The
+  include paths and compare source mtimes, and a reinstall would recompile every kernel. Two sessions of
+  one combination (a `jit-` session beside its references session) install into it one at a time, and one
+  that would rewrite it under the other is refused (`combination_lock`, `combination_in_use`). The
   project goes in through a .pth file onto its `src/` (an editable build would need setuptools
   from an index); its own dependencies are resolved from DIR. A wheelhouse with a manifest
   (`flashinfer-trace wheelhouse build`, wheelhouse.py) is checked first: a wheel whose sha256 differs
@@ -25,14 +27,17 @@ needs only the standard library, `packaging` and combos.py, and knows nothing of
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO
 
 from packaging.version import InvalidVersion, Version
 
@@ -164,7 +169,8 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
         folder = getattr(opts, attr)
         if folder is not None and "{combination}" in str(folder):
             if combination is None:
-                raise ValueError(f"--{attr.replace('_', '-')} {folder}: {{combination}} outside a combination's session")
+                flag = "--" + attr.replace("_", "-")
+                raise ValueError(f"{flag} {folder}: {{combination}} outside a combination's session")
             setattr(opts, attr, Path(str(folder).replace("{combination}", combination)))
     for flag, folder in (("--wheelhouse", opts.wheelhouse), ("--extra-wheels", opts.extra_wheels),
                          ("--jit-modules", opts.jit_modules)):
@@ -216,6 +222,74 @@ def site_packages(python: str) -> Path:
 def combination_site(combo: Combination) -> Path:
     root = os.environ.get(SITE_ENV) or Path.home() / ".cache" / "flashinfer-trace" / "site"
     return Path(root) / combo.id
+
+
+# -- the combination's folder, shared by its sessions --------------------------------------------------------
+# A `jit-` session beside its combination's references session installs into the same folder. The install runs
+# under an exclusive lock (`.<id>.lock` beside the folder); each process whose session uses the folder holds a
+# shared lock on `.<id>.use` for as long as it lives (nox runs the session as its child), so an install that would
+# rewrite the folder under a running session is refused instead.
+_USING: dict[str, IO[str]] = {}  # folder -> this process's shared lock on it
+
+
+def _lock_file(target: Path, suffix: str) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target.parent / f".{target.name}.{suffix}"
+
+
+@contextmanager
+def combination_lock(target: Path, note: Callable[[str], None] | None = None) -> Iterator[None]:
+    """The install into a combination's folder, one at a time (`note`: told when it waits for another)."""
+    with open(_lock_file(target, "lock"), "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if note is not None:
+                note(f"waited for another session's install into {target}")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _use(target: Path) -> IO[str]:
+    f = open(_lock_file(target, "use"), "a")  # noqa: SIM115 - held open: the lock lasts as long as the process
+    fcntl.flock(f, fcntl.LOCK_SH)
+    return f
+
+
+def hold(target: Path) -> None:
+    """This process's session runs from the folder: its shared lock, held until the process ends."""
+    earlier = _USING.pop(str(target), None)
+    if earlier is not None:
+        earlier.close()
+    _USING[str(target)] = _use(target)
+
+
+@contextmanager
+def combination_in_use(target: Path) -> Iterator[None]:
+    """Hold the folder as a running session does (its shared lock), for as long as the block runs."""
+    f = _use(target)
+    try:
+        yield
+    finally:
+        f.close()
+
+
+def combination_used_elsewhere(target: Path) -> bool:
+    """Whether a session other than this process's runs from the folder (this process's own, earlier session has
+    ended: nox runs one at a time)."""
+    mine = _USING.pop(str(target), None)
+    if mine is not None:
+        mine.close()
+    with open(_lock_file(target, "use"), "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
 
 
 def probe_torch(python: str) -> dict:
@@ -288,6 +362,10 @@ def install(combo: Combination, python: str, options: InstallOptions, *, project
                              "project as the environment's last install; nothing installed\n")
         kept = InstallResult(**before["result"])
         kept.log, kept.steps = str(log), [f"unchanged since {before.get('at')}: nothing installed"]
+        layered = site / "flashinfer_trace_combo.pth" if site else None
+        for line in layered.read_text().splitlines() if layered and layered.is_file() else ():
+            if line.strip():
+                hold(Path(line.strip()))  # the session runs from the combination's folder: not rewritten under it
         return kept
     result = _install(combo, python, options, project=project, log=log, env=env)
     if result.ok and site is not None and key is not None:
@@ -352,12 +430,19 @@ def _install(combo: Combination, python: str, options: InstallOptions, *, projec
             stamp = target / STAMP
             extra = sorted(str(p) for p in options.extra_wheels.glob("*.whl")) if options.extra_wheels else []
             want = combo.sha256 + "".join(f"\n{Path(p).name}" for p in extra)
-            if others and not (stamp.is_file() and stamp.read_text() == want):
-                shutil.rmtree(target, ignore_errors=True)
-                run([*pip, *wh, "--no-deps", "--target", str(target), *others])
-                if extra:  # after the pins: a pin's own wheel wins where the folder has another version
-                    run([*pip, "--no-index", "--no-deps", "--target", str(target), *extra])
-                stamp.write_text(want)
+            if others:  # one session of the combination at a time, and never under one that runs from it
+                with combination_lock(target, run.steps.append):
+                    if not (stamp.is_file() and stamp.read_text() == want):
+                        if combination_used_elsewhere(target):
+                            raise RuntimeError(
+                                f"{target} is in use by another session of {combo.id}, installed from other wheels; "
+                                "give this one the same --wheelhouse / --extra-wheels, or wait for that one to end")
+                        shutil.rmtree(target, ignore_errors=True)
+                        run([*pip, *wh, "--no-deps", "--target", str(target), *others])
+                        if extra:  # after the pins: a pin's own wheel wins where the folder has another version
+                            run([*pip, "--no-index", "--no-deps", "--target", str(target), *extra])
+                        stamp.write_text(want)
+                    hold(target)
             if others:
                 (site / "flashinfer_trace_combo.pth").write_text(str(target) + "\n")
                 run.steps.append(f"layered {target} via flashinfer_trace_combo.pth")

@@ -61,14 +61,17 @@ def find(root: Path, combination: str, version: str, arch: str) -> dict[str, Pat
 
 
 def place(modules: dict[str, Path], package: Path) -> list[str]:
-    """Copy each library into the package's AOT folder; one already there with the same bytes stays."""
+    """Copy each library into the package's AOT folder; one already there with the same bytes stays. The package
+    may be the combination's shared folder, placed into by two of its sessions at once: each copies to a part file
+    of its own."""
     for name, library in modules.items():
         dest = package / "data" / "aot" / name / f"{name}.so"
         if dest.is_file() and filecmp.cmp(dest, library, shallow=False):
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(library, dest.with_suffix(".so.part"))
-        dest.with_suffix(".so.part").replace(dest)  # a loader never sees half a library
+        part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+        shutil.copyfile(library, part)
+        part.replace(dest)  # a loader never sees half a library
     return list(modules)
 
 

@@ -81,6 +81,9 @@ class SessionInfo:
     finished: str | None = None
     wall_seconds: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    # the not-run cases by kind, apart from the failures (`building`: their JIT modules are the combination's
+    # `jit-` session's to build; the session is no less ok for them)
+    not_run: dict[str, int] | None = None
     log_tail: str | None = None
     jit: dict[str, Any] | None = None  # the JIT prebuild: counts, seconds, modules, compiled during tests
     phases: dict[str, float] | None = None  # the tests' time summed by phase (inputs, reference, ...)

@@ -6,13 +6,15 @@
 
 A pipeline of plain steps: check the GPU against the combination (a mismatch is recorded and the
 session skips), collect the manifest, build the JIT modules the selected tests need (jit/, in
-parallel, each with its own budget; a `jit` session stops there), import FlashInfer's own definitions
+parallel, each with its own budget; a `jit` session builds everything, an hour a job, and stops there; a references
+or bench session leaves a job expected past its budget, its modules not here, to the `jit-` session: deferred at
+once, its cases `not-run: building`), import FlashInfer's own definitions
 where it has them (fitrace_step.py: results/<session>/fi_trace/, or a note why not) and, while the modules
 build, run the tests with every file (or shard of one) in its own process (isolation.py: a crash or a hang
 fails one test, the rest still run), each started once its definitions' builds have ended, those expected
 ready first (session.json's `timeline`: seconds to the first and the last comparison), sample the clocks again,
-write results/<session>/ (results.py). Exit status: 0 when everything ran and passed, 1 on test
-failures, 3 when the session was skipped (arch mismatch, no GPU).
+write results/<session>/ (results.py). Exit status: 0 when everything that ran passed (cases not run
+for a module still building included), 1 on test failures, 3 when the session was skipped (arch mismatch, no GPU).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,9 +71,10 @@ def check_gpu(combo: Combination, arch: str | None) -> tuple[str, str | None, st
 
 def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], fresh_seed: int | None = None
                 ) -> list[str]:
-    if kind == "bench":
+    if kind == "bench":  # the report: a module the prebuild could not build, or deferred, is not built in a test
+        report = [f"--bench-jit-report={results / JIT_STREAM}"] if combo.gpu else []
         return [f"--benchmark-json={results / 'benchmark.json'}", f"--bench-stream={results / 'benchmark.jsonl'}",
-                "-p", "no:xdist", *extra]
+                *report, "-p", "no:xdist", *extra]
     device = "cuda" if combo.gpu else "cpu"
     report = [f"--jit-report={results / JIT_STREAM}"] if combo.gpu else []  # the tests skip what it could not build
     # one fresh seed for every test process of the session (they collect the same cases); the user's wins
@@ -210,7 +214,8 @@ def start_builds(s: SessionState, c: SessionConfig) -> SessionState:
     """A GPU combination's JIT prebuild, started in the background (jit/)."""
     if c.combo.gpu:
         s.builds, config = plan_prebuild(c.results, c.extra or [], cwd=c.cwd, resume=c.resume, budget=c.jit_budget,
-                                         cores=c.cores)
+                                         cores=c.cores, kind=c.kind, combination=c.combo.id,
+                                         arch=s.info.arch if s.info.arch not in (None, "cpu") else None)
         s.built_before = cache_libraries()
         s.background, s.noted = start_prebuild(s.builds, config)
     return s
@@ -260,7 +265,8 @@ def reference_targets(s: SessionState, c: SessionConfig) -> SessionState:
         from .jit import PrebuildWatch
         from .jit.pipeline import readiness
 
-        ready = readiness(s.builds, read_prebuild(c.results) if c.resume else ())
+        deferred = [r.key for r in read_prebuild(c.results) if r.status == "deferred"]  # written before the tests
+        ready = readiness(s.builds, read_prebuild(c.results) if c.resume else (), settled=deferred)
         s.targets = order_targets(s.targets, ready, c.definitions)
         s.before = gate(PrebuildWatch(c.results / JIT_STREAM), c.definitions)
     return s
@@ -300,7 +306,9 @@ def finish(s: SessionState, c: SessionConfig) -> int:
     bad = [r for r in s.records if str(r.status) in FAILURES + ERRORS]
     info.memory = memory_summary(s.records)
     harness = bool(info.memory and info.memory["out_of_memory"])  # the harness failed: no cell can say green
+    # a case not run (building: a jit- session's module) is no failure
     info.status = "harness-failed" if harness else "tests-failed" if bad else "ok"
+    info.not_run = not_run_kinds(s.records)
     info.phases = phase_totals(s.records)
     if s.built_before is not None and info.jit is not None:  # modules the tests built, not the prebuild
         info.jit["compiled_during_tests"] = sorted(set(compiled_since(s.built_before))
@@ -310,9 +318,32 @@ def finish(s: SessionState, c: SessionConfig) -> int:
     seed = f", fresh seed {info.fresh_seed}" if info.fresh_seed is not None else ""
     print(f"{c.session}: {info.status}: " + ", ".join(f"{k} {v}" for k, v in info.counts.items())
           + f" in {info.wall_seconds} s{seed}", file=sys.stderr)
-    for line in [*bad_lines(bad), *filter(None, [memory_line(info.memory)])]:
+    memory = [line] if (line := memory_line(info.memory)) else []
+    for line in [*bad_lines(bad), *building_lines(info, c.session, c.combo.id), *memory]:
         print(line, file=sys.stderr)
     return 1 if bad or harness else 0
+
+
+def not_run_kinds(records: list) -> dict[str, int] | None:
+    """The cases not run, by why (`building`: their modules are a `jit-` session's to build), apart from the
+    failures; None when every case ran."""
+    kinds = Counter(str(getattr(r, "kind", None) or "other") for r in records if str(r.status) == "not-run")
+    return dict(kinds) or None
+
+
+def building_lines(info: SessionInfo, session: str, combination: str) -> list[str]:
+    """What to run so that the cases not run for their modules run next time: one command for every deferred job."""
+    from .jit.expect import build_command
+
+    count = (info.not_run or {}).get("building", 0)
+    deferred = (info.jit or {}).get("deferred") or []
+    if not deferred:
+        return []
+    names = list(dict.fromkeys(d["definition"] for d in deferred))
+    longest = max(float(d.get("expected") or 0.0) for d in deferred)
+    return [f"  {len(deferred)} JIT job(s) deferred, {count} case(s) not run: building; build them beside or "
+            f"before {session}, then run it again:",
+            f"    {build_command(f'jit-{combination}', names, longest)}"]
 
 
 # the session, step by step: each takes the last one's state and the config; a step may end it (Done)
@@ -472,15 +503,20 @@ def k_expression(pytest_args: list[str]) -> str | None:
 
 
 def plan_prebuild(results: Path, pytest_args: list[str], *, cwd: Path | None = None, resume: bool = False,
-                  budget: float | None = None, cores: int | None = None):
-    """The jobs that build every module the selected tests' kernels need, and their configuration."""
+                  budget: float | None = None, cores: int | None = None, kind: str = "references",
+                  combination: str | None = None, arch: str | None = None):
+    """The jobs that build every module the selected tests' kernels need, and their configuration. A `jit`
+    session builds everything, an hour a job by default (JIT_SESSION_BUDGET); a references or bench session defers
+    a job expected past its budget whose modules are not here to `jit-<combination>` (expect.defer)."""
     from ..check import CheckConfig, discover
     from ..dataset import definitions_dir
     from . import jit
 
+    default = jit.JIT_SESSION_BUDGET if kind == "jit" else jit.DEFAULT_BUDGET
     config = jit.JitConfig(report=str(results / JIT_STREAM), log_dir=str(results / "jit-logs"), resume=resume,
-                           select=jit.select_k(k_expression(pytest_args)), budget=budget or jit.DEFAULT_BUDGET,
-                           stamps=jit.default_stamps(), cores=cores)
+                           select=jit.select_k(k_expression(pytest_args)), budget=budget or default,
+                           stamps=jit.default_stamps(), cores=cores, arch=arch, defer=kind in ("references", "bench"),
+                           defer_to=f"jit-{combination}" if combination else None)
     found = discover([str(definitions_dir(cwd / "definitions" if cwd else None))], CheckConfig())
     return jit.plan(found.definitions, config), config
 
@@ -655,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--test-timeout", type=float, default=900.0)
     p.add_argument("--resume", action="store_true", help="keep the tests already in tests.jsonl, run the rest")
-    p.add_argument("--jit-budget", type=float, help="seconds per prebuild job (default 600)")
+    p.add_argument("--jit-budget", type=float, help="seconds per prebuild job (default 600; a jit session's 3600)")
     p.add_argument("--cores", type=int, help="this session's share of the host's cores (default: all)")
     p.add_argument("--no-fi-trace", action="store_true",
                    help="do not import and check FlashInfer's own definitions (fi_trace, >= 0.7)")

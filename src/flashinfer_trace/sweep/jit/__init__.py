@@ -6,9 +6,12 @@ Here they run in parallel, short ones first, each with its own time budget count
 outcome is a record; the comparisons of a definition start as soon as its jobs have ended (PrebuildWatch):
 
     plan(definitions, config)  -> list[Job]            one job per (definition, kernel source) that can run here
-    order(jobs, previous)      -> list[Job]            shortest expected first (recorded seconds, else a guess)
+    order(jobs, previous)      -> list[Job]            shortest expected first (recorded seconds, a known build's,
+                                                       else a guess: expectations() says which)
     run(jobs, config)          -> Iterator[BuildRecord]  a pool of warm-up workers; each record streamed, the
-                                                       long jobs on a bounded share of the workers
+                                                       long jobs on a bounded share of the workers; a
+                                                       references or bench session's job expected past its
+                                                       budget, its modules not here, is `deferred` at once
     PrebuildWatch(report).outcome(definition, source)   the same, waiting while a running prebuild has the job
     summarise(records)         -> dict                 counts by status, seconds, modules built
     JitReport.load(path).outcome(definition, source) -> BuildRecord | None   what the report says of a job
@@ -22,13 +25,16 @@ unchanged is `cached` without running. A job that runs past its budget has its w
 ninja keeps the finished objects, so the next build resumes where it stopped.
 
 Statuses: `built` (new modules appeared), `cached` (nothing to build), `build-failed` (the
-exception came from the JIT build: compiler output in `log_tail`), `build-timeout`, and `error`
+exception came from the JIT build: compiler output in `log_tail`), `build-timeout`, `deferred` (left to the
+combination's `jit-` session: its cases are `not-run: building`), and `error`
 (the call failed after building: not a build problem; the tests report it). The report is read
 back by `availability` (the engine's `--jit-report FILE`, CheckConfig.jit_report, or a JitReport handed
 over): a failed or
-timed-out build makes the tests of that definition skip as `build-failed` / `build-timeout`, its own matrix state.
+timed-out build makes the tests of that definition skip as `build-failed` / `build-timeout`, its own matrix state;
+a deferred one makes them `not-run: building` (Status.NOT_RUN, Kind.BUILDING).
 
-The modules: plan.py (jobs, config, order), scheduler.py (the pool, budgets, streaming), pipeline.py (the prebuild
+The modules: plan.py (jobs, config, order), expect.py (expected seconds and their origin, known builds, deferral),
+scheduler.py (the pool, budgets, streaming), pipeline.py (the prebuild
 in the background, the order comparisons start in), worker.py (the child
 process that builds one job), cache.py (the JIT cache's libraries, stamps) and report.py (jit.jsonl: a leaf,
 standard library only, so the ground truths read it without importing the sweep).
@@ -39,9 +45,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .expect import KNOWN_BUILDS, Expectation, KnownBuild, expectations, fitting_budget, known_build
 from .plan import (
     DEFAULT_BUDGET,
     GUESS,
+    JIT_SESSION_BUDGET,
     KERNEL_SOURCES,
     LONG_SECONDS,
     LONG_SHARE,
@@ -65,6 +73,7 @@ if TYPE_CHECKING:
         fingerprint,
         libraries,
         loaded_libraries,
+        module_roots,
         new_modules,
     )
     from .scheduler import HEARTBEAT, LOG_TAIL, group_key, run
@@ -79,7 +88,7 @@ _LAZY = {
     **dict.fromkeys(("HEARTBEAT", "LOG_TAIL", "_Schedule", "group_key", "run"), "scheduler"),
     **dict.fromkeys(("BUILD_FRAMES", "NICE", "is_build_failure", "worker_main"), "worker"),
     **dict.fromkeys(("STAMPS", "Stamps", "cache_roots", "default_stamps", "fingerprint", "libraries",
-                     "loaded_libraries", "new_modules"), "cache"),
+                     "loaded_libraries", "module_roots", "new_modules"), "cache"),
 }
 _SUBMODULES = ("cache", "pipeline", "scheduler", "worker")
 
@@ -88,7 +97,8 @@ __all__ = ["BUILD_FRAMES", "DEFAULT_BUDGET", "GUESS", "KERNEL_SOURCES", "LOG_TAI
            "default_stamps", "fingerprint", "group_key", "is_build_failure", "keywords", "libraries",
            "loaded_libraries", "new_modules", "order", "plan", "read_report", "run", "select_k", "LONG_SECONDS",
            "LONG_SHARE", "PrebuildWatch", "expected", "state_path",
-           "summarise", "worker_main"]
+           "summarise", "worker_main", "JIT_SESSION_BUDGET", "KNOWN_BUILDS", "Expectation", "KnownBuild",
+           "expectations", "fitting_budget", "known_build", "module_roots"]
 
 
 def __getattr__(name: str) -> Any:

@@ -3,6 +3,8 @@ and the stamps beside the cache that let an unchanged job count as `cached` with
 
 from __future__ import annotations
 
+import fcntl
+import importlib.util
 import json
 import os
 import threading
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
     from .report import BuildRecord
 
 __all__ = ["STAMPS", "Stamps", "cache_roots", "default_stamps", "fingerprint", "libraries", "loaded_libraries",
-           "new_modules"]
+           "module_roots", "new_modules"]
 
 
 def libraries(roots: list[Path]) -> dict[str, float]:
@@ -95,7 +97,9 @@ class Stamps:
     """What each job loaded when it last ran, kept beside the JIT cache: a job whose definition,
     versions and arch are the same and whose libraries are all there, unchanged, is `cached` without
     starting a worker (a warm machine's prebuild then runs no warm-up call). A module
-    the tests still had to build would show as `compiled_during_tests` in the session."""
+    the tests still had to build would show as `compiled_during_tests` in the session. The file is shared by the
+    sessions of one combination (a `jit-` session beside its references session): each entry is merged into what
+    the file holds now, under a lock, so neither drops the other's."""
 
     def __init__(self, path: Path | None):
         self.path = path
@@ -128,15 +132,23 @@ class Stamps:
     def record(self, record: BuildRecord) -> None:
         if self.path is None or record.job is None:
             return
+        key = self._key(record.definition, record.source)
+        entry = {"fingerprint": fingerprint(record.job), "libraries": record.libraries,
+                 "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         with self.lock:
-            self.entries[self._key(record.definition, record.source)] = {
-                "fingerprint": fingerprint(record.job), "libraries": record.libraries,
-                "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            self.entries[key] = entry
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-                tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
-                os.replace(tmp, self.path)
+                with open(self.path.with_name(f".{self.path.name}.lock"), "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)  # another process's prebuild stamps into the same file
+                    try:
+                        now = json.loads(self.path.read_text())
+                    except (OSError, ValueError):
+                        now = {}
+                    self.entries = {**(now if isinstance(now, dict) else {}), key: entry}
+                    tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+                    tmp.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
+                    os.replace(tmp, self.path)
             except OSError:
                 pass  # no stamp: the next run checks by running the job
 
@@ -151,4 +163,18 @@ def cache_roots() -> list[Path]:
     except Exception:  # noqa: BLE001 - not installed, or a version without jit.env
         base = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home()))
         roots.append(base / ".cache" / "flashinfer")
+    return roots
+
+
+def module_roots() -> list[Path]:
+    """Where a module may already be, so that its job need not build it: the JIT caches, and FlashInfer's AOT
+    folder (`<package>/data/aot`: where flashinfer-jit-cache, `--jit-modules` and `jit import --place` put them;
+    found without importing the package)."""
+    roots = cache_roots()
+    try:
+        spec = importlib.util.find_spec("flashinfer")
+    except (ImportError, ValueError):
+        spec = None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        roots.append(Path(location) / "data" / "aot")
     return roots

@@ -16,23 +16,26 @@ from .report import BuildRecord, summarise
 __all__ = ["Background", "readiness"]
 
 
-def readiness(jobs: Iterable[Job], previous: Iterable[BuildRecord] = ()) -> dict[str, float]:
+def readiness(jobs: Iterable[Job], previous: Iterable[BuildRecord] = (),
+              settled: Iterable[tuple[str, str]] = ()) -> dict[str, float]:
     """Each definition's expected seconds until its modules are ready: its longest job's expected build time (the
-    order to start comparisons in; a definition with no job is ready at once, 0)."""
-    jobs = list(jobs)
+    order to start comparisons in; a definition with no job is ready at once, 0). `settled`: jobs that will not be
+    built here (deferred), which nothing waits for."""
+    jobs, settled = list(jobs), set(settled)
     guess = expected(jobs, previous)
     out: dict[str, float] = {}
     for j in jobs:
-        out[j.definition] = max(out.get(j.definition, 0.0), guess[j.key])
+        out[j.definition] = max(out.get(j.definition, 0.0), 0.0 if j.key in settled else guess[j.key])
     return out
 
 
 class Background:
     """The prebuild in a daemon thread. `join()` waits for its end and gives (records, summary), re-raising what the
     thread raised; `stop()` ends it early (the running jobs are killed as at a timeout, the report keeps what
-    ended). `progress` gets one line per record (None: none)."""
+    ended). `progress` gets one line per record (None: none; default the stderr of the moment it starts, not the
+    one this module was imported under)."""
 
-    def __init__(self, jobs: list[Job], config: JitConfig, *, progress: TextIO | None = sys.stderr,
+    def __init__(self, jobs: list[Job], config: JitConfig, *, progress: TextIO | None | str = "stderr",
                  on_record: Callable[[BuildRecord], None] | None = None):
         from . import run  # the package's: what callers (and tests) see as jit.run
 
@@ -41,7 +44,7 @@ class Background:
         self.ended_at: float | None = None  # seconds from start to the prebuild's end
         self._error: BaseException | None = None
         self._halt = threading.Event()
-        self._progress, self._on_record = progress, on_record
+        self._progress, self._on_record = sys.stderr if progress == "stderr" else progress, on_record
         # called here, not in the thread: the report and its state exist when this returns
         self._builds = run(jobs, config, stop=self._halt)
         self.thread = threading.Thread(target=self._main, name="flashinfer-trace-prebuild", daemon=True)

@@ -1,6 +1,7 @@
 """Which prebuild jobs a set of definitions needs here (one per definition and kernel source whose ground truth
-can run it), the configuration they run with, and the order they start in (shortest expected first, so the
-comparisons of most definitions can start while the long builds go on)."""
+can run it, with a known build's figure where one is measured: expect.py), the configuration they run with, and the
+order they start in (shortest expected first, so the comparisons of most definitions can start while the long
+builds go on)."""
 
 from __future__ import annotations
 
@@ -10,24 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .expect import GUESS, GUESS_DEFAULT, JIT_SESSION_BUDGET, KNOWN_BUILDS, expectations, known_build
 from .report import BuildRecord
 
 if TYPE_CHECKING:
     from ...definition import Definition
 
-__all__ = ["DEFAULT_BUDGET", "GUESS", "KERNEL_SOURCES", "LONG_SECONDS", "LONG_SHARE", "Job", "JitConfig", "expected",
-           "keywords", "order", "plan", "select_k"]
+__all__ = ["DEFAULT_BUDGET", "GUESS", "GUESS_DEFAULT", "JIT_SESSION_BUDGET", "KERNEL_SOURCES", "LONG_SECONDS",
+           "LONG_SHARE", "Job", "JitConfig", "expected", "keywords", "order", "plan", "select_k"]
 
 KERNEL_SOURCES = ("flashinfer", "sglang")
-DEFAULT_BUDGET = 600.0
-# First guesses of a job's cost (seconds, cold, measured on an H100 with 0.6.6/0.7.2), used to order the jobs and
-# tell the long ones when no earlier report says better.
-GUESS = {"moe": 450, "gemm": 176, "sampling": 146, "gqa_ragged": 68, "mla_ragged": 68, "gqa_paged": 68, "rope": 59,
-         "rmsnorm": 35, "mla_paged": 26, "activation": 8,
-         "mamba_ssu": 90}  # mamba_ssu: a guess (one selective_state_update module per dtypes/dim/dstate)
-# gdn: a guess, not measured (0.6.x gdn_prefill_sm90 compiles 32 CUTLASS sm90a kernel instantiations)
-GUESS["gdn"] = 300
-GUESS_DEFAULT = 30
+DEFAULT_BUDGET = 600.0  # seconds per job, a references or bench session's (a jit session's: JIT_SESSION_BUDGET)
 NVCC_GB = 4  # memory one nvcc of a CUTLASS kernel can take: bounds the compilers a job may run
 # A job expected to take longer than LONG_SECONDS is long: long jobs hold at most LONG_SHARE of the workers at
 # once and build below the others' CPU priority, so one long module (fp8 MoE: ~41 min on 16 cores) never keeps
@@ -44,6 +38,9 @@ class Job:
     source: str
     api: str
     budget: float
+    expect: float | None = None  # seconds, from a known build (expect.KNOWN_BUILDS); None: the report or a guess
+    expect_from: str | None = None  # the known build's evidence
+    known_modules: tuple[str, ...] = ()  # the modules the known build makes: all here, nothing needs building
 
     @property
     def key(self) -> tuple[str, str]:
@@ -69,6 +66,11 @@ class JitConfig:
     long_share: float = LONG_SHARE  # the share of the workers long jobs may hold at once (at least one)
     # the worker's command line before `--worker FD DEVICE` (None: `python -m ...jit.worker`): a seam for stand-ins
     worker_command: tuple[str, ...] | None = None
+    arch: str | None = None  # the GPU's (sm90), for the known builds; None: the device's, detected
+    # a references or bench session's: a job expected past its budget whose modules are not here is recorded
+    # `deferred` at once, not built (expect.defer); `defer_to` names the `jit-` session that builds it
+    defer: bool = False
+    defer_to: str | None = None
 
     def __post_init__(self):
         if not self.long_seconds > 0:
@@ -99,11 +101,15 @@ class JitConfig:
         return workers, self.max_jobs or max(2, min(cores, int(memory_gb // NVCC_GB)))
 
 
-def plan(definitions: Iterable[Definition], config: JitConfig) -> list[Job]:
+def plan(definitions: Iterable[Definition], config: JitConfig, *,
+         versions: dict[str, str | None] | None = None) -> list[Job]:
     """A job for every kernel source whose ground truth can run the definition here (the availability
-    pipeline decides, without building anything); unavailable ones need no module."""
+    pipeline decides, without building anything); unavailable ones need no module. A job of a known build (its
+    source, API, this arch and the installed release: `versions`, default this environment's) carries its figure."""
     from ...groundtruth import GroundTruthUnavailable, get_ground_truth
 
+    arch = config.arch or _device_arch(config.device)
+    found = _installed({k.package for k in KNOWN_BUILDS}) if versions is None else versions
     jobs = []
     for d in definitions:
         for source in config.sources:
@@ -111,10 +117,39 @@ def plan(definitions: Iterable[Definition], config: JitConfig) -> list[Job]:
                 gt = get_ground_truth(source, d, device=config.device, prebuild=None)
             except GroundTruthUnavailable:
                 continue
-            job = Job(d.name, str(d.source) if d.source else d.name, d.op_type, source, gt.api, config.budget_for(d))
+            known = known_build(source, gt.api, arch, found)
+            job = Job(d.name, str(d.source) if d.source else d.name, d.op_type, source, gt.api, config.budget_for(d),
+                      **({"expect": known.seconds, "expect_from": known.evidence, "known_modules": known.modules}
+                         if known else {}))
             if config.select is None or config.select(job):
                 jobs.append(job)
     return jobs
+
+
+def _device_arch(device: str) -> str | None:
+    """The arch of a CUDA device (sm90); None on the CPU or without a usable GPU."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        from ..combos import arch_of
+
+        return arch_of(torch.cuda.get_device_capability(torch.device(device))) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no GPU to ask: no known build applies
+        return None
+
+
+def _installed(distributions: set[str]) -> dict[str, str | None]:
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for name in distributions:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 def keywords(job: Job) -> set[str]:
@@ -138,10 +173,9 @@ def select_k(expression: str | None) -> Callable[[Job], bool] | None:
 
 
 def expected(jobs: Iterable[Job], previous: Iterable[BuildRecord] = ()) -> dict[tuple[str, str], float]:
-    """Each job's expected seconds: its earlier build's time (a timed-out one took at least that), else a guess by
-    op type."""
-    seen = {r.key: r.seconds for r in previous if r.status in ("built", "build-timeout")}
-    return {j.key: float(seen.get(j.key, GUESS.get(j.op_type, GUESS_DEFAULT))) for j in jobs}
+    """Each job's expected seconds: its earlier build's time (a timed-out one took at least that), else a known
+    build's, else a guess by op type (expect.expectations says where each comes from)."""
+    return {k: e.seconds for k, e in expectations(jobs, previous).items()}
 
 
 def order(jobs: list[Job], previous: Iterable[BuildRecord] = ()) -> list[Job]:

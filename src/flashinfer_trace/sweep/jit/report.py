@@ -41,11 +41,13 @@ class BuildRecord:
     modules: list[str] = field(default_factory=list)  # modules this job's call loaded that it built
     uses: list[str] = field(default_factory=list)  # JIT modules loaded in its worker at its end (with those of
     # the worker's earlier jobs: a module stays loaded, so this is a superset, which the stamp checks)
-    checked_by: str = "warm-up"  # or "stamp": unchanged since its last warm-up, not run (Stamps)
+    checked_by: str = "warm-up"  # or "stamp": unchanged since its last warm-up, not run (Stamps); "plan": deferred
     nice: int | None = None  # the build's CPU priority (URGENT jobs keep the session's, others NICE)
     message: str | None = None
     log_tail: str | None = None
     log: str | None = None  # the job's full compiler log, when kept
+    expected: float | None = None  # the seconds the plan expected it to take (expect.py) ...
+    expected_from: str | None = None  # ... and where that figure came from (report, known build, guess)
     libraries: dict[str, float] | None = field(default=None, repr=False, compare=False)  # for the stamps only
     job: Any = field(default=None, repr=False, compare=False)  # the plan.Job it ran (not imported: a leaf)
 
@@ -62,13 +64,18 @@ class BuildRecord:
 
 
 def summarise(records: Iterable[BuildRecord]) -> dict[str, Any]:
+    """Counts by status, seconds, modules built, the slowest jobs, and the deferred ones with their message (the
+    command that builds them)."""
     records = list(records)
     modules = sorted({m for r in records for m in r.modules})
+    deferred = [{"definition": r.definition, "source": r.source, "expected": r.expected, "message": r.message}
+                for r in records if r.status == "deferred"]
     return {"counts": dict(Counter(r.status for r in records)), "jobs": len(records), "modules_built": modules,
             "stamped": sum(r.checked_by == "stamp" for r in records),
             "job_seconds": round(sum(r.seconds for r in records), 1),
             "slowest": [{"definition": r.definition, "source": r.source, "status": r.status, "seconds": r.seconds,
-                         "modules": r.modules} for r in sorted(records, key=lambda r: -r.seconds)[:10]]}
+                         "modules": r.modules} for r in sorted(records, key=lambda r: -r.seconds)[:10]],
+            **({"deferred": deferred} if deferred else {})}
 
 
 def read_report(path: str | Path | None) -> list[BuildRecord]:

@@ -1,7 +1,8 @@
 """Running prebuild jobs: a pool of worker processes, the short jobs first and the long ones on a bounded share of
 the workers, each job within its own time budget (its process group killed past it), the jobs of one API group
 after their leader, every record streamed to the report as it ends and the prebuild's progress to its state file
-(report.py: what the comparisons waiting for a definition's modules read)."""
+(report.py: what the comparisons waiting for a definition's modules read). A job a session defers (expect.defer) is
+recorded before any other runs, and never reaches a worker."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .cache import Stamps
-from .plan import JitConfig, Job, expected, order
+from .expect import Expectation, defer, expectations
+from .plan import JitConfig, Job, order
 from .report import BuildRecord, StateWriter, read_report
 
 __all__ = ["HEARTBEAT", "LOG_TAIL", "group_key", "run"]
@@ -32,37 +34,54 @@ def run(jobs: list[Job], config: JitConfig, stop: threading.Event | None = None)
     """Every job's record, as each ends (also appended to `config.report`, fsynced). With
     `config.resume`, jobs already `built` or `cached` in the report are not run again. Beside the report, its
     state (report.state_path): the jobs planned, which started when, a heartbeat, and whether the prebuild ended.
-    Setting `stop` (from another thread) ends the running jobs as at a timeout and takes no new one."""
+    With `config.defer`, the jobs deferred (expect.defer) are in the report and ended in the state when this
+    returns. Setting `stop` (from another thread) ends the running jobs as at a timeout and takes no new one."""
     from ..results import JsonlStream
 
     done = {r.key: r for r in read_report(config.report)} if (config.resume and config.report) else {}
     # the report (emptied unless resuming) and the state are there when this returns, before the first record:
     # a comparison that looks a job up from now on waits for it
     stream = JsonlStream(config.report, append=config.resume) if config.report else None
-    guess = expected(jobs, done.values())
-    state = StateWriter(config.report, [(j.definition, j.source, j.api, j.budget, guess[j.key]) for j in jobs])
-    return _records(jobs, config, done, guess, stream, state, stop or threading.Event())
-
-
-def _records(jobs: list[Job], config: JitConfig, done: dict, guess: dict, stream, state: StateWriter,
-             stop: threading.Event) -> Iterator[BuildRecord]:
+    expect = expectations(jobs, done.values())
+    state = StateWriter(config.report, [(j.definition, j.source, j.api, j.budget, expect[j.key].seconds)
+                                        for j in jobs])
     kept = {k for k, r in done.items() if r.status in ("built", "cached")}
-    todo = [j for j in order(jobs, done.values()) if j.key not in kept]
+    stamps = Stamps(config.stamp_path())
+    held = defer([j for j in jobs if j.key not in kept], expect, config, stamps=stamps)
+    for r in held:  # at once: their comparisons need not wait for a build that is not coming
+        if stream:
+            stream.write(r.as_dict())
+        state.ended(r.definition, r.source)
+    return _records(jobs, config, done, kept, expect, held, stamps, stream, state, stop or threading.Event())
+
+
+def _expected(record: BuildRecord, expect: dict[tuple[str, str], Expectation]) -> BuildRecord:
+    e = expect.get(record.key)
+    if e is not None and record.expected is None:
+        record.expected, record.expected_from = e.seconds, e.origin
+    return record
+
+
+def _records(jobs: list[Job], config: JitConfig, done: dict, kept: set, expect: dict, held: list[BuildRecord],
+             stamps: Stamps, stream, state: StateWriter, stop: threading.Event) -> Iterator[BuildRecord]:
+    guess = {k: e.seconds for k, e in expect.items()}
+    skip = kept | {r.key for r in held}
+    todo = [j for j in order(jobs, done.values()) if j.key not in skip]
     threads: list[threading.Thread] = []
     try:
         for j in jobs:
             if j.key in kept:
                 state.ended(j.definition, j.source)
                 yield done[j.key]
-        stamps = Stamps(config.stamp_path())
+        yield from held
         unchanged = [] if config.recheck else [(j, stamps.fresh(j)) for j in todo]
         for job, entry in unchanged:
             if entry is not None:
-                r = BuildRecord(job.definition, job.source, "cached", api=job.api, op_type=job.op_type,
-                                budget=job.budget, uses=sorted(Path(p).stem for p in entry["libraries"]),
-                                checked_by="stamp",
-                                message=f"stamped {entry['recorded']}: the same definition, versions and arch, and its "
-                                        f"{len(entry['libraries'])} module(s) unchanged; not run again")
+                r = _expected(BuildRecord(
+                    job.definition, job.source, "cached", api=job.api, op_type=job.op_type, budget=job.budget,
+                    uses=sorted(Path(p).stem for p in entry["libraries"]), checked_by="stamp",
+                    message=f"stamped {entry['recorded']}: the same definition, versions and arch, and its "
+                            f"{len(entry['libraries'])} module(s) unchanged; not run again"), expect)
                 if stream:
                     stream.write(r.as_dict())
                 state.ended(r.definition, r.source)
@@ -92,6 +111,7 @@ def _records(jobs: list[Job], config: JitConfig, done: dict, guess: dict, stream
             if r is None:
                 finished += 1
                 continue
+            _expected(r, expect)
             if stream:
                 stream.write(r.as_dict())
             state.ended(r.definition, r.source)
