@@ -143,7 +143,7 @@ def test_the_commands_that_run_no_kernel_need_no_torch(workspace):
 
     plan = json.loads(by[tuple(work[0])]["out"])
     assert plan["cores_per_session"] == 2 and [(p["gpu"], p["session"]) for p in plan["plan"]] == [
-        ("0", "references-c1-sm90"), ("1", "references-c2-sm90"), ("0", "bench-c1-sm90")]
+        ("0", "references-c2-sm90"), ("1", "references-c1-sm90"), ("0", "bench-c1-sm90")]  # the named one first
     unknown = by[tuple(work[1])]
     assert unknown["code"] == 2 and "no session 'referencs-c2-sm90' (close: references-c2-sm90" in unknown["err"]
 

@@ -352,13 +352,32 @@ def test_each_reference_test_gives_its_cached_cuda_blocks_back(monkeypatch):
     from flashinfer_trace import pytest_plugin
 
     calls = []
-    cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: calls.append("empty"))
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: calls.append("empty"),
+                                 synchronize=lambda: None)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(pytest_plugin, "_broken", None)
     pytest_plugin.release_cuda_cache()
-    assert calls == ["empty"]
+    assert calls == ["empty"] and pytest_plugin._broken is None
     cuda.is_initialized = lambda: False
     pytest_plugin.release_cuda_cache()
     assert calls == ["empty"]
+
+
+def test_a_test_that_broke_the_cuda_context_marks_its_process_to_end(monkeypatch):
+    """A sticky CUDA error shows at the next synchronisation: the process is marked, and ends after the test's
+    report (test_isolation.py shows the rest running in a new process)."""
+    import types
+
+    from flashinfer_trace import pytest_plugin
+
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: None, synchronize=broken)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(pytest_plugin, "_broken", None)
+    pytest_plugin.release_cuda_cache()
+    assert "illegal memory access" in pytest_plugin._broken
 
 
 def _nox_sessions(tmp_path: Path, constraints: dict[str, str]):
