@@ -342,5 +342,4 @@ def test_a_case_waits_for_memory_another_process_holds(tmp_path):
     hog = ledger.acquire(2 * GiB - GiB // 4, label="another process")  # all but this process's standing lease
     threading.Timer(0.5, hog.release).start()
     record = check.run_case(_case(), memo, check.CheckConfig(device="cpu"))
-    assert record.status is Status.PASS and record.phases.get("memory_wait", 0) == 0  # its first lease waited in
-    assert record.seconds >= 0.4  # the run: it could not start before the other process gave memory back
+    assert record.status is Status.PASS and record.phases["memory_wait"] >= 0.4  # until the other gave it back

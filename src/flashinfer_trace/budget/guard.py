@@ -79,6 +79,7 @@ class CaseMemory:
         self.base = 0  # the same before the learned scale
         self.klass = "structure"
         self.worker_peak: Callable[[], int] = lambda: 0  # the reference worker's peak since the last ask
+        self.waited = 0.0  # seconds spent waiting for leases since the last case began (a phase of its record)
 
     @property
     def device(self) -> str:
@@ -101,7 +102,11 @@ class CaseMemory:
 
     def acquire(self, nbytes: int, label: str, *, alone: bool = False) -> None:
         self.release()
-        self.lease = self.budget.lease(nbytes, label=label, alone=alone, timeout=self.wait)
+        t0 = time.perf_counter()
+        try:
+            self.lease = self.budget.lease(nbytes, label=label, alone=alone, timeout=self.wait)
+        finally:
+            self.waited += time.perf_counter() - t0
 
     def release(self) -> None:
         if self.lease is not None:
@@ -176,7 +181,8 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
     """One case, start to record, within the device's budget: `run` is the case's body, `free` drops every
     tensor the group holds (the memo's, the reference worker's arena) and gives the lease back, `held` the bytes
     of the group's tensors now. Waits for memory are a phase of the record (`memory_wait`)."""
-    waited, retried, measured = 0.0, None, {}
+    retried, measured = None, {}
+    guard.waited = 0.0
     record = None
     for _ in range(8):  # regenerations as the group's need becomes known, a retry alone, regenerations within it
         try:
@@ -184,15 +190,11 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
                 record = run()
         except NeedMemory as need:
             free()
-            t0 = time.perf_counter()
-            alone = retried is not None
             try:
-                guard.acquire(need.nbytes, f"{case.id} (again)", alone=alone)
+                guard.acquire(need.nbytes, f"{case.id} (again)", alone=retried is not None)
             except BudgetTimeout as e:
                 record = case.record(Status.NOT_RUN, kind=Kind.OUT_OF_MEMORY, detail=f"out-of-memory: {e}")
                 break
-            finally:
-                waited += time.perf_counter() - t0
             continue
         except BudgetTimeout as e:  # the first lease of a group, taken inside the run
             free()
@@ -202,14 +204,11 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
             retried = record.detail
             planned = guard.planned
             free()
-            t0 = time.perf_counter()
             try:
                 guard.acquire(max(planned, 1), f"{case.id} (alone)", alone=True)
             except BudgetTimeout as e:
                 record = case.record(Status.NOT_RUN, kind=Kind.OUT_OF_MEMORY, detail=f"out-of-memory: {e}")
                 break
-            finally:
-                waited += time.perf_counter() - t0
             continue
         break
     if record is None:  # the group's need kept growing past every lease it was given
@@ -224,8 +223,8 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
     record.memory = guard.report(case.definition, measured.get("measured"))
     if retried is not None and record.memory is not None:
         record.memory["retried_alone_after"] = (retried or "")[:300]
-    if waited:
-        record.phases["memory_wait"] = round(waited, 4)
+    if guard.waited >= 0.001:
+        record.phases["memory_wait"] = round(guard.waited, 4)
     if guard.alone:  # the device goes back to the others at once
         free()
     return record
