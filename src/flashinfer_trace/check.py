@@ -46,6 +46,7 @@ from .sandbox import ReferenceFailure, SandboxError
 from .status import Kind, Status
 from .verdict import Judgement, judge, judge_sampler
 from .verdict.compare import tolerance_for
+from .verdict.contract import reconsider
 from .verdict.errormodel import error_scales
 from .verdict.samples import SamplingSettings
 
@@ -82,6 +83,7 @@ class CheckConfig:
     # test processes sharing the device: a case whose point is a large tensor (Builder.require_bytes) may use
     # 1/gpu_share of its memory (eight such cases at once ran the H100 out of memory)
     gpu_share: int = 1
+    contract: Any = None  # what kernel APIs do not promise (verdict/contract.py); None: the package's contract.toml
 
     @property
     def resolved_device(self) -> str:
@@ -434,7 +436,25 @@ def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> Cas
     if wrong and len(wrong) < runs:
         record.kind = Kind.FLAKY_WRONG
         record.detail = f"wrong in {len(wrong)}/{runs} runs on the same inputs: {wrong[0].summary}"
+    elif wrong and case.check is Check.EDGE:  # wrong every time, on a boundary case: does the API promise it?
+        _contract(record, case, memo, config, gt, tol, expected, phases)
     return record
+
+
+def _contract(record: CaseRecord, case: Case, memo: Memo, config: CheckConfig, gt, tol, expected,
+              phases: Phases) -> None:
+    """A failure where the kernel's API promises nothing (verdict/contract.py) becomes info, saying why and by how
+    much; where the property does not explain the difference, the failure stays and says so."""
+    def rerun(seen: Inputs) -> tuple:
+        with phases("reference"):
+            return run_reference(case.definition, seen.to(memo.device, copy=True), seed=case.seed)
+
+    decision = reconsider(case.definition, case.case, gt.describe(), memo.inputs, expected, tol, rerun,
+                          contract=config.contract)
+    if decision is not None:
+        record.detail = decision.detail(record.detail)
+        if decision.explained:
+            record.status, record.kind = Status.INFO, Kind.OUTSIDE_CONTRACT
 
 
 class Spread:
@@ -529,7 +549,8 @@ def run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
         except Exception as e:  # a kernel or reference that raises is a record, not a crash of the run
             status, kind, detail = outcome_of(e)
             record = case.record(status, kind=kind, detail=detail)
-        if memo.mutated and record.status in (Status.PASS, Status.FAIL):  # whatever else it did, it may not do that
+        # whatever else it did, it may not do that
+        if memo.mutated and record.status in (Status.PASS, Status.FAIL, Status.INFO):
             record = case.record(Status.FAIL, kind=Kind.MUTATES_INPUTS, verdict=record.verdict,
                                  ground_truth=record.ground_truth, tolerance=record.tolerance, compared=record.compared,
                                  repeats=record.repeats,

@@ -201,5 +201,5 @@ WORST_FIRST = (CellState.ERROR, CellState.TIMEOUT, CellState.MUTATES_INPUTS, Cel
 # how an environment's column sorts, most severe first
 SEVERITY = (CellState.ERROR, CellState.FAIL, CellState.FLAKY_WRONG, CellState.MUTATES_INPUTS, CellState.TIMEOUT,
             CellState.BUILD_FAILED, CellState.BUILD_TIMEOUT, CellState.INSTALL_FAILED, CellState.XFAIL, CellState.XPASS,
-            CellState.INFO, CellState.SKIP_API_MISSING, CellState.SKIP_ARCH, CellState.SKIP_OTHER, CellState.SKIP_NOT_INSTALLED,
-            CellState.PASS, CellState.NOT_RUN)
+            CellState.INFO, CellState.SKIP_API_MISSING, CellState.SKIP_ARCH, CellState.SKIP_OTHER,
+            CellState.SKIP_NOT_INSTALLED, CellState.PASS, CellState.NOT_RUN)
