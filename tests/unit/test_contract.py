@@ -220,3 +220,17 @@ def test_the_pytest_face_passes_an_info_case_with_a_warning_and_records_info(dec
     with pytest.warns(OutsideContract, match="outside the contract"):
         _Engine(config, Memo("cpu"), node).check(case)
     assert dict(node.user_properties)["record"]["status"] == "info"
+
+
+def test_a_release_whose_only_differences_are_info_bisects_as_good():
+    from flashinfer_trace.bisect.search import Verdict, classify
+    from flashinfer_trace.results.record import CaseRecord
+
+    def r(status, kind=None, case=None):
+        return CaseRecord(definition=DECODE, check="edge" if case else "match", source="flashinfer", status=status,
+                          kind=kind, case=case, size="small", seed=0)
+
+    records = [r(Status.PASS), r(Status.INFO, Kind.OUTSIDE_CONTRACT, "subnormal_query")]
+    assert classify("0.5.3", records, "flashinfer").verdict is Verdict.GOOD
+    records.append(r(Status.FAIL, Kind.MISMATCH, "scores_far_negative"))
+    assert classify("0.5.3", records, "flashinfer").verdict is Verdict.BAD
