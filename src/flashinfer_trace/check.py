@@ -46,7 +46,7 @@ from .sandbox import ReferenceFailure, SandboxError
 from .status import Kind, Status
 from .verdict import Judgement, judge, judge_sampler
 from .verdict.compare import tolerance_for
-from .verdict.contract import reconsider
+from .verdict.contract import Contract, reconsider
 from .verdict.errormodel import error_scales
 from .verdict.samples import SamplingSettings
 
@@ -83,7 +83,7 @@ class CheckConfig:
     # test processes sharing the device: a case whose point is a large tensor (Builder.require_bytes) may use
     # 1/gpu_share of its memory (eight such cases at once ran the H100 out of memory)
     gpu_share: int = 1
-    contract: Any = None  # what kernel APIs do not promise (verdict/contract.py); None: the package's contract.toml
+    contract: Contract | None = None  # what kernel APIs do not promise (verdict/contract.py); None: contract.toml
 
     @property
     def resolved_device(self) -> str:
