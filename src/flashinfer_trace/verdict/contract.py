@@ -11,7 +11,8 @@ info only where
   * the case's inputs carry the property (a float16 `subnormal_query` holds no float32 subnormal); and
   * the property explains the difference: the reference, run again on the inputs as the API may treat them
     (`PropertyModel.apply`), agrees with the kernel. A kernel that is wrong in another way on the same case,
-    or a reference whose own bug the property happens to share, still fails.
+    or a reference that itself flushes what a kernel keeps, still fails (and the torch ground truth, never
+    covered, catches a reference's bug in the regime whatever the kernel does).
 
 Nothing here widens a tolerance: the second comparison uses the same tolerance and error model as the first.
 """
@@ -42,8 +43,8 @@ if TYPE_CHECKING:
     from . import Judgement
     from .compare import Tolerance
 
-__all__ = ["CONTRACT_FILE", "Contract", "ContractError", "Decision", "Entry", "Property", "PropertyModel",
-           "default_contract", "load_contract", "reconsider"]
+__all__ = ["CONTRACT_FILE", "COVERABLE_SOURCES", "MODELS", "Contract", "ContractError", "Decision", "Entry", "Property",
+           "PropertyModel", "applied", "carriers", "default_contract", "load_contract", "reconsider"]
 
 CONTRACT_FILE = Path(__file__).with_name("contract.toml")
 COVERABLE_SOURCES = ("flashinfer", "sglang")  # a kernel's promise; torch's and the user's kernel's are the definition's
