@@ -36,7 +36,7 @@ from .groundtruth import (
     get_ground_truth,
     paths,
 )
-from .inputs import InputGenerationError, UnsupportedOpType, edge_cases, generate_inputs
+from .inputs import InputGenerationError, Inputs, UnsupportedOpType, edge_cases, generate_inputs
 from .inputs.common import CaseTooLarge, EdgeCaseUnavailable, memory_budget, too_large
 from .memo import Memo, Phases
 from .options import DEFAULT_SEEDS, DEFAULT_SIZES, TOLERANCE_OPTIONS, fresh_seed
@@ -46,6 +46,7 @@ from .sandbox import ReferenceFailure, SandboxError
 from .status import Kind, Status
 from .verdict import Judgement, judge, judge_sampler
 from .verdict.compare import tolerance_for
+from .verdict.contract import Contract, reconsider
 from .verdict.samples import SamplingSettings
 
 SIZE_ORDER = {"small": 0, "medium": 1, "large": 2}
@@ -78,6 +79,7 @@ class CheckConfig:
     # where a comparison's ground truth comes from (get_ground_truth's signature): planted kernels replace it
     resolve: Callable[..., Any] | None = None
     kernel: str | None = None  # the source "kernel": the user's MODULE:FUNCTION (groundtruth/kernel.py)
+    contract: Contract | None = None  # what kernel APIs do not promise (verdict/contract.py); None: contract.toml
 
     @property
     def resolved_device(self) -> str:
@@ -325,7 +327,25 @@ def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> Cas
     if wrong and len(wrong) < runs:
         record.kind = Kind.FLAKY_WRONG
         record.detail = f"wrong in {len(wrong)}/{runs} runs on the same inputs: {wrong[0].summary}"
+    elif wrong and case.check is Check.EDGE:  # wrong every time, on a boundary case: does the API promise it?
+        _contract(record, case, memo, config, gt, tol, expected, phases)
     return record
+
+
+def _contract(record: CaseRecord, case: Case, memo: Memo, config: CheckConfig, gt, tol, expected,
+              phases: Phases) -> None:
+    """A failure where the kernel's API promises nothing (verdict/contract.py) becomes info, saying why and by how
+    much; where the property does not explain the difference, the failure stays and says so."""
+    def rerun(seen: Inputs) -> tuple:
+        with phases("reference"):
+            return run_reference(case.definition, seen.to(memo.device, copy=True), seed=case.seed)
+
+    decision = reconsider(case.definition, case.case, gt.describe(), memo.inputs, expected, tol, rerun,
+                          contract=config.contract)
+    if decision is not None:
+        record.detail = decision.detail(record.detail)
+        if decision.explained:
+            record.status, record.kind = Status.INFO, Kind.OUTSIDE_CONTRACT
 
 
 class Spread:
@@ -445,7 +465,8 @@ def _run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
         except Exception as e:  # a kernel or reference that raises is a record, not a crash of the run
             status, kind, detail = outcome_of(e)
             record = case.record(status, kind=kind, detail=detail)
-        if memo.mutated and record.status in (Status.PASS, Status.FAIL):  # whatever else it did, it may not do that
+        # whatever else it did, it may not do that
+        if memo.mutated and record.status in (Status.PASS, Status.FAIL, Status.INFO):
             record = case.record(Status.FAIL, kind=Kind.MUTATES_INPUTS, verdict=record.verdict,
                                  ground_truth=record.ground_truth, tolerance=record.tolerance, compared=record.compared,
                                  repeats=record.repeats,

@@ -614,3 +614,43 @@ def test_version_order_puts_post_releases_after_and_pre_releases_before_their_re
     ids = ["fi0.7.2.post1@sm90", "fi0.7.0@sm90", "fi0.7.2@sm90", "fi0.7.0rc1@sm90", "fi0.6.10@sm90", "fi0.6.9@sm90"]
     assert sorted(ids, key=version_order) == ["fi0.6.9@sm90", "fi0.6.10@sm90", "fi0.7.0rc1@sm90", "fi0.7.0@sm90",
                                               "fi0.7.2@sm90", "fi0.7.2.post1@sm90"]
+
+
+def test_an_info_case_is_a_cell_of_its_own_neither_red_nor_a_pass(tmp_path):
+    """A kernel that differs only where its API promises nothing (Status.INFO, verdict/contract.py): the cell, its
+    source and its path are `info` with the reason; a real failure beside it still makes the cell red; matrix.json
+    counts info cells apart, and the Markdown shows their symbol and the legend's line."""
+    from flashinfer_trace.results.record import CaseRecord
+    from flashinfer_trace.status import SYMBOL, CellState
+
+    def r(definition, status, path=None, kind=None, detail=None, source="flashinfer", case="subnormal_query"):
+        return CaseRecord(definition=definition, check="edge", source=source, path=path, status=status, kind=kind,
+                          detail=detail, size="small", seed=0, case=case,
+                          nodeid=f"tests/references/test_gqa_paged.py::t[{definition}-{source}-{path}-{case}]")
+
+    why = "outside the contract (flashinfer-jit-fast-math-ftz: float32-subnormals): ..."
+    records = [r("dec_a", "pass", case=None), r("dec_a", "info", kind="outside-contract", detail=why),
+               r("dec_a", "pass", "tensor-cores"), r("dec_a", "pass", source="torch"),
+               r("dec_b", "info", kind="outside-contract", detail=why),
+               r("dec_b", "fail", "tensor-cores", "mismatch", "lse off by 2.9e4", case="scores_far_negative")]
+    pins = {"torch": "2.11.0", "flashinfer-python": "0.5.3"}
+    write_session(tmp_path / "references-x", SessionInfo("references-x", "cu130-fi053", status="tests-failed",
+                                                         arch="sm90", finished="2026-11-28T10:00:00"),
+                  records=records, manifest=manifest("cu130-fi053", pins, "13", "9.0"))
+    m = build([tmp_path])
+    c = cells_of(m)
+    a, b = c[("dec_a", "cu130-fi053@sm90")], c[("dec_b", "cu130-fi053@sm90")]
+    assert a["state"] == "info" and a["reason"] == why
+    assert a["sources"]["flashinfer"]["state"] == "info" and a["sources"]["torch"]["state"] == "pass"
+    assert a["sources"]["flashinfer"]["paths"]["plain"]["state"] == "info"
+    assert a["sources"]["flashinfer"]["paths"]["tensor-cores"]["state"] == "pass"
+    assert a["sources"]["flashinfer"]["counts"] == {"pass": 2, "info": 1}
+    assert b["state"] == "fail" and b["sources"]["flashinfer"]["paths"]["plain"]["state"] == "info"
+    assert m["summary"] == {"info": 1, "fail": 1} and m["states"]["info"] == MEANING_INFO
+    md = render_md(m)
+    row = next(line for line in md.splitlines() if line.startswith("| `dec_a`"))
+    assert row.endswith(f"| {SYMBOL[CellState.INFO]} |")
+    assert f"{SYMBOL[CellState.INFO]} info: {MEANING_INFO}" in md
+
+
+MEANING_INFO = "differs where the API promises nothing (docs/boundary/): informational, never red"

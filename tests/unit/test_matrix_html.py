@@ -450,3 +450,26 @@ def test_a_cells_title_says_how_much_tolerance_its_passes_used(sample):
     cell["sources"]["flashinfer"]["passed_over"] = [{"api": "fi.trtllm_moe", "reason": "arch-unsupported: sm100"}]
     shown = _cells(_row(render_html(sample), "rmsnorm_h4096"))[envs.index(sm90)]
     assert "; passed over fi.trtllm_moe (arch-unsupported: sm100)" in html.unescape(shown)
+
+
+def test_an_info_cell_has_its_symbol_colour_count_legend_and_reason(sample):
+    """A cell whose kernel differs only where its API promises nothing (info): its own symbol and background (not
+    a failure's red, not a pass's green), its own count in the summary, a legend line and a filter option, and
+    the reason in its title."""
+    from flashinfer_trace.matrix.build import STATES
+
+    sm90 = "cu130-torch2.11-fi0.6.6@sm90"
+    cell = next(c for c in sample["cells"]
+                if c["definition"] == "gqa_paged_decode_h32_kv8_d128_ps1" and c["environment"] == sm90)
+    why = "outside the contract (flashinfer-jit-fast-math-ftz: float32-subnormals): flush-to-zero"
+    cell.update(state="info", reason=why)
+    sample["states"]["info"] = STATES["info"]
+    page = render_html(sample)
+    envs = [e["id"] for e in sample["environments"]]
+    shown = _cells(_row(page, "gqa_paged_decode_h32_kv8_d128_ps1"))[envs.index(sm90)]
+    assert 'class="cell st-info"' in shown and _text(shown).startswith(SYMBOLS["info"])
+    assert f"reason: {why}" in html.unescape(shown)
+    assert re.search(r'<li class="st-info" data-state="info">.*?info: <strong>1</strong></li>', page)
+    assert '<option value="info">' in page and 'data-state="info"><dt>' in page
+    css = re.search(r"<style>(.*?)</style>", page, re.S).group(1)
+    assert ".st-info {" in css and "#plot .bar.st-info" in css

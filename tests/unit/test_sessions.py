@@ -488,3 +488,35 @@ def test_an_interrupt_before_the_tests_of_a_cpu_session_is_recorded_as_such(tmp_
     s = json.loads((out / "session.json").read_text())
     assert rc == 130 and s["status"] == "interrupted" and "interrupted before the tests after 0 test(s)" in s["reason"]
     assert s["jit"] is None
+
+
+def test_the_summary_counts_info_apart_and_lists_it_in_a_line_of_its_own(tmp_path, capsys):
+    """Info records (a kernel differing where its API promises nothing) fail nothing: a session of passes and
+    info ends ok with exit 0, its counts say `info N`, and one line of its own names them, apart from the
+    failures' lines."""
+    import time
+    from types import SimpleNamespace
+
+    from flashinfer_trace.results.record import CaseRecord
+    from flashinfer_trace.sweep.session import SessionConfig, SessionState, finish
+
+    def r(name, status, kind=None, detail=None):
+        return CaseRecord(definition="dec", check="edge", source="flashinfer", status=status, kind=kind,
+                          detail=detail, nodeid=f"tests/references/test_gqa_paged.py::t[{name}]")
+
+    combo = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
+    info = [r("a", Status.INFO, Kind.OUTSIDE_CONTRACT, "outside the contract (x: y): ..."),
+            r("b", Status.INFO, Kind.OUTSIDE_CONTRACT, "outside the contract (x: y): ...")]
+    for records, code, status in ((info + [r("c", Status.PASS)], 0, "ok"),
+                                  (info + [r("d", Status.FAIL, Kind.MISMATCH, "lse off")], 1, "tests-failed")):
+        state = SessionState(SessionInfo("references-x", combo.id), {}, time.monotonic(), records=records,
+                             timeline=SimpleNamespace(as_dict=lambda background: {}))
+        assert finish(state, SessionConfig("references", combo, "references-x", tmp_path)) == code
+        lines = capsys.readouterr().err.splitlines()
+        assert lines[0].startswith(f"references-x: {status}: ") and "info 2" in lines[0]
+        assert json.loads((tmp_path / "session.json").read_text())["counts"]["info"] == 2
+        (line,) = [x for x in lines if x.startswith("  info ")]
+        assert line == ("  info 2, outside the API's contract (not failures; the records say why): "
+                        "tests/references/test_gqa_paged.py::t[a], tests/references/test_gqa_paged.py::t[b]")
+        assert [x for x in lines if "::t[" in x and x is not line] == (
+            ["  tests/references/test_gqa_paged.py::t[d]: fail [mismatch]: lse off"] if code else [])

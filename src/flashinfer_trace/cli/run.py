@@ -210,8 +210,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             for r in run(planned, config):
                 results.append(r)
                 advance(f"{r.definition} {r.check} {r.source or ''}")
-                if not args.json and r.status in (Status.FAIL, Status.ERROR):
-                    out.print(f"[red]{r.status.value.upper()}[/] " + for_rich(
+                if not args.json and r.status in (Status.FAIL, Status.ERROR, Status.INFO):  # info: not promised
+                    tint = "blue" if r.status is Status.INFO else "red"
+                    out.print(f"[{tint}]{r.status.value.upper()}[/] " + for_rich(
                         f"{r.definition} {r.check} {r.source or ''} {r.size or ''} seed={r.seed} {r.case or ''}: "
                         f"{r.detail or ''}", multiline=True), highlight=False)
         if background is not None:
@@ -232,14 +233,15 @@ def cmd_check(args: argparse.Namespace) -> int:
                     "results": [r.as_dict() for r in results]})
         return 0 if summary.ok else 1
     t = Table(title=f"check on {for_rich(config.resolved_device)}: {summary.total} case(s)")
-    for col in ("definition", "pass", "fail", "error", "skip"):
+    columns = ("pass", "fail", "error", "skip", *(("info",) if summary.by_status.get("info") else ()))
+    for col in ("definition", *columns):
         t.add_column(col)
     per: dict[str, dict[str, int]] = {}
     for r in results:
         per.setdefault(r.definition, {}).setdefault(r.status.value, 0)
         per[r.definition][r.status.value] += 1
     for name, counts in per.items():
-        t.add_row(for_rich(name), *(str(counts.get(k, 0)) for k in ("pass", "fail", "error", "skip")))
+        t.add_row(for_rich(name), *(str(counts.get(k, 0)) for k in columns))
     out.print(t)
     for reason, n in summary.skip_reasons.items():
         out.print(f"[yellow]skip x{n}[/] {for_rich(reason or '')}", highlight=False)

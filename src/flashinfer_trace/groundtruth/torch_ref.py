@@ -339,13 +339,23 @@ def moe(call: Call) -> tuple:
     """Dequantise, route with this module's code, run each local expert that receives tokens:
     GEMM1 rows [up; gate], silu on the gate (second) half, GEMM2, weighted sum. Per-tensor fp8
     scales each expert's GEMM outputs instead (up and gate halves separately)."""
-    d, x = call.definition, _values(call)
+    return (_moe(call.definition, _values(call)),)
+
+
+def moe_operand_scale(definition, values: dict) -> torch.Tensor:
+    """The error model's scale of a MoE output (verdict/errormodel.py): the sum of the absolute terms of
+    the sums that make each element, sum_e |w_e| sum_i |act_e,i| |W2_e,c,i|: GEMM2 and the weighted sum over
+    experts, where the outputs cancel, with the true activation (GEMM1 and silu keep their signs)."""
+    return _moe(definition, values, absolute=True)
+
+
+def _moe(d, x: dict, absolute: bool = False) -> torch.Tensor:
     block = sem.moe_block(d, x)
     act = dequantized_activations(d, x)
     tokens, hidden = act.shape
     ids, weights = route(d, x)
     on_input = sem.moe_routing(d).scales_input  # Llama-4 scales each token's input, not its output
-    offset = sem.expert_offset(call.definition, x)
+    offset = sem.expert_offset(d, x)
     w1, w2 = x["gemm1_weights"], x["gemm2_weights"]
     s1, s2 = x.get("gemm1_weights_scale"), x.get("gemm2_weights_scale")
     inter = w2.shape[-1]
@@ -362,11 +372,12 @@ def moe(call: Call) -> tuple:
         up, gate = h[:, :inter], h[:, inter:]
         if per_expert[0] is not None:
             up, gate = up * per_expert[0][e], gate * per_expert[1][e]
-        y = (F.silu(gate) * up) @ g2.T
+        inner = F.silu(gate) * up
+        y = inner.abs() @ g2.abs().T if absolute else inner @ g2.T
         if per_expert[2] is not None:
-            y = y * per_expert[2][e]
-        out.index_add_(0, token_idx, y if on_input else y * w)
-    return (out,)
+            y = y * (per_expert[2][e].abs() if absolute else per_expert[2][e])
+        out.index_add_(0, token_idx, y if on_input else y * (w.abs() if absolute else w))
+    return out
 
 
 # -- mamba ------------------------------------------------------------------------------------------

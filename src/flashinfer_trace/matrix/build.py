@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results.record import CaseRecord, parse
-from ..status import MEANING, SYMBOL, WORST_FIRST, Status, cell_state
+from ..status import MEANING, SYMBOL, WORST_FIRST, CellState, Status, cell_state
 from ..sweep.manifest import sandbox_label
 from ..sweep.results import RAN, read_jsonl, read_latest
 from . import drift_view
@@ -37,6 +37,7 @@ SCHEMA_VERSION = 1
 STATES = {state.value: text for state, text in MEANING.items()}
 SYMBOLS = {state.value: symbol for state, symbol in SYMBOL.items()}
 BAD = tuple(s.value for s in WORST_FIRST)
+INFO = CellState.INFO.value  # differs where the API promises nothing (verdict/contract.py): apart from both
 KERNEL_SOURCES = ("flashinfer", "sglang")
 TIMING_FIELDS = ("median_us", "q1_us", "q3_us", "iqr_us", "timer", "l2_flushed", "gb_per_s", "tflop_per_s",
                  "pct_of_peak_bandwidth", "pct_of_peak_flops", "includes_setup")
@@ -293,8 +294,9 @@ def test_state(record: CaseRecord) -> str:
 
 
 def _summarise(states: list[str], reasons: list[str | None]) -> tuple[str, str | None]:
-    """The state of a group of tests: the worst failure, else pass, else xfail, else the commonest skip."""
-    for bad in BAD:
+    """The state of a group of tests: the worst failure, else info (a difference where the API promises nothing:
+    not red, and no pass either), else pass, else xfail, else the commonest skip."""
+    for bad in (*BAD, INFO):
         if bad in states:
             return bad, next((r for s, r in zip(states, reasons, strict=True) if s == bad and r), None)
     if "pass" in states:
@@ -344,7 +346,9 @@ def cell(definition: str, env: Environment, tests: list[CaseRecord], issues: lis
         reason = next((t.detail for t in tests if test_state(t) == worst and t.detail), None)
     else:  # the kernels decide: a pass of FlashInfer or SGLang, else why none ran (FlashInfer first)
         kernel = [sources[s] for s in KERNEL_SOURCES if s in sources]
-        if any(k["state"] == "pass" for k in kernel):
+        if any(k["state"] == INFO for k in kernel):
+            state, reason = INFO, next(k["reason"] for k in kernel if k["state"] == INFO)
+        elif any(k["state"] == "pass" for k in kernel):
             state, reason = "pass", None
         elif any(k["state"] == "xfail" for k in kernel):
             state, reason = "xfail", next(k["reason"] for k in kernel if k["state"] == "xfail")

@@ -29,7 +29,7 @@ What the page shows:
   ``hidden`` attribute, a group header is hidden when all its rows are, and ``#count`` reads
   "N of M definitions";
 * sorting: the "definition" header sorts by name, an environment header by that column's state severity
-  (error, fail, timeout, install-failed, xfail, xpass, skips, pass, not-run) and then median time; a second
+  (error, fail, timeout, install-failed, xfail, xpass, info, skips, pass, not-run) and then median time; a second
   click reverses the order. Sorting happens *within* each op-type group, so the group headers stay where they
   are and always head their own rows;
 * clicking a row (or Enter / Space on a focused row) fills the details panel ``#details`` below the table:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results.record import CaseRecord, from_test, parse
+from ..status import Status
 from .combos import Combination, arch_of, load_combination
 from .fitrace_step import FiTraceConfig, fi_trace_step, fi_trace_targets
 from .install import torch_differences
@@ -296,7 +297,8 @@ def run_tests(s: SessionState, c: SessionConfig) -> SessionState:
 
 
 def finish(s: SessionState, c: SessionConfig) -> int:
-    """The session's record, a summary line and one line per failed test; 1 when any failed."""
+    """The session's record, a summary line, one line per failed test and one line for the info ones (not
+    failures: their kernels differ where the API promises nothing); 1 when any failed."""
     from . import manifest as mf
 
     info = s.info
@@ -309,6 +311,7 @@ def finish(s: SessionState, c: SessionConfig) -> int:
     # a case not run (building: a jit- session's module) is no failure
     info.status = "harness-failed" if harness else "tests-failed" if bad else "ok"
     info.not_run = not_run_kinds(s.records)
+    outside = [r for r in s.records if str(r.status) == Status.INFO.value]  # differs where no promise is made
     info.phases = phase_totals(s.records)
     if s.built_before is not None and info.jit is not None:  # modules the tests built, not the prebuild
         info.jit["compiled_during_tests"] = sorted(set(compiled_since(s.built_before))
@@ -321,6 +324,8 @@ def finish(s: SessionState, c: SessionConfig) -> int:
     memory = [line] if (line := memory_line(info.memory)) else []
     for line in [*bad_lines(bad), *building_lines(info, c.session, c.combo.id), *memory]:
         print(line, file=sys.stderr)
+    if outside:
+        print(info_line(outside), file=sys.stderr)
     return 1 if bad or harness else 0
 
 
@@ -383,6 +388,18 @@ def bad_lines(bad: list, limit: int = 20) -> list[str]:
     if len(bad) > limit:
         lines.append(f"  ... and {len(bad) - limit} more (the session's results folder has them all)")
     return lines
+
+
+def info_line(records: list, limit: int = 10) -> str:
+    """The info records in one line of their own, apart from the failures: tests whose kernel differs where its
+    API promises nothing (verdict/contract.py), which fail nothing but should not go unseen."""
+    from ..escape import for_terminal
+
+    names = [for_terminal(r.nodeid or "-".join(str(p) for p in (r.definition, r.source, r.path, r.size, r.case)
+                                                if p is not None)) for r in records[:limit]]
+    more = f", ... and {len(records) - limit} more" if len(records) > limit else ""
+    return (f"  info {len(records)}, outside the API's contract (not failures; the records say why): "
+            + ", ".join(names) + more)
 
 
 STREAM = "tests.jsonl"
@@ -631,11 +648,11 @@ def gate(watch, definitions: Path) -> Callable[[Target, threading.Event], None]:
 
 class Timeline:
     """When the session's comparisons came (wall seconds from the session's start): the first and the last case
-    that compared a kernel or the torch ground truth with the reference (pass, fail, xfail, xpass), and the same
+    that compared a kernel or the torch ground truth with the reference (pass, fail, info, xfail, xpass), and the same
     for the kernels' comparisons alone (FlashInfer, SGLang). Thread-safe: the records arrive from the
     supervisor's threads."""
 
-    RAN = ("pass", "fail", "xfail", "xpass", "passed", "failed")
+    RAN = ("pass", "fail", "info", "xfail", "xpass", "passed", "failed")
     KERNELS = ("flashinfer", "sglang")
 
     def __init__(self, t0: float):

@@ -1,9 +1,10 @@
 """Is it right: one entry point, `judge`, over the comparisons of this package.
 
     compare.py     tolerances, the element-wise diff report, assert_close
-    errormodel.py  per-element error scales of sums of products (gemm, attention, GDN), top-k index sets
+    errormodel.py  per-element error scales of sums of products (gemm, attention, mamba, GDN, bf16 MoE)
     samples.py     samplers, statistically (support, and frequencies against the float64 distribution)
     topk.py        index sets judged by the scores they select
+    contract.py    what kernel APIs do not promise (contract.toml): a failure there, explained by it, is info
 """
 
 from __future__ import annotations
