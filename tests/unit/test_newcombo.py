@@ -131,3 +131,64 @@ def test_the_command_writes_the_file(tmp_path, index, capsys):
     assert cli_main(argv) == 2 and "--force" in capsys.readouterr().err
     assert cli_main([*argv, "--force", "--flashinfer", "0.9.0"]) == 2
     assert "requires torch>=2.12" in capsys.readouterr().err
+
+
+@pytest.fixture
+def frontend_index(tmp_path):
+    """nvidia-cudnn-frontend from 1.29 on requires nvidia-cutlass-dsl[cu13]>=4.5.0 here (>=4.6.2 on PyPI), while an
+    sglang release pins nvidia-cutlass-dsl exactly to an older one (sglang 0.5.16: 4.6.0)."""
+    d = tmp_path / "frontend-index"
+    d.mkdir()
+    wheel(d, "flashinfer-python", "0.6.9", ["nvidia-cudnn-frontend>=1.13.0", "nvidia-cutlass-dsl>=4.4.2", "torch"])
+    wheel(d, "flashinfer-python", "0.6.8", ["nvidia-cudnn-frontend>=1.13.0", "nvidia-cutlass-dsl<4.5", "torch"])
+    for v in ("4.4.2", "4.5.0"):
+        wheel(d, "nvidia-cutlass-dsl", v, [f'nvidia-cutlass-dsl-libs-cu13=={v}; extra == "cu13"'], ["cu13"])
+        wheel(d, "nvidia-cutlass-dsl-libs-cu13", v)
+    wheel(d, "nvidia-cudnn-frontend", "1.20.0")
+    for v in ("1.29.0", "1.30.0"):
+        wheel(d, "nvidia-cudnn-frontend", v, ["nvidia-cutlass-dsl[cu13]>=4.5.0"])
+    wheel(d, "cupti-python", "13.0.1")
+    wheel(d, "sglang", "0.5.17", ["torch==2.11.0", "flashinfer-python==0.6.9", "nvidia-cutlass-dsl==4.4.2"])
+    wheel(d, "flashinfer-python", "0.6.7", ["nvidia-cudnn-frontend>=1.29.0", "nvidia-cutlass-dsl>=4.4.2", "torch"])
+    wheel(d, "sglang", "0.5.18", ["torch==2.11.0", "flashinfer-python==0.6.7", "nvidia-cutlass-dsl==4.4.2"])
+    return d
+
+
+def test_a_pin_whose_own_requirements_rule_out_another_pin_steps_down(tmp_path, frontend_index):
+    # sglang's exact nvidia-cutlass-dsl: the newest nvidia-cudnn-frontend would make the pins uninstallable
+    plan = newcombo.plan(config(tmp_path, sglang="0.5.17"), pip(frontend_index))
+    pins = {p.name: p for p in plan.pins}
+    assert pins["nvidia-cutlass-dsl"].version == "4.4.2" and pins["nvidia-cudnn-frontend"].version == "1.20.0"
+    assert "not 1.30.0, 1.29.0: nvidia-cutlass-dsl[cu13]>=4.5.0, the pin is 4.4.2" in pins["nvidia-cudnn-frontend"].why
+    # without sglang the newest frontend stays, and nvidia-cutlass-dsl is chosen to hold its requirement too
+    plan = newcombo.plan(config(tmp_path), pip(frontend_index))
+    pins = {p.name: p for p in plan.pins}
+    assert pins["nvidia-cudnn-frontend"].version == "1.30.0" and pins["nvidia-cutlass-dsl"].version == "4.5.0"
+    assert "flashinfer-python 0.6.9 and nvidia-cudnn-frontend 1.30.0 require" in pins["nvidia-cutlass-dsl"].why
+    assert pins["nvidia-cutlass-dsl-libs-cu13"].version == "4.5.0"  # the [cu13] extra the frontend asks for
+
+
+def test_pins_that_cannot_hold_each_other_are_refused_naming_the_requirement(tmp_path, frontend_index):
+    with pytest.raises(newcombo.NewCombinationError, match=r"nvidia-cudnn-frontend: each of the newest 2 version\(s\)"
+                                                           r".*1.30.0 requires nvidia-cutlass-dsl\[cu13\]>=4.5.0, the "
+                                                           r"pin is 4.4.2"):
+        newcombo.plan(config(tmp_path, flashinfer="0.6.7", sglang="0.5.18"), pip(frontend_index))
+    with pytest.raises(newcombo.NewCombinationError, match=r"nvidia-cutlass-dsl: no version on the index satisfies "
+                                                           r"<4.5,>=4.5.0 \(flashinfer-python 0.6.8 and "
+                                                           r"nvidia-cudnn-frontend 1.30.0\)"):
+        newcombo.plan(config(tmp_path, flashinfer="0.6.8"), pip(frontend_index))
+
+
+def test_a_pin_made_later_that_rules_out_an_earlier_ones_requirement_is_refused(tmp_path):
+    # the frontend's protobuf>=5 is no kernel dependency, so it is not pinned when the frontend is; the DSL's exact
+    # protobuf==4.0 is, later: the two cannot be installed together
+    d = tmp_path / "index"
+    d.mkdir()
+    wheel(d, "flashinfer-python", "0.6.9", ["nvidia-cudnn-frontend>=1.0", "nvidia-cutlass-dsl>=1.0", "torch"])
+    wheel(d, "nvidia-cudnn-frontend", "1.0", ["protobuf>=5"])
+    wheel(d, "nvidia-cutlass-dsl", "1.0", ["protobuf==4.0"])
+    wheel(d, "protobuf", "4.0")
+    wheel(d, "cupti-python", "13.0.1")
+    with pytest.raises(newcombo.NewCombinationError, match=r"the pins conflict: nvidia-cudnn-frontend 1.0 requires "
+                                                           r"protobuf>=5, the pin is 4.0"):
+        newcombo.plan(config(tmp_path), pip(d))

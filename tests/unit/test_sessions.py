@@ -344,6 +344,44 @@ def test_offline_extra_wheels_go_in_after_the_pins_without_dependencies(tmp_path
         inst.parse_session_args(["--wheelhouse", str(wheels), "--extra-wheels", str(tmp_path / "no")], environ={})
 
 
+def test_offline_pins_whose_wheels_add_a_pth_file_are_importable(tmp_path, monkeypatch):
+    # nvidia-cutlass-dsl puts `cutlass` under nvidia_cutlass_dsl/dsl_packages and a .pth file that adds that folder;
+    # Python runs a .pth file of a site directory only, not of a folder another .pth file names
+    from flashinfer_trace.sweep import install as inst
+
+    site, wheels = tmp_path / "site", tmp_path / "wheels"
+    for d in (site, wheels):
+        d.mkdir()
+
+    def run(self, cmd):
+        cmd = [str(c) for c in cmd]
+        if "--target" in cmd:  # what pip leaves in the folder: the package out of sight, and the .pth that adds it
+            target = Path(cmd[cmd.index("--target") + 1])
+            (target / "dsl" / "dsl_packages" / "planted_dsl").mkdir(parents=True)
+            (target / "dsl" / "dsl_packages" / "planted_dsl" / "__init__.py").write_text("")
+            (target / "dsl" / "__init__.py").write_text("")
+            hook = "import sys, os, dsl; sys.path.insert(0, os.path.join(dsl.__path__[0], 'dsl_packages'))\n"
+            (target / "dsl_packages.pth").write_text(hook)
+        return ""
+
+    monkeypatch.setattr(inst._Runner, "__call__", run)
+    monkeypatch.setattr(inst, "site_packages", lambda python: site)
+    monkeypatch.setenv("FLASHINFER_TRACE_SITE", str(tmp_path / "combos"))
+    combo = load_combination(ROOT / "constraints" / "cu130-torch2.11-fi0.6.6.toml")
+    result = inst._install(combo, sys.executable, InstallOptions(wheelhouse=wheels, preinstalled_torch=sys.executable),
+                           project=ROOT, log=tmp_path / "install.log")
+    assert result.ok, result.error
+    assert any("dsl_packages.pth" in s for s in result.steps)
+    # a fresh interpreter reads the environment's site-packages as it would at start-up
+    probe = f"import site; site.addsitedir({str(site)!r}); import planted_dsl; print(planted_dsl.__file__)"
+    out = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(str(tmp_path / "combos" / combo.id))
+    assert inst._layers_intact(site)
+    (site / "flashinfer_trace_combo_site.pth").unlink()  # an environment layered before the .pth files were run
+    assert not inst._layers_intact(site)
+
+
 def test_each_reference_test_gives_its_cached_cuda_blocks_back(monkeypatch):
     """Sixteen processes share one GPU in a session: blocks one caches after a large case must go back
     to the device (a false OutOfMemoryError on the H100 otherwise), and a process without CUDA is left alone."""

@@ -7,11 +7,13 @@
 * offline (`--wheelhouse DIR [--extra-wheels DIR2]`): everything from DIR with no index; the pins go in
   with `--no-deps` (and every wheel of DIR2 after them, `--no-deps`: a pinned package's import closure)
   (a wheelhouse carries what the kernels need, not FlashInfer's whole optional closure) into one
-  folder per combination ($FLASHINFER_TRACE_SITE/<combination>, layered in by a .pth file), so
-  every session of a combination sees the same paths: FlashInfer's JIT build files embed the
-  include paths and compare source mtimes, and a reinstall would recompile every kernel. Two sessions of
-  one combination (a `jit-` session beside its references session) install into it one at a time, and one
-  that would rewrite it under the other is refused (`combination_lock`, `combination_in_use`). The
+  folder per combination ($FLASHINFER_TRACE_SITE/<combination>, layered in by a .pth file; a second
+  one runs the .pth files the wheels put there, which Python reads only in a site directory:
+  nvidia-cutlass-dsl's puts `cutlass` on sys.path that way), so every session of a combination sees
+  the same paths: FlashInfer's JIT build files embed the include paths and compare source mtimes, and a
+  reinstall would recompile every kernel. Two sessions of one combination (a `jit-` session beside its
+  references session) install into it one at a time, and one that would rewrite it under the other is refused
+  (`combination_lock`, `combination_in_use`). The
   project goes in through a .pth file onto its `src/` (an editable build would need setuptools
   from an index); its own dependencies are resolved from DIR. A wheelhouse with a manifest
   (`flashinfer-trace wheelhouse build`, wheelhouse.py) is checked first: a wheel whose sha256 differs
@@ -48,7 +50,9 @@ WHEELHOUSE_ENV = "FLASHINFER_TRACE_WHEELHOUSE"
 PREINSTALLED_ENV = "FLASHINFER_TRACE_PREINSTALLED_TORCH"
 SITE_ENV = "FLASHINFER_TRACE_SITE"
 STAMP = ".flashinfer-trace-combination"
-LAYERS = ("zz_flashinfer_trace_base.pth", "flashinfer_trace_src.pth", "flashinfer_trace_combo.pth")
+LAYERS = ("zz_flashinfer_trace_base.pth", "flashinfer_trace_src.pth", "flashinfer_trace_combo.pth",
+          "flashinfer_trace_combo_site.pth")
+PTH_EXEC = ("import ", "import\t")  # a .pth line Python runs instead of adding it to sys.path (site.py)
 INSTALLED = "flashinfer_trace_install.json"  # in the environment's site-packages: what the last install was
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 SESSION_FLAGS = ("--wheelhouse", "--extra-wheels", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout",
@@ -377,11 +381,16 @@ def install(combo: Combination, python: str, options: InstallOptions, *, project
 
 
 def _layers_intact(site: Path | None) -> bool:
-    """Every folder the install layered in by a .pth file is still there (a cleaned cache is not)."""
+    """Every folder the install layered in by a .pth file is still there (a cleaned cache is not), and a
+    combination folder's .pth files are run (an environment layered before they were is installed again)."""
+    if site is not None and (site / "flashinfer_trace_combo.pth").is_file() \
+            and not (site / "flashinfer_trace_combo_site.pth").is_file():
+        return False
     for name in LAYERS:
         pth = site / name if site else None
-        if pth is not None and pth.is_file() and not all(Path(line).is_dir()
-                                                        for line in pth.read_text().splitlines() if line.strip()):
+        if pth is not None and pth.is_file() and not all(
+                Path(line).is_dir() for line in pth.read_text().splitlines() if line.strip()
+                and not line.startswith(PTH_EXEC)):
             return False
     return site is not None
 
@@ -446,6 +455,13 @@ def _install(combo: Combination, python: str, options: InstallOptions, *, projec
             if others:
                 (site / "flashinfer_trace_combo.pth").write_text(str(target) + "\n")
                 run.steps.append(f"layered {target} via flashinfer_trace_combo.pth")
+                # the .pth files the pins' wheels put into the folder (nvidia-cutlass-dsl's adds the folder that
+                # holds `cutlass`): Python runs those of a site directory only, not of a folder a .pth names
+                hook = f"import site; site.addsitedir({str(target)!r})\n"
+                (site / "flashinfer_trace_combo_site.pth").write_text(hook)
+                hooks = sorted(p.name for p in target.glob("*.pth"))
+                if hooks:
+                    run.steps.append(f"{', '.join(hooks)} of {target} run via flashinfer_trace_combo_site.pth")
             (site / "flashinfer_trace_src.pth").write_text(str(project / "src") + "\n")
             run.steps.append(f"layered {project / 'src'} via flashinfer_trace_src.pth")
             run([*pip, *wh, "-c", str(constraints), *PROJECT_REQUIREMENTS])

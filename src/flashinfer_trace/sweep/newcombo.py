@@ -50,6 +50,7 @@ CUDA_BOUND = ("cuda-python", "cuda-bindings", "cupti-python")
 # what sglang pins exactly and its kernels import (the rest of its exact pins: its serving stack, not installed)
 SGLANG_DEPS = ("sglang-kernel", "flashinfer-cubin", "transformers", "openai", *KERNEL_DEPS)
 TIMER = "cupti-python"  # the benchmarks' CUPTI timer (bench.py): every GPU combination
+MAX_STEP_DOWN = 12  # older versions of a pin tried where the newer ones' own requirements rule out a pin
 VARIANTS = {"12": "cu128", "13": "cu130"}  # the torch wheel variant a CUDA major gets unless told
 DEFAULT_PLATFORM = "manylinux_2_28_x86_64"
 
@@ -225,13 +226,27 @@ def available(name: str, config: NewCombinationConfig, pip: Pip) -> list[Version
     return found
 
 
+def ranked(spec: SpecifierSet, versions: list[Version]) -> list[Version]:
+    """The final releases in `spec`, newest first; the pre-releases only where no final one is."""
+    finals = [v for v in versions if not v.is_prerelease and spec.contains(v, prereleases=False)]
+    return sorted(finals or [v for v in versions if spec.contains(v, prereleases=True)], reverse=True)
+
+
 def newest(spec: SpecifierSet, versions: list[Version]) -> Version | None:
     """The newest final release in `spec`; a pre-release only where no final one is."""
-    finals = [v for v in versions if not v.is_prerelease and spec.contains(v, prereleases=False)]
-    if finals:
-        return max(finals)
-    pre = [v for v in versions if spec.contains(v, prereleases=True)]
-    return max(pre) if pre else None
+    found = ranked(spec, versions)
+    return found[0] if found else None
+
+
+def clash(meta: Metadata, extras: set[str], fixed: dict[str, str], config: NewCombinationConfig) -> str | None:
+    """The first requirement of `meta` that a version already fixed rules out ("nvidia-cutlass-dsl[cu13]>=4.8.0,
+    the pin is 4.6.0"), None where it holds them all."""
+    for r in active(meta.requires_dist, extras, config, f"{meta.name} {meta.version}"):
+        have = fixed.get(canonicalize_name(r.name))
+        if have is not None and not r.specifier.contains(have, prereleases=True):
+            extras_text = f"[{','.join(sorted(r.extras))}]" if r.extras else ""
+            return f"{r.name}{extras_text}{r.specifier}, the pin is {have}"
+    return None
 
 
 def active(requires_dist: list[str], extras: set[str], config: NewCombinationConfig, where: str
@@ -319,28 +334,54 @@ def plan(config: NewCombinationConfig, pip: Pip) -> Plan:
             asked[name] = (spec, extras, who)
     asked.setdefault(TIMER, (SpecifierSet(), set(), "the benchmarks' CUPTI timer (bench.py)"))
     queue = list(asked)
+    read: dict[str, tuple[Metadata, set[str]]] = {}  # each pin's metadata and the extras it is pinned with
     while queue:
         name = queue.pop(0)
         spec, extras, by = asked[name]
         if name in pins:
             continue
         bound = SpecifierSet(f"=={config.cuda_minor}.*") if name in CUDA_BOUND else SpecifierSet()
-        version = newest(spec & bound, available(name, config, pip))
-        if version is None:
+        candidates = ranked(spec & bound, available(name, config, pip))
+        if not candidates:
             raise NewCombinationError(f"{name}: no version on the index satisfies {spec & bound} ({by})")
-        why = f"{by} requires {_shown(spec)}" if spec or by == who else by
+        # the newest whose own requirements hold what is fixed already (sglang's exact nvidia-cutlass-dsl against
+        # nvidia-cudnn-frontend 1.29+'s nvidia-cutlass-dsl[cu13]>=4.6.2): pip could not install the pins otherwise
+        fixed = {n: p.version for n, p in pins.items()} | {
+            n: s.version for n, (sp, _, _) in asked.items() for s in sp if s.operator == "==" and "*" not in s.version}
+        skipped: list[tuple[Version, str]] = []
+        for version in candidates[:MAX_STEP_DOWN]:
+            meta = metadata([f"{name}=={version}"], config, pip).get(name)
+            found = clash(meta, extras | ({extra} & set(meta.provides_extra)), fixed, config) if meta else None
+            if found is None:
+                break
+            skipped.append((version, found))
+        else:
+            raise NewCombinationError(f"{name}: each of the newest {len(skipped)} version(s) in {spec & bound} ({by}) "
+                                      f"rules out a pin: " + "; ".join(f"{v} requires {c}" for v, c in skipped))
+        why = f"{by} {'require' if ' and ' in by else 'requires'} {_shown(spec)}" if spec or by == who else by
         why += f"; CUDA {config.cuda_minor} like the torch wheel" if bound else ""
         why += f"; extras [{','.join(sorted(extras))}] pinned below" if extras else ""
         exact = spec and all(x.operator == "==" and "*" not in x.version for x in spec)
         why += " (the pins of an offline install go in with --no-deps)" if exact else "; the newest satisfying it"
+        if skipped:  # the last one skipped asks the least
+            why += (f" whose own requirements hold the pins (not {', '.join(str(v) for v, _ in skipped)}: "
+                    f"{skipped[-1][1]})")
         pins[name] = Pin(name, str(version), why)
         # what the pin itself requires exactly (a metapackage's libraries), and the kernel deps it requires
-        meta = metadata([f"{name}=={version}"], config, pip).get(name)
         if meta and extra in meta.provides_extra:  # the CUDA extra of what is pinned: its cu13 libraries
             extras = extras | {extra}
+        if meta:
+            read[name] = (meta, extras)
         for r in active(meta.requires_dist if meta else [], extras, config, f"{name} {version}"):
             dep = canonicalize_name(r.name)
             exact = [s.version for s in r.specifier if s.operator in ("==", "===") and "*" not in s.version]
+            if dep in asked and dep not in pins:  # asked, not yet pinned: its version must hold this one's too
+                dep_spec, dep_extras, dep_by = asked[dep]
+                merged = dep_spec & r.specifier
+                if merged != dep_spec or not set(r.extras) <= dep_extras:
+                    by_all = f"{dep_by.replace(' and ', ', ')} and {name} {version}"
+                    asked[dep] = (merged, dep_extras | set(r.extras), by_all)
+                continue
             if dep in pins or dep in asked:
                 continue
             if exact:  # its own requirements are read in turn (the libraries' -core wheel)
@@ -349,6 +390,11 @@ def plan(config: NewCombinationConfig, pip: Pip) -> Plan:
             elif dep in KERNEL_DEPS:
                 asked[dep] = (r.specifier, set(r.extras), f"{name} {version}")
                 queue.append(dep)
+    final = {n: p.version for n, p in pins.items()}
+    for name, (meta, extras) in read.items():  # a pin made later can still rule out an earlier one's requirement
+        found = clash(meta, extras, final, config)
+        if found:
+            raise NewCombinationError(f"the pins conflict: {name} {pins[name].version} requires {found}")
     result.pins = list(pins.values())
     return result
 
