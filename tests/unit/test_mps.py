@@ -72,3 +72,22 @@ def test_no_mps_is_a_session_flag():
     opts, rest = parse_session_args(["--no-mps", "-k", "rmsnorm"], environ={})
     assert not opts.mps and rest == ["-k", "rmsnorm"]
     assert parse_session_args([], environ={})[0].mps
+
+
+def test_clients_name_the_daemons_gpus_from_zero(tmp_path, monkeypatch, no_user_daemon):
+    """A session on the host's second GPU (CUDA_VISIBLE_DEVICES=1): the daemon is started seeing that GPU alone, so
+    its clients must call it 0. Left at 1, every test process of the session saw no GPU (H200 pair, 2026-11-28)."""
+    calls = tmp_path / "calls"
+    script = tmp_path / "bin" / mps.CONTROL
+    script.parent.mkdir()
+    script.write_text(f"#!/bin/sh\necho \"$* visible=$CUDA_VISIBLE_DEVICES\" >> {calls}\ncat >/dev/null\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(script.parent) + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with mps.session() as state:
+        assert state["used"] and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"  # the host's numbering again for what comes after
+    assert calls.read_text().splitlines()[0] == "-d visible=1"  # the daemon sees the host's GPU 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    with mps.session():
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"

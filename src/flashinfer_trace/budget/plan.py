@@ -37,6 +37,7 @@ MARGIN = 1.25  # over the sum: block rounding, fragmentation
 REFERENCE_CHUNK = 4 << 28  # a sampler's reference call: 2**28 float32 elements (verdict/samples CHUNK_ELEMENTS)
 KERNEL_SAMPLER_ROWS = 4096  # the samplers' rows per kernel call (groundtruth ROWS_PER_CALL)
 GENERATION_GUESS = 256 * MiB  # the var-sized inputs of a small or medium case, before any was made
+ARENA_MIN = 256 * MiB  # sandbox/pool.py MIN_CUDA_ARENA: the first reference call of a process allocates this much
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def source_class(source: str | None, kind: str | None, path: str | None) -> str:
 def case_bytes(sizes: Sizes, klass: str, *, repeats: int = 1) -> dict[str, int]:
     """The parts of one case's peak (bytes): standing data, then each phase; `total` is the plan."""
     i, o = sizes.inputs, sizes.outputs
-    arena = i + o
+    arena = max(i + o, ARENA_MIN)  # the reference worker's CUDA arena is never smaller (sandbox/pool.py)
     parts = {"standing": i + o}
     phases = {"reference": i + arena + 2 * (4 * sizes.floats + 4 * sizes.output_elements)}
     if klass in ("kernel", "kernel-planned"):

@@ -430,6 +430,7 @@ class _Pool:
             if self.worker is not None and self.worker.device == device:
                 self.close()
             self.cuda.pop(device, None)
+            _collect_ipc()  # the old arena, which its dead worker still held through CUDA IPC
             try:
                 self.cuda[device] = torch.empty(new, dtype=torch.uint8, device=device)
             except RuntimeError as e:  # torch.cuda.OutOfMemoryError among them
@@ -469,6 +470,8 @@ class _Pool:
         if self.worker is not None:
             self.worker.kill()
             self.worker = None
+            _collect_ipc()
+
 
     def trim(self) -> None:
         """A CUDA arena grown past its minimum goes back to the device, with the worker that maps it (a worker
@@ -479,6 +482,7 @@ class _Pool:
                 self.close()
             for d in large:
                 del self.cuda[d]
+            _collect_ipc()
 
     def reset_after_fork(self) -> None:
         self.lock = threading.RLock()
@@ -488,6 +492,17 @@ class _Pool:
 
 _pool = _Pool()
 os.register_at_fork(after_in_child=_pool.reset_after_fork)
+
+
+def _collect_ipc() -> None:
+    """Free what CUDA IPC keeps for a dead consumer: torch holds a block shared with another process until that
+    process lets go of it, and a killed worker never does; `ipc_collect` frees the blocks whose consumers are gone
+    (torch warns "Producer process has been terminated before all shared CUDA tensors released" otherwise)."""
+    if torch.cuda.is_initialized():
+        try:
+            torch.cuda.ipc_collect()
+        except RuntimeError:
+            pass
 
 
 def trim() -> None:

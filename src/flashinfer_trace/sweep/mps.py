@@ -57,6 +57,10 @@ def start(root: Path | None = None) -> tuple[dict, dict[str, str]]:
     if rc != 0:
         shutil.rmtree(base, ignore_errors=True)
         return {"used": False, "own": False, "reason": f"{CONTROL} -d failed ({rc}): {out[-300:]}"}, {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:  # the daemon sees only these GPUs, numbered from 0: its clients name them so (a client left with
+        # CUDA_VISIBLE_DEVICES=1 under a daemon started with it saw no GPU at all: H200, 2026-11-28)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(visible.split(","))))
     return {"used": True, "own": True, "reason": None, "dir": str(base)}, env
 
 
