@@ -246,6 +246,12 @@ def _fi_trace_inputs(d: Definition, device: str = "cpu") -> tuple[str | None, st
         return None, None  # the case itself says so
     except InputGenerationError as e:
         return f"our input generator does not fit this FlashInfer fi_trace definition: {e}", None
+    except Exception as e:  # out of device memory while planning: the cases say it under the device's budget
+        from .budget import is_out_of_memory
+
+        if is_out_of_memory(e):
+            return None, None
+        raise
 
 
 def definition_cases(d: Definition, config: CheckConfig, budget: int | None = None) -> list[Case]:

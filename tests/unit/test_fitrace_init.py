@@ -298,3 +298,28 @@ def test_an_output_only_axis_a_constraint_ties_to_the_inputs_is_derived(fi, cons
             from_init(definition(data))
     else:
         assert generate_inputs(definition(data), "small", 0).axes["half"] == want
+
+
+def test_running_out_of_device_memory_while_planning_is_no_collection_error(monkeypatch):
+    """Planning an fi_trace definition makes one small case to learn where its inputs come from; on a GPU that ran
+    out of memory this raised out of the collection of every fi_trace test (H200, 2026-11-28). The cases decide
+    under the device's budget instead; any other error still raises."""
+    import json
+
+    from flashinfer_trace import check
+
+    d = definition(json.loads(FIXTURE.read_text()))
+    assert d.from_fi_trace
+
+    def oom(*_a, **_k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+    monkeypatch.setattr(check, "generate_inputs", oom)
+    assert check._fi_trace_inputs(d, "cpu") == (None, None)
+
+    def broken(*_a, **_k):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(check, "generate_inputs", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        check._fi_trace_inputs(d, "cpu")

@@ -345,3 +345,19 @@ def test_planted_gdn_bugs_are_caught(mutant):
     [m] = [m for m in MUTANTS if m.id == mutant and m.definition.startswith("gdn_")]
     k = kill(m, "torch", sizes=("small",), seeds=(0,))
     assert k.killed is True, k.how
+
+
+def test_a_file_that_leaves_a_gates_dtype_unknown_is_not_applicable_not_a_crash(tmp_path):
+    """FlashInfer 0.7.2.post1's own traced GDN prefill declares A_log and dt_bias "unknown": asking whether its
+    kernels apply raised AttributeError and took down the collection of every fi_trace test (H200, 2026-11-28)."""
+    import json
+
+    from flashinfer_trace.dataset import load_path
+    from flashinfer_trace.groundtruth import flashinfer_gdn
+
+    data = json.loads(load_definition(OURS["prefill"]).to_json())
+    data["inputs"]["A_log"].update(dtype="unknown", optional=True)  # as an fi_trace file writes an absent input
+    (tmp_path / f"{data['name']}.json").write_text(json.dumps(data))
+    d = load_path(tmp_path / f"{data['name']}.json")
+    assert d.inputs["A_log"].dtype is None
+    assert flashinfer_gdn.applies("prefill", "cu_seqlens")(d) == "takes float32 A_log and dt_bias"

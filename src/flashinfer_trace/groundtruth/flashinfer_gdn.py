@@ -191,7 +191,9 @@ def applies(stage: str, *names: str):
         absent = [n for n in (*GATES, *names) if n not in d.inputs]
         if absent:
             return f"needs input(s) {', '.join(absent)}"
-        if any(d.inputs[n].dtype.value != "float32" for n in ("A_log", "dt_bias") if n in d.inputs):
+        # a file may leave a dtype undeclared ("unknown": FlashInfer 0.7.2.post1's traced prefill does), and then
+        # nothing says these kernels' float32 operands fit it
+        if any(getattr(d.inputs[n].dtype, "value", None) != "float32" for n in ("A_log", "dt_bias") if n in d.inputs):
             return "takes float32 A_log and dt_bias"
         return None
 
