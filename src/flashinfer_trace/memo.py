@@ -103,6 +103,16 @@ class Memo:
         if self.memory_guard is not None:
             self.memory_guard.release()
 
+    def stray_bytes(self) -> int | None:
+        """Device memory this process's tensors take beyond the group's and the reference worker's CUDA arena (a
+        kernel library's workspaces among them); None off a GPU."""
+        if self.memory_guard is None or not torch.cuda.is_initialized():
+            return None
+        from .sandbox import pool
+
+        device = torch.device(self.device)
+        return max(0, torch.cuda.memory_allocated(device) - self.held() - pool.cuda_arena_bytes())
+
     def held(self) -> int:
         """Bytes of the group's tensors this memo holds (its inputs and the reference's outputs)."""
         tensors = [*(self.inputs.values.values() if self.inputs is not None else ()), *(self.outputs or ())]

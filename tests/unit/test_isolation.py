@@ -222,4 +222,4 @@ def test_a_broken_cuda_context_ends_its_process_after_the_report_and_the_rest_ru
     assert short(records) == [("test_breaks_it", "passed"), ("test_after_one", "passed"),
                               ("test_after_two", "passed")]
     logs = sorted((tmp_path / "logs").glob("*.log"))
-    assert len(logs) == 2 and "the CUDA context is broken" in logs[0].read_text()
+    assert len(logs) == 2 and "the CUDA context cannot be trusted" in logs[0].read_text()

@@ -558,3 +558,21 @@ def test_the_summary_counts_info_apart_and_lists_it_in_a_line_of_its_own(tmp_pat
                         "tests/references/test_gqa_paged.py::t[a], tests/references/test_gqa_paged.py::t[b]")
         assert [x for x in lines if "::t[" in x and x is not line] == (
             ["  tests/references/test_gqa_paged.py::t[d]: fail [mismatch]: lse off"] if code else [])
+
+
+def test_a_process_holding_memory_beyond_its_cases_ends_after_the_test(monkeypatch):
+    """Memory a test process keeps that no case of its holds is outside the device's budget: past the limit the
+    process ends after its test (the rest run in a new one); below it, or off a GPU, nothing happens."""
+    import types
+
+    from flashinfer_trace import pytest_plugin
+    from flashinfer_trace.check import Memo
+
+    monkeypatch.setattr(pytest_plugin, "_broken", None)
+    pytest_plugin.strays(types.SimpleNamespace(stray_bytes=lambda: 1 << 30))
+    assert pytest_plugin._broken is None
+    pytest_plugin.strays(types.SimpleNamespace(stray_bytes=lambda: 5 << 30))
+    assert "holds 5.0 GiB of device memory beyond its cases'" in pytest_plugin._broken
+    monkeypatch.setattr(pytest_plugin, "_broken", None)
+    pytest_plugin.strays(Memo("cpu"))  # no GPU: nothing to judge
+    assert Memo("cpu").stray_bytes() is None and pytest_plugin._broken is None

@@ -510,6 +510,11 @@ def trim() -> None:
     _pool.trim()
 
 
+def cuda_arena_bytes() -> int:
+    """The bytes of this process's CUDA arenas (they hold the reference worker's inputs and outputs)."""
+    return sum(a.numel() for a in _pool.cuda.values())
+
+
 def take_device_peak() -> int:
     """The largest device memory a worker's call reserved since the last ask (its own allocator: the arena is the
     parent's), and forget it."""
