@@ -137,7 +137,7 @@ def test_mtp_declares_its_intermediate_states_written_in_place():
     declare it as an in-place output (an input and an output of the same name), indexed by row as
     FlashInfer's gated_delta_rule_mtp indexes it, so the engine neither flags the write nor leaves it
     unchecked: its value after the call is compared with the ground truth's."""
-    from flashinfer_trace.check import written_inputs
+    from flashinfer_trace.memo import written_inputs
 
     for name in ("gdn_mtp_qk4_v8_d128_k_last", "gdn_mtp_qk8_v16_d128_k_last", "gdn_mtp_qk16_v32_d128_k_last"):
         d = load_definition(name)
