@@ -34,6 +34,8 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .. import tables
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -91,16 +93,8 @@ def load_known_issues(path: str | Path) -> list[KnownIssue]:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise KnownIssueError(f"{path}: {e}") from None
     out, ids = [], set()
-    for i, raw in enumerate(data.get("issue", [])):
-        where = f"{path}: issue[{i}]"
-        if not isinstance(raw, dict):
-            raise KnownIssueError(f"{where}: must be a table")
-        unknown = sorted(set(raw) - set(FIELDS))
-        if unknown:
-            raise KnownIssueError(f"{where}: unknown field(s) {unknown}")
-        for key in ("id", "definitions", "packages", "reason", "link", "expires"):
-            if key not in raw:
-                raise KnownIssueError(f"{where}.{key}: missing")
+    required = ("id", "definitions", "packages", "reason", "link", "expires")
+    for where, raw in tables.entries(data.get("issue", []), f"{path}: issue", FIELDS, required, KnownIssueError):
         if not isinstance(raw["expires"], date):
             raise KnownIssueError(f"{where}.expires: {raw['expires']!r} is not a TOML date (2027-06-30)")
         if raw["id"] in ids:

@@ -32,6 +32,8 @@ import torch
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .. import tables
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -178,19 +180,8 @@ def load_contract(path: str | Path = CONTRACT_FILE) -> Contract:
             seen_cases[case] = name
         properties[name] = Property(name, cases, _text(raw.get("what"), f"{where}.what"))
     entries, ids = [], set()
-    raw_entries = data.get("outside", [])
-    if not isinstance(raw_entries, list):
-        raise ContractError(f"{path}: outside must be an array of tables [[outside]]")
-    for i, raw in enumerate(raw_entries):
-        where = f"{path}: outside[{i}]"
-        if not isinstance(raw, dict):
-            raise ContractError(f"{where}: must be a table")
-        unknown = sorted(set(raw) - set(ENTRY_FIELDS))
-        if unknown:
-            raise ContractError(f"{where}: unknown field(s) {unknown}")
-        for key in ENTRY_FIELDS:
-            if key not in raw:
-                raise ContractError(f"{where}.{key}: missing")
+    for where, raw in tables.entries(data.get("outside", []), f"{path}: outside", ENTRY_FIELDS, ENTRY_FIELDS,
+                                     ContractError):
         entry_id = _text(raw["id"], f"{where}.id")
         if entry_id in ids:
             raise ContractError(f"{where}.id: {entry_id!r} is used twice")
