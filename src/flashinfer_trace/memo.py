@@ -110,8 +110,11 @@ class Memo:
             return None
         from .sandbox import pool
 
-        device = torch.device(self.device)
-        return max(0, torch.cuda.memory_allocated(device) - self.held() - pool.cuda_arena_bytes())
+        try:
+            allocated = torch.cuda.memory_allocated(torch.device(self.device))
+        except RuntimeError:  # a broken context says so elsewhere (pytest_plugin.release_cuda_cache)
+            return None
+        return max(0, allocated - self.held() - pool.cuda_arena_bytes())
 
     def held(self) -> int:
         """Bytes of the group's tensors this memo holds (its inputs and the reference's outputs)."""
