@@ -343,3 +343,19 @@ def test_a_case_waits_for_memory_another_process_holds(tmp_path):
     threading.Timer(0.5, hog.release).start()
     record = check.run_case(_case(), memo, check.CheckConfig(device="cpu"))
     assert record.status is Status.PASS and record.phases["memory_wait"] >= 0.4  # until the other gave it back
+
+
+def test_a_small_case_s_miss_adds_bytes_and_a_large_one_s_scales():
+    """A 70 MB plan missed by 300 MB (a fixed overhead) must not make every later plan of its kind five times larger:
+    a 30 GiB case would then be planned past the device. A large plan's miss scales what grows with the data."""
+    from flashinfer_trace.budget.plan import MARGIN, Learned
+
+    learned = Learned()
+    small, big = 70 << 20, 30 * GiB
+    assert learned.learn("gqa_paged", "kernel", small, small, small + (300 << 20))
+    assert learned.plan("gqa_paged", "kernel", big) == big + int(MARGIN * (300 << 20))  # added, not multiplied
+    assert learned.plan("gqa_paged", "kernel", small) >= small + (300 << 20)  # and it covers the small one
+    planned = learned.plan("gqa_paged", "kernel", big)
+    assert learned.learn("gqa_paged", "kernel", big, planned, 2 * big)
+    assert learned.plan("gqa_paged", "kernel", big) >= 2 * big  # a large miss scales
+    assert learned.plan("gqa_paged", "torch", big) == big and not learned.learn("gqa_paged", "kernel", big, 3 * big, big)

@@ -142,7 +142,7 @@ class CaseMemory:
             return
         self.klass = source_class(source, "sampler" if definition.is_sampler else None, path)
         self.base = case_bytes(self.sizes, self.klass, repeats=repeats)["total"]
-        self.planned = int(self.base * self.learned.scale(definition.op_type, self.klass))
+        self.planned = self.learned.plan(definition.op_type, self.klass, self.base)
         self.ensure(max(self.planned, self.lease.nbytes if self.lease is not None else 0), label)
 
     # -- the measurement ----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ being run:
     compare     both outputs upcast to float64, and the error model's scales
 
 What the plan leaves out it learns: a case whose measured peak passes its plan is reported (a bug of the
-planner, CaseRecord.memory) and the ratio raises every later plan of its op type and source (`Learned`).
+planner, CaseRecord.memory) and raises every later plan of its op type and source (`Learned`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ SLACK = 64 * MiB  # the allocator's rounding and the libraries' small buffers
 MARGIN = 1.25  # over the sum: block rounding, fragmentation
 REFERENCE_CHUNK = 4 << 28  # a sampler's reference call: 2**28 float32 elements (verdict/samples CHUNK_ELEMENTS)
 KERNEL_SAMPLER_ROWS = 4096  # the samplers' rows per kernel call (groundtruth ROWS_PER_CALL)
+LEARN_RATIO_FROM = 1 << 30  # a miss of a plan this large teaches a ratio; of a smaller one, a fixed sum
 GENERATION_GUESS = 256 * MiB  # the var-sized inputs of a small or medium case, before any was made
 ARENA_MIN = 256 * MiB  # sandbox/pool.py MIN_CUDA_ARENA: the first reference call of a process allocates this much
 
@@ -123,20 +124,27 @@ def generation_bytes(definition: Definition, learned: int | None = None) -> int:
 
 @dataclass
 class Learned:
-    """What measurement taught the planner in this process: per (op type, source class), the largest ratio of a
-    measured peak to its plan; and per case group the bytes its inputs took."""
+    """What measurement taught the planner in this process, per (op type, source class): how much larger than its
+    plan a case of a gigabyte or more came out (a ratio: what grows with the data), and how many bytes more a
+    smaller one did (a fixed sum: a library's handle, the worker's first arena; as a ratio of a 70 MB plan it
+    would have multiplied a 30 GB case's plan five-fold); and per case group the bytes its inputs took."""
 
     ratios: dict[tuple[str, str], float] = field(default_factory=dict)
+    extra: dict[tuple[str, str], int] = field(default_factory=dict)
     inputs: dict[tuple, int] = field(default_factory=dict)
 
-    def scale(self, op_type: str, klass: str) -> float:
-        return self.ratios.get((op_type, klass), 1.0)
+    def plan(self, op_type: str, klass: str, base: int) -> int:
+        key = (op_type, klass)
+        return int(base * self.ratios.get(key, 1.0)) + self.extra.get(key, 0)
 
     def learn(self, op_type: str, klass: str, base: int, planned: int, measured: int) -> bool:
-        """Record a measurement of a case planned at `planned` (`base` before the learned scale); True where it
-        passed its plan (the planner's miss): later plans of its kind are raised to cover it with a margin."""
+        """Record a measurement of a case planned at `planned` (`base` before what was learned); True where it passed
+        its plan (the planner's miss): later plans of its kind are raised to cover it, with a margin."""
         if base <= 0 or measured <= planned:
             return False
         key = (op_type, klass)
-        self.ratios[key] = max(self.ratios.get(key, 1.0), MARGIN * measured / base)
+        if base >= LEARN_RATIO_FROM:
+            self.ratios[key] = max(self.ratios.get(key, 1.0), MARGIN * (measured - self.extra.get(key, 0)) / base)
+        else:
+            self.extra[key] = max(self.extra.get(key, 0), int(MARGIN * (measured - planned)) + self.extra.get(key, 0))
         return True
