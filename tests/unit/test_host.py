@@ -142,9 +142,12 @@ def test_concurrent_sessions_get_their_own_mps_daemon_directories(tmp_path, monk
         states.append(mps.start())
     (a, env_a), (b, env_b) = states
     assert a["used"] and b["used"] and a["dir"] != b["dir"]
-    assert not set(env_a.values()) & set(env_b.values())
+    dirs = (mps.PIPE_ENV, mps.LOG_ENV)
+    assert not {env_a[k] for k in dirs} & {env_b[k] for k in dirs}
     calls = (tmp_path / "calls").read_text().splitlines()
     assert [c.split()[0] for c in calls] == ["0", "1"]  # each daemon started pinned to its session's GPU
+    # and each session's processes name their daemon's one GPU 0 (mps.start: its numbering, not the host's)
+    assert env_a["CUDA_VISIBLE_DEVICES"] == env_b["CUDA_VISIBLE_DEVICES"] == "0"
     for state, env in states:
         mps.stop(state, env)
 
