@@ -358,4 +358,5 @@ def test_a_small_case_s_miss_adds_bytes_and_a_large_one_s_scales():
     planned = learned.plan("gqa_paged", "kernel", big)
     assert learned.learn("gqa_paged", "kernel", big, planned, 2 * big)
     assert learned.plan("gqa_paged", "kernel", big) >= 2 * big  # a large miss scales
-    assert learned.plan("gqa_paged", "torch", big) == big and not learned.learn("gqa_paged", "kernel", big, 3 * big, big)
+    assert learned.plan("gqa_paged", "torch", big) == big
+    assert not learned.learn("gqa_paged", "kernel", big, 3 * big, big)

@@ -25,18 +25,19 @@ if rc == 0:
     json.dump({"status": "ok"}, open(os.path.join(out, "session.json"), "w"))
 with open(os.path.join(results, "ran.jsonl"), "a") as f:
     f.write(json.dumps({"name": name, "gpu": os.environ["CUDA_VISIBLE_DEVICES"], "max_jobs": os.environ["MAX_JOBS"],
-                        "cores": sys.argv[5], "start": start, "end": time.time()}) + "\\n")
+                        "cores": sys.argv[5], "shared": sys.argv[6], "start": start, "end": time.time()}) + "\\n")
 print("session", name, "done")
 sys.exit(rc)
 """
 
 
-def _config(tmp_path, gpus, fail=(), seconds=0.6, cores=8):
-    def command(s: HostSession, share: int) -> list[str]:
+def _config(tmp_path, gpus, fail=(), seconds=0.6, cores=8, per_gpu=1):
+    def command(s: HostSession, share: int, shared: bool) -> list[str]:
         return [sys.executable, "-c", FAKE, s.name, str(tmp_path), str(seconds), "1" if s.name in fail else "0",
-                str(share)]
+                str(share), str(shared)]
 
-    return HostConfig(gpus=gpus, command=command, results=tmp_path, log_dir=tmp_path / "host", cores=cores)
+    return HostConfig(gpus=gpus, command=command, results=tmp_path, log_dir=tmp_path / "host", cores=cores,
+                      per_gpu=per_gpu)
 
 
 def _ran(tmp_path) -> list[dict]:
@@ -109,7 +110,7 @@ def test_sessions_from_nox_listing_keep_this_hosts_arch_and_group_by_combination
     keep, left = host.sessions(entries, "sm90")
     assert [s.name for s in keep] == ["references-c1-sm90", "bench-c1-sm90"]
     assert left == ["references-c1-sm80", "references-cpu", "references-old", "tests-heavy"]
-    assert host.nox_command(["nox"], ["--wheelhouse", "wh"])(keep[0], 8) == [
+    assert host.nox_command(["nox"], ["--wheelhouse", "wh"])(keep[0], 8, False) == [
         "nox", "-s", "references-c1-sm90", "--", "--cores", "8", "--wheelhouse", "wh"]
 
 
@@ -266,10 +267,14 @@ def test_dry_run_shows_which_session_on_which_gpu_with_its_cores(tmp_path, fake_
     assert shown["plan"][0]["command"] == [fake_nox, "-s", "references-c1", "--", "--cores", "4"]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "5 session(s) over GPU(s) 0, 1, 4 cores each" in text
+    assert "5 session(s) over GPU(s) 0, 1, one session per GPU at a time, 4 cores each" in text
     gpu0 = text[text.index("GPU 0:"):text.index("GPU 1:")]
     assert f"{fake_nox} -s references-c1 -- --cores 4" in gpu0 and f"{fake_nox} -s bench-c1 -- --cores 4" in gpu0
     assert "jit-c1" in text[text.index("GPU 1:"):] and "good" in text[text.index("GPU 1:"):]
+    assert main([*args, "--json", "--per-gpu", "2"]) == 0  # two at once per GPU: four slots, 2 cores each
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["gpus"] == ["0", "1", "0", "1"] and shown["per_gpu"] == 2 and shown["cores_per_session"] == 2
+    assert shown["plan"][0]["command"] == [fake_nox, "-s", "references-c1", "--", "--cores", "2", "--no-mps"]
     assert not (tmp_path / "results").exists()  # nothing ran
 
 
@@ -305,6 +310,30 @@ def test_a_prebuild_runs_beside_its_combinations_references_but_not_beside_anoth
     assert _overlap(ran["references-c1"], ran["jit-c1"])
     assert not _overlap(ran["jit-c1"], ran["jit-cuda13"])
     assert not _overlap(ran["references-c1"], ran["bench-c1"])
+
+
+def test_sessions_share_a_gpu_per_gpu_at_a_time_without_mps_daemons_of_their_own(tmp_path):
+    """--per-gpu 2 on two GPUs: four sessions at once, two on each GPU and never three, the cores split four ways,
+    and each told its GPU is shared (the nox command then says --no-mps)."""
+    todo = [HostSession(f"s{i}", f"combo{i}") for i in range(6)]
+    assert host.slots_for(todo, ["0", "1"], 2) == ["0", "1", "0", "1"]
+    assert host.slots_for(todo[:3], ["0", "1"], 2) == ["0", "1", "0"]  # fewer sessions: spread over both GPUs
+    summary = host.run(todo, _config(tmp_path, ["0", "1"], cores=8, per_gpu=2, seconds=0.8))
+    ran = _ran(tmp_path)
+    assert sorted(r["name"] for r in ran) == [f"s{i}" for i in range(6)]
+    assert {(r["max_jobs"], r["cores"], r["shared"]) for r in ran} == {("2", "2", "True")}
+    for a in ran:  # no three sessions on one GPU at a time
+        same = [b for b in ran if b is not a and b["gpu"] == a["gpu"] and _overlap(a, b)]
+        assert len(same) <= 1, (a, same)
+    assert any(_overlap(a, b) for a in ran for b in ran if a is not b and a["gpu"] == b["gpu"])
+    assert summary["per_gpu"] == 2 and summary["cores_per_session"] == 2
+    one = host.run(todo[:2], _config(tmp_path / "one", ["0", "1"]))  # one per GPU: not shared
+    assert {r["shared"] for r in _ran(tmp_path / "one")} == {"False"} and one["per_gpu"] == 1
+    nox = host.nox_command(["nox"], ["--jobs", "4"])
+    assert nox(todo[0], 3, True) == ["nox", "-s", "s0", "--", "--cores", "3", "--no-mps", "--jobs", "4"]
+    assert nox(todo[0], 3, False) == ["nox", "-s", "s0", "--", "--cores", "3", "--jobs", "4"]
+    with pytest.raises(HostError, match="--per-gpu 0: at least 1"):
+        _config(tmp_path, ["0"], per_gpu=0)
 
 
 def test_no_more_gpu_slots_than_groups():

@@ -21,6 +21,9 @@ def add_commands(sub) -> None:
                    help="nox tag (repeatable), e.g. nightly: every session of every -t and -s runs")
     r.add_argument("-s", "--session", action="append", default=[], help="nox session name (repeatable)")
     r.add_argument("--gpus", help="GPU indices to use, e.g. 0,1 (default: every GPU nvidia-smi lists)")
+    r.add_argument("--per-gpu", type=int, default=1, metavar="N",
+                   help="sessions at once on each GPU (default 1); they share its memory budget and run without "
+                        "MPS daemons of their own")
     r.add_argument("--cores", type=int, help="the cores to share among the sessions (default: all)")
     r.add_argument("--all-archs", action="store_true",
                    help="keep sessions tagged for another arch than this host's (they record arch-mismatch)")
@@ -53,7 +56,8 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         gpus = host.parse_gpus(args.gpus) if args.gpus else gpus
         todo, left = host.sessions(selected, None if args.all_archs else arch, cpu=args.with_cpu)
         config = host.HostConfig(gpus=gpus, command=host.nox_command(nox, posargs), results=results,
-                                 log_dir=args.log_dir or results / "host", cores=args.cores or os.cpu_count() or 1)
+                                 log_dir=args.log_dir or results / "host", cores=args.cores or os.cpu_count() or 1,
+                                 per_gpu=args.per_gpu)
     except host.HostError as e:
         err.print(f"error: {for_rich(str(e))}", style="red", highlight=False)
         return 2
@@ -85,19 +89,22 @@ def _show_plan(todo, left: list[str], config, as_json: bool) -> int:
     """What would run on which GPU slot, with its share of the cores, in the order of an equal-length run."""
     from ..sweep import host
 
-    slots = host.slots_for(todo, config.gpus)
-    cores = max(1, config.cores // len(slots))
-    order = host.plan(todo, config.gpus)
+    slots = host.slots_for(todo, config.gpus, config.per_gpu)
+    cores, on_shared = max(1, config.cores // len(slots)), host.shared(slots)
+    order = host.plan(todo, config.gpus, config.per_gpu)
     if as_json:
-        print_json({"gpus": slots, "cores": config.cores, "cores_per_session": cores, "left_out": left,
-                    "plan": [{"gpu": g, "session": s.name, "group": s.group, "command": config.command(s, cores)}
-                             for g, s in order]})
+        print_json({"gpus": slots, "per_gpu": config.per_gpu, "cores": config.cores, "cores_per_session": cores,
+                    "left_out": left,
+                    "plan": [{"gpu": g, "session": s.name, "group": s.group,
+                              "command": config.command(s, cores, g in on_shared)} for g, s in order]})
         return 0
-    out.print(f"{len(todo)} session(s) over GPU(s) {', '.join(slots)}, {cores} cores each; each GPU takes the next "
-              "session as its last one ends, one session of a combination at a time (the order if all took as "
-              "long):", highlight=False)
-    for gpu in slots:
+    gpus = list(dict.fromkeys(slots))
+    at_once = f"{config.per_gpu} sessions at once per GPU" if config.per_gpu > 1 else "one session per GPU at a time"
+    out.print(f"{len(todo)} session(s) over GPU(s) {', '.join(gpus)}, {at_once}, {cores} cores each; each slot takes "
+              "the next session as its last one ends, one session of a combination at a time (the order if all took "
+              "as long):", highlight=False)
+    for gpu in gpus:
         out.print(f"  GPU {gpu}:", highlight=False)
         for s in (s for g, s in order if g == gpu):
-            out.print(f"    {for_rich(' '.join(config.command(s, cores)))}", highlight=False)
+            out.print(f"    {for_rich(' '.join(config.command(s, cores, gpu in on_shared)))}", highlight=False)
     return 0

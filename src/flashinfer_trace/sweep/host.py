@@ -1,4 +1,4 @@
-"""Every GPU of a host: a set of nox sessions spread over the GPUs, one session per GPU at a time.
+"""Every GPU of a host: a set of nox sessions spread over the GPUs, one session per GPU at a time (or `per_gpu`).
 
 The nightly sessions ran one after another on one GPU while the others idled. Here each GPU takes the next
 session as its last one ends, with CUDA_VISIBLE_DEVICES pinned to it (the session's MPS daemon, its test
@@ -10,6 +10,12 @@ the first's locks or redo its builds. Each session writes results/<session>/ exa
 output goes to <log_dir>/<session>.log; a failing session does not stop the others. The end is a summary (per
 session: GPU, status, wall time; the total wall time), written as JSON.
 
+`per_gpu` > 1 runs that many sessions at once on each GPU: a session whose kernels wait on its own Python, its
+builds or its reference workers leaves the GPU idle much of the time, and the sessions of several releases fill
+it. Their device memory needs no split: every session on a GPU takes its cases' memory from that GPU's one
+ledger (budget/). A GPU's sessions run without MPS daemons of their own (`--no-mps`): a daemon started for one
+session would be quit when that session ends, under the others.
+
 The sessions are selected here, not by nox: nox keeps only the last of several `-s`, ignores `-s` beside `-t`,
 and `nox -l --json` alone lists only the default sessions. So every session is listed once (`-k True`: a
 keyword expression every session matches) and the names and tags are matched in Python.
@@ -17,8 +23,8 @@ keyword expression every session matches) and the names and tags are matched in 
     list_sessions(nox)              -> every entry of `nox -l --json`
     select(entries, names, tags)    -> the entries they select (HostError naming an unknown one)
     sessions(entries, arch)         -> [HostSession]   those for this host's arch, grouped (group_of)
-    plan(sessions, gpus)            -> [(gpu, session)]  the order they would run in if all took as long
-    run(sessions, config)           -> summary dict    config.command(session, cores) builds the command (a seam)
+    plan(sessions, gpus, per_gpu)   -> [(gpu, session)]  the order they would run in if all took as long
+    run(sessions, config)           -> summary dict    config.command(session, cores, shared) builds the command
 """
 
 from __future__ import annotations
@@ -48,13 +54,15 @@ class HostSession:
 
 @dataclass
 class HostConfig:
-    gpus: list[str]  # CUDA_VISIBLE_DEVICES values, one per slot
-    command: Callable[[HostSession, int], list[str]]  # the session's command line, given its share of the cores
+    gpus: list[str]  # CUDA_VISIBLE_DEVICES values
+    # the session's command line, given its share of the cores and whether other sessions share its GPU
+    command: Callable[[HostSession, int, bool], list[str]]
     results: Path  # where the sessions write results/<session>/ (their session.json is read back)
     log_dir: Path  # one console log per session, and summary.json
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     env: dict[str, str] | None = None  # the sessions' environment (default: this process's)
     cwd: str | None = None
+    per_gpu: int = 1  # sessions at once on each GPU
 
     def __post_init__(self):
         if not self.gpus:
@@ -63,6 +71,8 @@ class HostConfig:
             raise HostError(f"--gpus {','.join(self.gpus)}: a GPU named twice")
         if self.cores < 1:
             raise HostError(f"--cores {self.cores}: at least 1")
+        if self.per_gpu < 1:
+            raise HostError(f"--per-gpu {self.per_gpu}: at least 1")
 
 
 @dataclass
@@ -182,17 +192,24 @@ def sessions(entries: list[dict], arch: str | None, *, cpu: bool = False) -> tup
     return keep, left
 
 
-def slots_for(todo: Sequence[HostSession], gpus: Sequence[str]) -> list[str]:
-    """The GPUs to use: no more than the sessions, nor than the groups (a slot whose every candidate belongs to a
-    running group would wait idle, holding a share of the cores)."""
-    return list(gpus[:max(1, min(len(gpus), len({s.group for s in todo})))])
+def slots_for(todo: Sequence[HostSession], gpus: Sequence[str], per_gpu: int = 1) -> list[str]:
+    """The GPU of each slot (a slot runs one session at a time): each GPU `per_gpu` times, the GPUs taken in turn
+    (0, 1, 0, 1, ...), so that fewer sessions than slots spread over every GPU; no more slots than groups (a slot
+    whose every candidate belongs to a running group would wait idle, holding a share of the cores)."""
+    slots = [g for _ in range(per_gpu) for g in gpus]
+    return slots[:max(1, min(len(slots), len({s.group for s in todo})))]
 
 
-def plan(todo: Sequence[HostSession], gpus: Sequence[str]) -> list[tuple[str, HostSession]]:
+def shared(slots: Sequence[str]) -> set[str]:
+    """The GPUs that more than one slot runs on."""
+    return {g for g in slots if slots.count(g) > 1}
+
+
+def plan(todo: Sequence[HostSession], gpus: Sequence[str], per_gpu: int = 1) -> list[tuple[str, HostSession]]:
     """(gpu, session) in the order `run` would start them if every session took as long: each round, each GPU in
     turn takes the first session whose group is not running. Real durations differ, so which GPU runs which
     session may too; the order of the queue and the groups' one-at-a-time hold."""
-    slots, todo, order = slots_for(todo, gpus), list(todo), []
+    slots, todo, order = slots_for(todo, gpus, per_gpu), list(todo), []
     while todo:
         running: set[str] = set()
         for gpu in slots:
@@ -205,9 +222,10 @@ def plan(todo: Sequence[HostSession], gpus: Sequence[str]) -> list[tuple[str, Ho
     return order
 
 
-def nox_command(nox: Sequence[str], posargs: Sequence[str]) -> Callable[[HostSession, int], list[str]]:
-    """A session's command: nox -s NAME -- --cores N POSARGS."""
-    return lambda s, cores: [*nox, "-s", s.name, "--", "--cores", str(cores), *posargs]
+def nox_command(nox: Sequence[str], posargs: Sequence[str]) -> Callable[[HostSession, int, bool], list[str]]:
+    """A session's command: nox -s NAME -- --cores N [--no-mps, on a shared GPU] POSARGS."""
+    return lambda s, cores, shared: [*nox, "-s", s.name, "--", "--cores", str(cores), *(["--no-mps"] * shared),
+                                     *posargs]
 
 
 class _Queue:
@@ -246,8 +264,8 @@ def _status(results: Path, run: SessionRun) -> tuple[str, str | None]:
     return ("ok" if run.rc == 0 else f"exit {run.rc}"), None
 
 
-def _slot(gpu: str, queue: _Queue, config: HostConfig, cores: int, runs: list[SessionRun], lock: threading.Lock,
-          on_end: Callable[[SessionRun], None] | None) -> None:
+def _slot(gpu: str, shared_gpu: bool, queue: _Queue, config: HostConfig, cores: int, runs: list[SessionRun],
+          lock: threading.Lock, on_end: Callable[[SessionRun], None] | None) -> None:
     while (s := queue.take()) is not None:
         run = SessionRun(s.name, gpu, cores, log=str(config.log_dir / f"{s.name}.log"))
         env = dict(config.env if config.env is not None else os.environ)
@@ -255,8 +273,8 @@ def _slot(gpu: str, queue: _Queue, config: HostConfig, cores: int, runs: list[Se
         run.started = time.time()
         try:
             with open(run.log, "wb") as log:
-                run.rc = subprocess.run(config.command(s, cores), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        cwd=config.cwd).returncode
+                run.rc = subprocess.run(config.command(s, cores, shared_gpu), stdout=log, stderr=subprocess.STDOUT,
+                                        env=env, cwd=config.cwd).returncode
         except OSError as e:  # the command could not start: this session's failure, not the host's
             run.rc, run.reason = 127, f"{type(e).__name__}: {e}"
         run.finished = time.time()
@@ -271,14 +289,15 @@ def _slot(gpu: str, queue: _Queue, config: HostConfig, cores: int, runs: list[Se
 
 
 def run(todo: list[HostSession], config: HostConfig, on_end: Callable[[SessionRun], None] | None = None) -> dict:
-    """Run every session, one per GPU at a time; the summary (also written to log_dir/summary.json)."""
+    """Run every session, `config.per_gpu` per GPU at a time; the summary (also written to log_dir/summary.json)."""
     config.log_dir.mkdir(parents=True, exist_ok=True)
-    slots = slots_for(todo, config.gpus)
+    slots = slots_for(todo, config.gpus, config.per_gpu)
+    on_shared = shared(slots)
     cores = max(1, config.cores // len(slots))
     queue, runs, lock = _Queue(todo), [], threading.Lock()
     t0 = time.time()
-    threads = [threading.Thread(target=_slot, args=(g, queue, config, cores, runs, lock, on_end), daemon=True)
-               for g in slots]
+    threads = [threading.Thread(target=_slot, args=(g, g in on_shared, queue, config, cores, runs, lock, on_end),
+                                daemon=True) for g in slots]
     for t in threads:
         t.start()
     for t in threads:
@@ -286,7 +305,8 @@ def run(todo: list[HostSession], config: HostConfig, on_end: Callable[[SessionRu
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.status or "?"] = counts.get(r.status or "?", 0) + 1
-    summary = {"gpus": slots, "cores": config.cores, "cores_per_session": cores, "started": t0,
+    summary = {"gpus": slots, "per_gpu": config.per_gpu, "cores": config.cores, "cores_per_session": cores,
+               "started": t0,
                "wall_seconds": round(time.time() - t0, 1),
                "session_seconds": round(sum(r.wall_seconds for r in runs), 1),
                "counts": counts, "failed": sorted(r.session for r in runs if r.rc != 0),
