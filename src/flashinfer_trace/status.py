@@ -56,6 +56,9 @@ class Kind(str, enum.Enum):
     # not-run, the harness's failure and never a kernel's: the device ran out of memory with the case alone on it,
     # or the case could not get its memory from the device's budget in time
     OUT_OF_MEMORY = "out-of-memory"
+    # not-run, the harness's too: a reference worker could not start because the device refused a new process
+    # ("CUDA-capable device(s) is/are busy or unavailable"), once more after a retry
+    WORKER_START = "worker-start"
     # the case ran and was wrong
     MISMATCH = "mismatch"  # element-wise, beyond tolerance
     FLAKY_WRONG = "flaky-wrong"  # wrong in some of the repeated runs on the same inputs, right in others
@@ -84,7 +87,7 @@ GROUND_TRUTH_KINDS = (Kind.UNSUPPORTED, Kind.NOT_INSTALLED, Kind.IMPORT_FAILED, 
 
 # not-run records of these kinds are the harness's failures, not the kernel's: a session with any is not clean
 # (its summary counts them apart), and the matrix shows their cells as not-run, never as a verdict
-HARNESS_KINDS = (Kind.OUT_OF_MEMORY,)
+HARNESS_KINDS = (Kind.OUT_OF_MEMORY, Kind.WORKER_START)
 
 
 # Reason kinds, in the order `availability` checks them. The matrix maps them to cell states:

@@ -142,6 +142,77 @@ def test_a_ticket_past_its_patience_goes_before_newer_small_leases(tmp_path):
     got[0].release()
 
 
+def test_a_patient_ticket_that_cannot_fit_beside_the_contexts_holds_nobody_up(tmp_path):
+    """A case ticket larger than the budget less every process's context can only be granted once processes exit:
+    past its patience it must not stop the cases that fit (on an H200, a 128 GiB ticket beside 30 GiB of contexts
+    left the device idle for its 600 s timeout, again and again). One that fits once the cases end still does."""
+    ledger = Ledger(tmp_path, 10 * GiB, patience=0.3)
+    contexts = [ledger.acquire(2 * GiB, kind="context") for _ in range(2)]  # room for cases: 6 GiB
+    assert ledger.room() == 6 * GiB
+    got = []
+
+    def huge_case():
+        try:
+            got.append(ledger.acquire(7 * GiB, label="huge", timeout=1.5))
+        except BudgetTimeout:
+            got.append("timed out")
+
+    huge = threading.Thread(target=huge_case, daemon=True)
+    huge.start()
+    time.sleep(0.6)  # past its patience
+    ledger.acquire(1 * GiB, label="small", timeout=0.3).release()  # not held up
+    huge.join(5)
+    assert got == ["timed out"]  # the huge one waits in vain (its caller takes the device alone instead: below)
+    got.clear()
+    fits = threading.Thread(target=lambda: got.append(ledger.acquire(6 * GiB, label="fits", timeout=10)))
+    case = ledger.acquire(1 * GiB, label="running")
+    fits.start()
+    time.sleep(0.6)
+    with pytest.raises(BudgetTimeout):  # a patient ticket that can be granted once the cases end goes first
+        ledger.acquire(1 * GiB, label="late", timeout=0.3)
+    case.release()
+    fits.join(10)
+    assert got and got[0].nbytes == 6 * GiB
+    got[0].release()
+    for c in contexts:
+        c.release()
+
+
+def test_a_need_larger_than_the_room_takes_the_device_alone(tmp_path):
+    """CaseMemory asks for the device alone where the need cannot fit beside the other processes' contexts: it waits
+    for the running cases to end, not for processes to exit."""
+    budget = DeviceBudget("cuda:0", Ledger(tmp_path / "ledger", 10 * GiB), context_bytes=GiB, total=10 * GiB)
+    guard = CaseMemory(budget, wait=5, meter=_Meter())
+    others = [budget.ledger.acquire(2 * GiB, kind="context") for _ in range(2)]  # two other processes
+    budget.standing()  # this process's own context: room 5 GiB
+    guard.ensure(7 * GiB, "large")
+    assert guard.alone and guard.lease.nbytes >= 7 * GiB
+    guard.release()
+    guard.ensure(4 * GiB, "fits")
+    assert not guard.alone and guard.lease.nbytes == 4 * GiB
+    guard.release()
+    for c in others:
+        c.release()
+
+
+def test_room_asked_by_a_generator_does_not_grow_each_time_the_group_starts_again(tmp_path):
+    """The generator asks room for each large tensor; a group started again (NeedMemory) already holds a lease with
+    room for them, and asking again must not add them a second time (8 GiB of cache had grown to 128 GiB)."""
+    budget = DeviceBudget("cuda:0", Ledger(tmp_path / "ledger", 100 * GiB), context_bytes=GiB // 4, total=100 * GiB)
+    guard = CaseMemory(budget, wait=5, meter=_Meter())
+    definition = _definition()
+    sizes = []
+    for _ in range(3):  # three starts of the same group, the lease kept between them as `guarded` keeps it
+        guard.before_generation(definition, ("k",), "case")
+        reserve = guard.reserver("case")
+        reserve(2 * GiB, "k cache")
+        reserve(2 * GiB, "v cache")
+        sizes.append(guard.lease.nbytes)
+    assert sizes[0] >= 16 * GiB and sizes[0] < 18 * GiB  # four times each tensor, and the generation's floor
+    assert sizes == [sizes[0]] * 3
+    guard.release()
+
+
 def test_many_processes_never_hold_more_than_the_budget(tmp_path):
     """Eight processes take and give back leases of random sizes; each writes what it holds while it holds it,
     and at no moment does the sum of what is written pass the budget."""
@@ -360,3 +431,73 @@ def test_a_small_case_s_miss_adds_bytes_and_a_large_one_s_scales():
     assert learned.plan("gqa_paged", "kernel", big) >= 2 * big  # a large miss scales
     assert learned.plan("gqa_paged", "torch", big) == big
     assert not learned.learn("gqa_paged", "kernel", big, 3 * big, big)
+
+
+def test_a_ratio_learned_on_a_small_plan_does_not_scale_a_much_larger_one():
+    """A 1.5 GiB plan that came out at 4.5 GiB (a fixed cost larger than the data) scales plans of its own order of
+    magnitude, not a 17 GiB one (H200: such a ratio planned 60 and 91 GiB for cases measured at 12.5 GiB)."""
+    from flashinfer_trace.budget.plan import Learned
+
+    learned = Learned()
+    small, big = 3 * GiB // 2, 17 * GiB
+    assert learned.learn("mla_paged", "torch", small, small, 3 * small)
+    assert learned.plan("mla_paged", "torch", small) >= 3 * small
+    assert learned.plan("mla_paged", "torch", 2 * GiB) >= 3 * 2 * GiB  # within a factor of four
+    assert learned.plan("mla_paged", "torch", big) == big
+
+
+def test_a_worker_the_device_refused_is_retried_and_never_a_verdict(tmp_path):
+    """CUDA's "device busy or unavailable" at a worker's start is the harness's (not-run: worker-start), tried once
+    more; a worker that does not start for its own reasons stays an error of the reference."""
+    from flashinfer_trace.sandbox import ReferenceFailure
+
+    refused = ReferenceFailure("d", "crash", "the worker did not start: torch.AcceleratorError: CUDA error: "
+                                             "CUDA-capable device(s) is/are busy or unavailable")
+    assert check.outcome_of(refused)[:2] == (Status.NOT_RUN, Kind.WORKER_START)
+    own = ReferenceFailure("d", "crash", "the worker did not start: SyntaxError: invalid syntax")
+    assert check.outcome_of(own)[:2] == (Status.ERROR, Kind.REFERENCE)
+    from flashinfer_trace.groundtruth import get_ground_truth
+
+    calls = {"n": 0}
+
+    def resolve(source, d, **kw):
+        gt = get_ground_truth(source, d, **kw)
+
+        class RefusedFirst:
+            def __getattr__(self, name):
+                return getattr(gt, name)
+
+            def __call__(self, inputs, **more):
+                calls["n"] += 1
+                if calls["n"] == 1:
+                    raise refused
+                return gt(inputs, **more)
+
+        return RefusedFirst()
+
+    memo = _memo(tmp_path)
+    record = check.run_case(_case(), memo, check.CheckConfig(device="cpu", resolve=resolve))
+    assert record.status is Status.PASS and calls["n"] == 2
+    calls["n"] = -10  # refused every time: the harness's failure, counted apart
+    record = check.run_case(_case(seed=1), memo, check.CheckConfig(device="cpu", resolve=_always(refused)))
+    assert (record.status, record.kind) == (Status.NOT_RUN, Kind.WORKER_START)
+    summary = memory_summary([record])
+    assert summary["harness"] == 1 and summary["out_of_memory"] == 0
+
+
+def _always(error):
+    from flashinfer_trace.groundtruth import get_ground_truth
+
+    def resolve(source, d, **kw):
+        gt = get_ground_truth(source, d, **kw)
+
+        class Raises:
+            def __getattr__(self, name):
+                return getattr(gt, name)
+
+            def __call__(self, inputs, **more):
+                raise error
+
+        return Raises()
+
+    return resolve

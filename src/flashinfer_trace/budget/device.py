@@ -39,6 +39,17 @@ _OOM = re.compile(r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllo
                   r"CUDA_ERROR_OUT_OF_MEMORY|failed to allocate .*(?:device|cuda)|OutOfMemoryError", re.IGNORECASE)
 
 
+# what CUDA says when the device refuses a new process or context (not the case's doing: no verdict)
+_UNAVAILABLE = re.compile(r"busy or unavailable|cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE|"
+                          r"no CUDA-capable device is detected|cudaErrorNoDevice|CUDA driver initialization failed",
+                          re.IGNORECASE)
+
+
+def is_device_unavailable(text: str) -> bool:
+    """Whether a message says the device refused a process (a worker that could not start there)."""
+    return bool(_UNAVAILABLE.search(text))
+
+
 def is_out_of_memory(e: BaseException | str) -> bool:
     """Whether an exception (or a worker's message) says the device ran out of memory: a harness outcome,
     never a kernel's verdict."""
@@ -81,6 +92,10 @@ class DeviceBudget:
     def lease(self, nbytes: int, *, label: str, alone: bool = False, timeout: float | None = WAIT_S) -> Lease:
         self.standing()
         return self.ledger.acquire(nbytes, label=label, kind=ALONE if alone else CASE, timeout=timeout)
+
+    def room(self) -> int:
+        """The most a case can lease beside every process's context (Ledger.room)."""
+        return self.ledger.room()
 
     def close(self) -> None:
         with self._lock:
@@ -137,4 +152,5 @@ def _capacity(total: int) -> int:
     return int(total * (1 - RESERVE_SHARE))
 
 
-__all__ = ["BudgetTimeout", "DeviceBudget", "Lease", "budget_root", "device_budget", "is_out_of_memory"]
+__all__ = ["BudgetTimeout", "DeviceBudget", "Lease", "budget_root", "device_budget", "is_device_unavailable",
+           "is_out_of_memory"]

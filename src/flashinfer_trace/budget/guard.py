@@ -6,8 +6,11 @@ measurement of each case's peak. `guarded` runs one case under it:
 
     a new group          the last group's tensors are dropped, the allocator's cache emptied, its lease given back
     before generating    a lease for what generating may take (learned from an earlier seed where there was one)
-    a large tensor       the generator asks first (Builder.require_bytes -> reserve): the lease grows, or the
-                         group starts again once the memory is there (NeedMemory; nothing is held while waiting)
+    a large tensor       the generator asks first (Builder.require_bytes -> reserve): the lease grows to room for
+                         every large tensor asked for so far in this generation and their copies, or the group
+                         starts again once the memory is there (NeedMemory; nothing is held while waiting)
+    larger than the room a need larger than the budget less every process's context cannot be met beside the
+                         other processes: the case takes the device alone (it waits for the other cases to end)
     after generating     the case's plan (plan.py) from the real sizes; the lease grows to it the same way
     out of memory        never a verdict: every tensor of the group dropped, the worker and its arena closed, and
                          the case run again *alone* (the device's budget to itself); out of memory alone is the
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..status import Kind, Status
-from .device import WAIT_S, DeviceBudget, is_out_of_memory
+from .device import WAIT_S, DeviceBudget, is_device_unavailable, is_out_of_memory
 from .ledger import BudgetTimeout, Lease
 from .plan import Learned, Sizes, case_bytes, generation_bytes, source_class
 
@@ -80,6 +83,8 @@ class CaseMemory:
         self.klass = "structure"
         self.worker_peak: Callable[[], int] = lambda: 0  # the reference worker's peak since the last ask
         self.waited = 0.0  # seconds spent waiting for leases since the last case began (a phase of its record)
+        self.generation_floor = 0  # what generating the group may take besides its large tensors
+        self.reserved = 0  # the large tensors the generator asked room for in this generation (bytes)
 
     @property
     def device(self) -> str:
@@ -96,7 +101,7 @@ class CaseMemory:
                                f"{self.budget.capacity / 2**30:.1f} GiB this device's budget hands out "
                                f"({self.budget.total / 2**30:.1f} GiB in all)")
         if self.lease is None:
-            self.acquire(nbytes, label)
+            self.acquire(nbytes, label, alone=nbytes > self.budget.room())
         elif nbytes > self.lease.nbytes and not self.lease.resize(nbytes):
             raise NeedMemory(nbytes, f"{label}: the device's budget cannot grow this lease now")
 
@@ -119,15 +124,19 @@ class CaseMemory:
 
     # -- the plan ---------------------------------------------------------------------------------------------
     def before_generation(self, definition: Definition, key: tuple, label: str) -> None:
-        self.sizes, self.planned = None, 0
+        self.sizes, self.planned, self.reserved = None, 0, 0
         held = 0 if self.lease is None else self.lease.nbytes
-        self.ensure(max(held, generation_bytes(definition, self.learned.inputs.get(key))), label)
+        self.generation_floor = generation_bytes(definition, self.learned.inputs.get(key))
+        self.ensure(max(held, self.generation_floor), label)
 
     def reserver(self, label: str) -> Callable[[int, str], None]:
-        """The generator's ask before a large tensor: room for it, its copies for the reference and its arena."""
+        """The generator's ask before a large tensor: room for it and every large one before it in this generation,
+        each with its copies for the reference and its arena. Counted from what was asked, not from the lease: a
+        group started again after NeedMemory holds a lease that already has room for them (the lease-based sum grew
+        by four times the tensors at every start, to 128 GiB for an 8 GiB cache: H200, 2026-11-28)."""
         def reserve(nbytes: int, what: str) -> None:
-            held = 0 if self.lease is None else self.lease.nbytes
-            self.ensure(held + 4 * nbytes, f"{label} ({what})")
+            self.reserved += nbytes
+            self.ensure(self.generation_floor + 4 * self.reserved, f"{label} ({what})")
 
         return reserve
 
@@ -181,7 +190,7 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
     """One case, start to record, within the device's budget: `run` is the case's body, `free` drops every
     tensor the group holds (the memo's, the reference worker's arena) and gives the lease back, `held` the bytes
     of the group's tensors now. Waits for memory are a phase of the record (`memory_wait`)."""
-    retried, measured = None, {}
+    retried, restarted, measured = None, False, {}
     guard.waited = 0.0
     record = None
     for _ in range(8):  # regenerations as the group's need becomes known, a retry alone, regenerations within it
@@ -191,7 +200,8 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
         except NeedMemory as need:
             free()
             try:
-                guard.acquire(need.nbytes, f"{case.id} (again)", alone=retried is not None)
+                guard.acquire(need.nbytes, f"{case.id} (again)",
+                              alone=retried is not None or need.nbytes > guard.budget.room())
             except BudgetTimeout as e:
                 record = case.record(Status.NOT_RUN, kind=Kind.OUT_OF_MEMORY, detail=f"out-of-memory: {e}")
                 break
@@ -200,6 +210,10 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
             free()
             record = case.record(Status.NOT_RUN, kind=Kind.OUT_OF_MEMORY, detail=f"out-of-memory: {e}")
             break
+        if record.kind is Kind.WORKER_START and not restarted:  # never a verdict: once more, in a new worker
+            restarted = True
+            free()
+            continue
         if record.kind is Kind.OUT_OF_MEMORY and retried is None:  # never a verdict: alone, once
             retried = record.detail
             planned = guard.planned
@@ -231,8 +245,13 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
 
 
 def classify(e: BaseException) -> tuple[Status, Kind, str] | None:
-    """Running out of device memory, as the engine records it (never an error of the kernel's)."""
+    """The device's refusals as the engine records them (never an error of the kernel's): running out of memory,
+    and a reference worker that could not start because the device refused it."""
+    text = " ".join(str(e).split())
     if is_out_of_memory(e):
-        text = " ".join(str(e).split())[:400]
-        return Status.NOT_RUN, Kind.OUT_OF_MEMORY, f"out-of-memory: {type(e).__name__}: {text}"
+        return Status.NOT_RUN, Kind.OUT_OF_MEMORY, f"out-of-memory: {type(e).__name__}: {text[:400]}"
+    from ..sandbox import ReferenceFailure
+
+    if isinstance(e, ReferenceFailure) and "the worker did not start" in text and is_device_unavailable(text):
+        return Status.NOT_RUN, Kind.WORKER_START, f"worker-start: {text[-600:]}"
     return None

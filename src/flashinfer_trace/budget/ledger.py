@@ -20,7 +20,10 @@ Kinds of lease:
               other case lease is live; while one waits, no new case lease is granted
 
 Waiters leave a ticket; a ticket older than `patience` seconds goes first (a large case is not starved by
-a stream of small ones).
+a stream of small ones) -- if it can be granted at all once the other cases end: a case ticket larger than the
+budget less every process's context (`room`) waits for processes to exit, not for cases to end, and holding the
+queue for it would stall the device for its whole timeout (H200, 2026-11-28: one such ticket of 128 GiB left both
+GPUs idle for ten minutes at a time). Such a case asks for the device alone instead (budget/guard.py).
 """
 
 from __future__ import annotations
@@ -166,6 +169,10 @@ class Ledger:
     def used(self) -> int:
         return _used(self.entries())
 
+    def room(self) -> int:
+        """What the cases could have if every case lease ended: the budget less every process's context."""
+        return self.capacity - _used(self.entries(), (CONTEXT,))
+
     def describe(self) -> str:
         entries = self.entries()
         live = [e for e in entries if not e.waiting]
@@ -186,10 +193,11 @@ class Ledger:
             return False
         now = time.time()
         mine = next((e for e in entries if e.name == me), None)
-        for e in entries:  # the tickets that go first: an alone one, or one that has waited its patience
+        room = self.capacity - _used(live, (CONTEXT,))
+        for e in entries:  # the tickets that go first: an alone one, or one that has waited its patience and fits
             if not e.waiting or e.name == me or (mine is not None and e.since >= mine.since):
                 continue
-            if e.kind == ALONE or now - e.since > self.patience:
+            if e.kind == ALONE or (now - e.since > self.patience and e.nbytes <= room):
                 return False
         if kind == ALONE:
             return not any(e.kind == CASE for e in live)

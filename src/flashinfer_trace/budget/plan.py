@@ -127,15 +127,21 @@ class Learned:
     """What measurement taught the planner in this process, per (op type, source class): how much larger than its
     plan a case of a gigabyte or more came out (a ratio: what grows with the data), and how many bytes more a
     smaller one did (a fixed sum: a library's handle, the worker's first arena; as a ratio of a 70 MB plan it
-    would have multiplied a 30 GB case's plan five-fold); and per case group the bytes its inputs took."""
+    would have multiplied a 30 GB case's plan five-fold); and per case group the bytes its inputs took. A ratio
+    holds for plans of the same order of magnitude (a factor of four): one learned on a 1.5 GiB plan had made a
+    17 GiB one 60 and 91 GiB where 12.5 GiB was measured (H200, 2026-11-28)."""
 
-    ratios: dict[tuple[str, str], float] = field(default_factory=dict)
+    ratios: dict[tuple[str, str, int], float] = field(default_factory=dict)
     extra: dict[tuple[str, str], int] = field(default_factory=dict)
     inputs: dict[tuple, int] = field(default_factory=dict)
 
+    @staticmethod
+    def magnitude(base: int) -> int:
+        return max(0, int(base).bit_length() - 1) // 2  # plans within a factor of four share a ratio
+
     def plan(self, op_type: str, klass: str, base: int) -> int:
-        key = (op_type, klass)
-        return int(base * self.ratios.get(key, 1.0)) + self.extra.get(key, 0)
+        ratio = self.ratios.get((op_type, klass, self.magnitude(base)), 1.0)
+        return int(base * ratio) + self.extra.get((op_type, klass), 0)
 
     def learn(self, op_type: str, klass: str, base: int, planned: int, measured: int) -> bool:
         """Record a measurement of a case planned at `planned` (`base` before what was learned); True where it passed
@@ -144,7 +150,8 @@ class Learned:
             return False
         key = (op_type, klass)
         if base >= LEARN_RATIO_FROM:
-            self.ratios[key] = max(self.ratios.get(key, 1.0), MARGIN * (measured - self.extra.get(key, 0)) / base)
+            at = (op_type, klass, self.magnitude(base))
+            self.ratios[at] = max(self.ratios.get(at, 1.0), MARGIN * (measured - self.extra.get(key, 0)) / base)
         else:
             self.extra[key] = max(self.extra.get(key, 0), int(MARGIN * (measured - planned)) + self.extra.get(key, 0))
         return True

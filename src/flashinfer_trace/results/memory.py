@@ -1,12 +1,12 @@
 """What a session's records say of the device's memory: the largest planned and measured peaks, the planner's
-misses, the cases retried alone, and the harness's failures (not-run: out-of-memory), which make a session
-unclean whatever its verdicts say."""
+misses, the cases retried alone, and the harness's failures (not-run: out-of-memory, worker-start), which make a
+session unclean whatever its verdicts say."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..status import HARNESS_KINDS, Status
+from ..status import HARNESS_KINDS, Kind, Status
 
 
 def memory_summary(records: list) -> dict[str, Any] | None:
@@ -29,7 +29,8 @@ def memory_summary(records: list) -> dict[str, Any] | None:
             "nodeid": worst.nodeid or worst.definition, "planned": worst.memory["planned"],
             "measured": worst.memory["measured"], "ground_truth": worst.memory.get("ground_truth")},
         "retried_alone": sum(1 for m in figures if m.get("alone")),
-        "out_of_memory": len(harness),
+        "out_of_memory": sum(1 for r in harness if r.kind is Kind.OUT_OF_MEMORY),
+        "harness": len(harness),
     }
 
 
@@ -43,4 +44,6 @@ def memory_line(summary: dict[str, Any] | None) -> str | None:
 
     return (f"device memory: {summary['cases']} case(s), peak planned {gib(summary['planned_max_bytes'])}, "
             f"measured {gib(summary['measured_max_bytes'])}; over plan {summary['over_plan']}, retried alone "
-            f"{summary['retried_alone']}, out of memory (the harness's) {summary['out_of_memory']}")
+            f"{summary['retried_alone']}, out of memory (the harness's) {summary['out_of_memory']}"
+            + (f", workers the device refused {other}" if (other := summary.get("harness", 0)
+                                                           - summary["out_of_memory"]) else ""))

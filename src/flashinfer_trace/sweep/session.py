@@ -307,7 +307,8 @@ def finish(s: SessionState, c: SessionConfig) -> int:
 
     bad = [r for r in s.records if str(r.status) in FAILURES + ERRORS]
     info.memory = memory_summary(s.records)
-    harness = bool(info.memory and info.memory["out_of_memory"])  # the harness failed: no cell can say green
+    # the harness failed (out of memory, a worker the device refused): no cell can say green
+    harness = bool(info.memory and info.memory.get("harness", info.memory["out_of_memory"]))
     # a case not run (building: a jit- session's module) is no failure
     info.status = "harness-failed" if harness else "tests-failed" if bad else "ok"
     info.not_run = not_run_kinds(s.records)
