@@ -132,8 +132,8 @@ class CaseMemory:
     def reserver(self, label: str) -> Callable[[int, str], None]:
         """The generator's ask before a large tensor: room for it and every large one before it in this generation,
         each with its copies for the reference and its arena. Counted from what was asked, not from the lease: a
-        group started again after NeedMemory holds a lease that already has room for them (the lease-based sum grew
-        by four times the tensors at every start, to 128 GiB for an 8 GiB cache: H200, 2026-11-28)."""
+        group started again after NeedMemory holds a lease that already has room for them, and a sum on top of the
+        lease would grow by four times the tensors at every start."""
         def reserve(nbytes: int, what: str) -> None:
             self.reserved += nbytes
             self.ensure(self.generation_floor + 4 * self.reserved, f"{label} ({what})")

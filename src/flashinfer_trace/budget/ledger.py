@@ -22,8 +22,8 @@ Kinds of lease:
 Waiters leave a ticket; a ticket older than `patience` seconds goes first (a large case is not starved by
 a stream of small ones) -- if it can be granted at all once the other cases end: a case ticket larger than the
 budget less every process's context (`room`) waits for processes to exit, not for cases to end, and holding the
-queue for it would stall the device for its whole timeout (H200, 2026-11-28: one such ticket of 128 GiB left both
-GPUs idle for ten minutes at a time). Such a case asks for the device alone instead (budget/guard.py).
+queue for it would stall the device for its whole timeout (docs/evidence/device-memory.md). Such a case asks for
+the device alone instead (budget/guard.py).
 """
 
 from __future__ import annotations

@@ -128,8 +128,8 @@ class Learned:
     plan a case of a gigabyte or more came out (a ratio: what grows with the data), and how many bytes more a
     smaller one did (a fixed sum: a library's handle, the worker's first arena; as a ratio of a 70 MB plan it
     would have multiplied a 30 GB case's plan five-fold); and per case group the bytes its inputs took. A ratio
-    holds for plans of the same order of magnitude (a factor of four): one learned on a 1.5 GiB plan had made a
-    17 GiB one 60 and 91 GiB where 12.5 GiB was measured (H200, 2026-11-28)."""
+    holds for plans of the same order of magnitude (a factor of four): a fixed cost that a 1.5 GiB plan missed is
+    no reason to plan a 17 GiB case at 60."""
 
     ratios: dict[tuple[str, str, int], float] = field(default_factory=dict)
     extra: dict[tuple[str, str], int] = field(default_factory=dict)
