@@ -19,7 +19,7 @@ from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, paths
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
 from flashinfer_trace.inputs import cascade as cascade_inputs
-from flashinfer_trace.inputs.common import Builder, InputGenerationError
+from flashinfer_trace.inputs.common import Builder, GeneratorMismatch, InputGenerationError
 from flashinfer_trace.mutants import MUTANTS, kill, mutate
 from flashinfer_trace.testing import run_reference
 from flashinfer_trace.verdict.compare import tolerance_for
@@ -109,6 +109,16 @@ def test_mostly_empty_keeps_one_or_two_states_and_often_empties_the_first():
 def test_masked_rows_skip_the_even_rows():
     mask = values(IN_PLACE, "masked_rows")["mask"]
     assert mask.tolist() == [False, True, False, True]
+
+
+def test_an_absent_mask_is_left_to_the_declaration():
+    d = shipped(IN_PLACE)
+    spec = d.inputs["mask"].model_copy(update={"dtype": None, "optional": True})
+    absent = d.model_copy(update={"inputs": {**d.inputs, "mask": spec}})
+    assert absent.inputs["mask"].is_absent
+    b = Builder(absent, "small", 0, None)
+    with pytest.raises(GeneratorMismatch, match="absent optional"):
+        cascade_inputs.generate(b)
 
 
 def test_neg_inf_is_allowed_only_where_the_generator_says_and_nan_never():

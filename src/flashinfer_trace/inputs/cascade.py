@@ -135,6 +135,8 @@ def generate(b: Builder) -> None:
     missing = [n for n in known if n not in b.definition.inputs and n != "mask"]
     if missing:
         raise b.mismatch(f"cascade_merge ({k}) needs input(s) {', '.join(missing)}")
+    if "mask" in b.definition.inputs and b.spec("mask").is_absent:  # fi_trace's mask=None: its init makes it
+        raise b.mismatch("the mask is an absent optional input (passed as None); this generator makes a tensor")
     cases = edge_cases(b.definition)
     if b.case is not None and b.case not in cases:
         raise b.error(f"unknown case {b.case!r} for a {k} merge (cases: {', '.join(cases)})")
