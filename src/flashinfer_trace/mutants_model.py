@@ -1,0 +1,26 @@
+"""A planted bug's description (Mutant) and the shorthand the mutant tables build it with, in a module of
+their own so that the per-family tables (mutants_<family>.py) and mutants.py can both import them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    definition: str
+    id: str
+    bug: str
+    edits: tuple[tuple[str, str], ...]  # (text in the reference, its replacement); each must occur
+    survives: str | None = None  # why the checks cannot see this bug yet (kept, so the gap stays visible)
+    cls: str = "wrong-math"  # the class of bug, for the kill rate per class (rates_by_class)
+    gpu_only: str | None = None  # why only a GPU's settings can judge it (a bug planted at their thresholds)
+
+    @property
+    def name(self) -> str:
+        return f"{self.definition}:{self.id}"
+
+
+def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: str | None = None,
+       cls: str = "wrong-math", gpu_only: str | None = None) -> Mutant:
+    return Mutant(definition, id, bug, tuple(edits), survives, cls, gpu_only)
