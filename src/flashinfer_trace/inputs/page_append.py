@@ -14,7 +14,7 @@ pages (a random permutation: scattered, in no order), and every slot holds rando
 so a write anywhere else than the named slots, or a slot left unwritten, differs from the truth.
 
 Edge cases (docs/boundary/page_append.md says why each exists):
-  decode: one token per request (the decode step), over more requests;
+  decode: one token per request (the decode step), over more requests with shorter histories;
   page_boundary: appends that start on a page's last slot and cross into the next, that start on a fresh page
     and fill it exactly, that span three pages, and that start mid-page and end on a page's last slot: two
     requests end with a full last page (kv_last_page_len == page_size);
@@ -43,10 +43,10 @@ INDEX = ("batch_indices", "positions", "kv_indices", "kv_indptr", "kv_last_page_
 CASES = ("decode", "page_boundary", "zero_append", "reversed_pages", "shuffled_tokens", "bit_patterns",
          "large_page_index")
 
-# (requests, most cached tokens before the append, most appended tokens): medium keeps the medium caches
-# (~600 pages of 16 x 8 x 128) a few MiB, so the float64 truth costs nothing on a CPU
-TIERS = {"small": (3, 40, 24), "medium": (8, 200, 64), "large": (64, 2000, 512)}
-DECODE_REQUESTS = {"small": 8, "medium": 32, "large": 256}
+# (requests, most cached tokens before the append, most appended tokens): the whole cache is compared, so its size
+# is what a case costs on a CPU; medium keeps it near a million elements per cache (~70 pages of 16 x 8 x 128)
+TIERS = {"small": (3, 40, 24), "medium": (6, 120, 48), "large": (64, 2000, 512)}
+DECODE_REQUESTS = {"small": 8, "medium": 16, "large": 256}
 SPARE = 3  # pages no request owns, beyond a third more than the requests use
 INT32_ELEMENTS = 2**31  # large_page_index: the last page's first element offset reaches this
 
@@ -75,8 +75,8 @@ def _lengths(b: Builder, page: int) -> tuple[list[int], list[int]]:
     prior_max, new_max = max(prior_max, 2 * page), max(new_max, page)  # large pages: still several per request
     g = b.rng("lengths")
     if b.case == "decode":
-        requests = DECODE_REQUESTS[b.size]
-        return randint(0, prior_max + 1, (requests,), g).tolist(), [1] * requests
+        requests = DECODE_REQUESTS[b.size]  # more requests, shorter histories: the cache stays the tier's size
+        return randint(0, prior_max // 2 + 1, (requests,), g).tolist(), [1] * requests
     prior = randint(0, prior_max + 1, (requests,), g).tolist()
     new = randint(1, new_max + 1, (requests,), g).tolist()
     if b.case == "page_boundary":  # (prior, new) at the page edges, then the tier's random requests
