@@ -20,10 +20,12 @@ from . import (
     flashinfer,
     flashinfer_cascade,
     flashinfer_dsa,
+    flashinfer_page_append,
     modes,
     sglang,
     sglang_cascade,
     torch_cascade,
+    torch_page_append,
     torch_ref,
 )
 from .base import (
@@ -47,9 +49,10 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
            "get_ground_truth", "ground_truths", "default_device", "paths", "split_path"]
 
 ADAPTERS: dict[str, list[Adapter]] = {
-    "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS,
+    "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
+                  + flashinfer_page_append.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS,
-    "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS,
+    "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS,
 }
 
 

@@ -6,10 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
-from . import activation, attention, cascade, dsa, gdn, gemm, mamba, moe, norm, rope, sampling
+from . import activation, attention, cascade, dsa, gdn, gemm, mamba, moe, norm, page_append, rope, sampling
 from .common import Builder, UnsupportedOpType
 
-_MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade)
+_MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
+                                     page_append)
 
 
 @dataclass(frozen=True)
