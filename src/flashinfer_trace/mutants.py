@@ -26,29 +26,11 @@ from .dataset import load_definition
 from .definition import Definition
 from .groundtruth import GroundTruthUnavailable
 from .groundtruth.base import REASON_KINDS
+from .mutant_spec import Mutant, _m
+from .mutants_topk import MUTANTS as TOPK_MUTANTS
 
 __all__ = ["KERNELS", "MUTANTS", "Kill", "Margin", "Mutant", "PlantedKernel", "baseline", "first_failure", "kill",
            "kill_kernel", "kill_rate", "kills", "mutate", "rates_by_class", "run_plan"]
-
-
-@dataclass(frozen=True)
-class Mutant:
-    definition: str
-    id: str
-    bug: str
-    edits: tuple[tuple[str, str], ...]  # (text in the reference, its replacement); each must occur
-    survives: str | None = None  # why the checks cannot see this bug yet (kept, so the gap stays visible)
-    cls: str = "wrong-math"  # the class of bug, for the kill rate per class (rates_by_class)
-    gpu_only: str | None = None  # why only a GPU's settings can judge it (a bug planted at their thresholds)
-
-    @property
-    def name(self) -> str:
-        return f"{self.definition}:{self.id}"
-
-
-def _m(definition: str, id: str, bug: str, *edits: tuple[str, str], survives: str | None = None,
-       cls: str = "wrong-math", gpu_only: str | None = None) -> Mutant:
-    return Mutant(definition, id, bug, tuple(edits), survives, cls, gpu_only)
 
 
 _DRAW = "    choice = torch.multinomial(kept.to(torch.float64), 1)"
@@ -446,7 +428,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "sequence-positions", "positions in the sequence returned, "
        "not global token ids", ("topk_indices[b, :k] = slots[best].to(torch.int32)",
                                 "topk_indices[b, :k] = best.to(torch.int32)")),
-)
+) + TOPK_MUTANTS
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
-from . import fi_api, flashinfer, flashinfer_dsa, modes, sglang, torch_ref
+from . import fi_api, flashinfer, flashinfer_dsa, flashinfer_topk, modes, sglang, sglang_topk, torch_ref, torch_topk
 from .base import (
     ALL_SOURCES,
     KERNEL,
@@ -37,9 +37,9 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
            "get_ground_truth", "ground_truths", "default_device", "paths", "split_path"]
 
 ADAPTERS: dict[str, list[Adapter]] = {
-    "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS,
-    "sglang": sglang.ADAPTERS,
-    "torch": torch_ref.ADAPTERS,
+    "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_topk.ADAPTERS,
+    "sglang": sglang.ADAPTERS + sglang_topk.ADAPTERS,
+    "torch": torch_ref.ADAPTERS + torch_topk.ADAPTERS,
 }
 
 
