@@ -28,6 +28,9 @@ from flashinfer_trace.inputs.registry import family_for
 from flashinfer_trace.inputs.topk import P_MARGIN, cut_masses, kind
 from flashinfer_trace.mutants import mutate
 from flashinfer_trace.mutants_topk import MUTANTS
+from flashinfer_trace.testing import run_reference, tolerance_for
+from flashinfer_trace.verdict import judge
+from flashinfer_trace.verdict.contract import reconsider
 
 ROOT = Path(__file__).resolve().parents[2] / "definitions" / "sampling"
 VOCAB = 1024
@@ -300,3 +303,32 @@ def test_true_references_pass_every_case_at_the_small_vocabulary(name):
     d = small(name)
     verdicts = _verdicts(d, tuple(edge_cases(d)))
     assert set(verdicts.values()) == {"pass"} and len(verdicts) == 1 + len(edge_cases(d)), verdicts
+
+
+# -- ties are outside the documented contract (verdict/contract.toml, ties-at-cut) ------------------------------
+API = {TOPK_K: "top_k_renorm_probs", TOPP_SCALAR: "top_p_renorm_probs", MASK_BF16: "top_k_mask_logits"}
+
+
+@pytest.mark.parametrize(("name", "case"), [(TOPK_K, "ties_at_cut"), (TOPK_K, "uniform"), (TOPP_SCALAR, "ties_at_cut"),
+                                            (MASK_BF16, "ties_at_cut"), (MASK_BF16, "uniform")])
+def test_a_kernel_keeping_ties_by_id_is_info_and_any_other_difference_stays_red(name, case):
+    d = small(name)
+    x = generate_inputs(d, "small", 0, case=case)
+    [rank] = [m for m in MUTANTS if m.definition == name and m.id == "ties-by-rank"]
+    stable = ("torch.sort(p, dim=-1, descending=True)", "torch.sort(p, dim=-1, descending=True, stable=True)")
+    if stable[0] in d.reference:  # top-p's rank rule, with equal values in id order (the model's order)
+        rank = dataclasses.replace(rank, edits=(*rank.edits, stable))
+    kernel = run_reference(mutate(d, rank), x)  # what a kernel keeping exactly k by a stable rank returns
+    tol = tolerance_for(d)
+    gt = {"source": "flashinfer", "api": f"flashinfer.sampling.{API[name]}", "version": "0.6.6"}
+
+    def rerun(seen):
+        return run_reference(d, seen)
+
+    differs = not judge(d, x, run_reference(d, x), kernel, tol).passed
+    decision = reconsider(d, case, gt, x, kernel, tol, rerun)
+    assert differs and decision is not None and decision.explained, decision and decision.detail("x")
+    wrong = tuple(torch.where(t.isfinite(), t * 1.25, t) if t.is_floating_point() else t for t in kernel)
+    assert not reconsider(d, case, gt, x, wrong, tol, rerun).explained  # a kernel wrong otherwise stays red
+    assert reconsider(d, case, {**gt, "source": "torch"}, x, kernel, tol, rerun) is None  # ours promises it
+    assert reconsider(d, "top_k_1" if "top_k" in d.inputs else "top_p_exact", gt, x, kernel, tol, rerun) is None
