@@ -32,6 +32,7 @@ TOP_K_MAX = 1024  # typical k: log-uniform in [1, min(TOP_K_MAX, vocab - 1)]
 TOP_P_RANGE = (0.3, 0.95)  # typical top_p target; the cut moves to the nearest safe boundary
 ZIPF_TOP_P = (1.2, 2.0)
 P_MARGIN = 1e-4  # the least distance of top_p from any cumulative mass (float32 sums of 152k terms: ~1e-5)
+SCALAR_TRIES = 256  # candidate top_p values tried against every row (a scalar top_p)
 LOGIT_SHIFT = 5.0
 LOWEST_FRACTIONS = (0.5, 0.99)
 EXTREME_LOG2 = (-20, 125)  # |logit| log-uniform in 2^[-20, 125] (float32 / bfloat16 max is ~2^128)
@@ -76,11 +77,14 @@ def _sorted_rounded(values: torch.Tensor) -> torch.Tensor:
 
 
 def untied_k(values: torch.Tensor, k: int) -> int:
-    """The largest k' <= k at which no row has a tie between its k'-th and (k'+1)-th values (1 at least)."""
+    """The k' nearest k (the smaller on a draw) at which no row has a tie between its k'-th and (k'+1)-th
+    values; 1 where every k' ties somewhere (a row's maximum is unique in every case that asks)."""
     s = _sorted_rounded(values)
-    while k > 1 and bool((s[:, k - 1] == s[:, k]).any()):
-        k -= 1
-    return k
+    free = ~(s[:, :-1] == s[:, 1:]).any(dim=0)  # free[j]: the cut after j + 1 values splits no tie in any row
+    ks = torch.nonzero(free).flatten() + 1
+    if ks.numel() == 0:
+        return 1
+    return int(ks[torch.argmin((ks - k).abs() * 2 + (ks > k).long())])
 
 
 def cut_masses(row: torch.Tensor) -> torch.Tensor:
@@ -105,7 +109,7 @@ def safe_top_p(rows: torch.Tensor, target: float) -> float:
     m = masses[0]
     gaps = m[1:] - m[:-1]
     mids = ((m[1:] + m[:-1]) / 2)[(gaps >= 2 * P_MARGIN) & (m[1:] < 1 - P_MARGIN)]
-    for p in mids[torch.argsort((mids - target).abs())].tolist():
+    for p in mids[torch.argsort((mids - target).abs())][:SCALAR_TRIES].tolist():
         if all(safe(p, x) for x in masses[1:]):
             return float(p)
     return float(min(float(x[1]) for x in masses)) / 2
