@@ -13,7 +13,9 @@ definition's output dtype here, once, as the reference rounds.
 Call modes, each its own path: the definition's form (a scalar top_k / top_p, or a per-row tensor);
 `per-row` (a scalar definition's value broadcast to a per-row tensor: the kernel's other argument);
 `deterministic` (top_p, `is_deterministic=True`, api-missing before 0.6.7); `plan-reuse` and `graph`
-(modes.py: a second call on new data, CUDA-graph replay; the row-state buffer outlives a call).
+(modes.py: a second call on new data, CUDA-graph replay; the row-state buffer outlives a call). `races`:
+from 0.6.0 top-k is a multi-CTA radix select over shared row states, and top-p accumulates its histogram
+with float atomics unless `is_deterministic`, so each case is run more than once.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def _adapters() -> list[Adapter]:
             out.append(Adapter("flashinfer", "sampling", f"flashinfer.sampling.{api}", call_filter(launcher),
                                package=PACKAGE, versions=VERSIONS, requires=(f"sampling.{api}",),
                                applies=form_applies(kind, name, scalar), dtypes=DTYPES, needs_cuda=True,
-                               modes=modes, plan=launcher, finish=finish))
+                               modes=modes, plan=launcher, finish=finish, races=True))
     return out
 
 
