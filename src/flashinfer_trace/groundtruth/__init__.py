@@ -21,12 +21,15 @@ from . import (
     flashinfer_cascade,
     flashinfer_dsa,
     flashinfer_page_append,
+    flashinfer_topk,
     modes,
     sglang,
     sglang_cascade,
+    sglang_topk,
     torch_cascade,
     torch_page_append,
     torch_ref,
+    torch_topk,
 )
 from .base import (
     ALL_SOURCES,
@@ -50,9 +53,9 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
 
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
-                  + flashinfer_page_append.ADAPTERS,
-    "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS,
-    "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS,
+                  + flashinfer_page_append.ADAPTERS + flashinfer_topk.ADAPTERS,
+    "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS,
+    "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS,
 }
 
 

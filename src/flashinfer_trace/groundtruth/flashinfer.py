@@ -484,7 +484,8 @@ def _rope_applies(d) -> str | None:
 def _sampler_applies(d) -> str | None:
     """The *_sampling_from_probs kernels: a definition with probs and a top_k / top_p input (fi_trace's
     logits-side sampling ops, `top_k_mask_logits` and friends, are not these)."""
-    return sem.missing_inputs(d, ("probs",)) or (None if _sampler_name(d) else "no top_k / top_p input")
+    return sem.missing_inputs(d, ("probs",)) or (None if _sampler_name(d) else "no top_k / top_p input") or (
+        None if d.is_sampler else "the first output is not sampled token ids (a filter: flashinfer_topk.py)")
 
 
 _ATTN = dict(package=PACKAGE, dtypes=HALF, needs_cuda=True)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
-from . import activation, attention, cascade, dsa, gdn, gemm, mamba, moe, norm, page_append, rope, sampling
+from . import activation, attention, cascade, dsa, gdn, gemm, mamba, moe, norm, page_append, rope, sampling, topk
 from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
@@ -23,6 +23,9 @@ class Family:
 FAMILIES: dict[str, Family] = {
     op: Family(m.__name__.rsplit(".", 1)[-1], m.generate, m.edge_cases) for m in _MODULES for op in m.OP_TYPES
 }
+# Generators that share an op type with a family above and take the definitions their `claims` accepts:
+# FlashInfer files the deterministic filters (top_k_renorm_probs, ...) under `sampling`, beside the samplers.
+_CLAIMING: tuple[ModuleType, ...] = (topk,)
 
 
 def supported_op_types() -> list[str]:
@@ -30,6 +33,9 @@ def supported_op_types() -> list[str]:
 
 
 def family_for(definition) -> Family:
+    for m in _CLAIMING:
+        if m.claims(definition):
+            return Family(m.__name__.rsplit(".", 1)[-1], m.generate, m.edge_cases)
     try:
         return FAMILIES[definition.op_type]
     except KeyError:

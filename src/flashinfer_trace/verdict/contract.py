@@ -71,12 +71,54 @@ def _float32_subnormal(t: torch.Tensor) -> torch.Tensor:
     return (a > 0) & (a < FLOAT32_TINY)
 
 
+def _tie_rank(t: torch.Tensor) -> torch.Tensor:
+    """int64 like t ([rows, n] float): each element's place among the earlier ids of the same value in its row
+    (0 for a value no earlier element holds); zeros for any other shape (a per-row parameter ties nothing)."""
+    if t.dim() != 2 or not t.is_floating_point() or t.shape[-1] < 2:
+        return torch.zeros(t.shape, dtype=torch.int64, device=t.device)
+    s, order = torch.sort(t.detach(), dim=-1, stable=True)  # ascending; equal values keep id order
+    place = torch.arange(s.shape[-1], device=t.device).expand_as(s)
+    rank = place - torch.searchsorted(s.contiguous(), s.contiguous())  # minus the place of its value's first
+    return torch.zeros_like(rank).scatter(-1, order, rank)
+
+
+def _tied(t: torch.Tensor) -> torch.Tensor:
+    """Where a finite value of a [rows, n] float tensor is held by another element of its row too."""
+    if t.dim() != 2 or not t.is_floating_point():
+        return torch.zeros(t.shape, dtype=torch.bool, device=t.device)
+    s, order = torch.sort(t.detach(), dim=-1, stable=True)
+    eq = s[..., 1:] == s[..., :-1]
+    same = torch.zeros_like(s, dtype=torch.bool)
+    same[..., 1:] |= eq
+    same[..., :-1] |= eq
+    return torch.zeros_like(same).scatter(-1, order, same) & t.isfinite()
+
+
+def _ties_by_id(t: torch.Tensor) -> torch.Tensor:
+    """The tied values of each row made distinct in id order, the lower id the larger: the j-th id of a tie
+    moves j float32 steps down (a 16-bit input widens to float32 exactly first, so that the steps stay far
+    below its own rounding). What a kernel that keeps exactly k by a stable rank computes, for ties of a few
+    dozen: float32's tolerance (1e-5) holds 160 steps of 2^-24."""
+    x = t.detach().to(torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.detach().clone()
+    steps = _tie_rank(x)
+    if not bool(steps.any()):
+        return x
+    bits = x.view(torch.int32) if x.dtype == torch.float32 else x.view(torch.int64)
+    down = torch.where(x > 0, bits - steps.to(bits.dtype), bits + steps.to(bits.dtype))  # sign-magnitude order
+    return torch.where((steps > 0) & x.isfinite() & (x != 0), down.view(x.dtype), x)
+
+
 MODELS: dict[str, PropertyModel] = {
     # flush to zero, sign kept (x * 0), as an FTZ float32 instruction does with a subnormal operand
     "float32-subnormals": PropertyModel(
         count=lambda t: int(_float32_subnormal(t).sum()),
         apply=lambda t: torch.where(_float32_subnormal(t), t * 0, t),
         applied="flushed to zero"),
+    # a tie at the k-th value or across the top-p cut kept by id order (exactly k), not whole by value
+    "ties-at-cut": PropertyModel(
+        count=lambda t: int(_tied(t).sum()),
+        apply=_ties_by_id,
+        applied="ordered by token id (the lower id kept first)"),
 }
 
 
