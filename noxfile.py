@@ -183,8 +183,11 @@ def tests(session: nox.Session) -> None:
     if not result.ok:
         session.error(f"install failed: {result.error}\n{result.tail()}")
     # one test process per core (`-- -n 0` for one process); the tests share no files or ports. The
-    # heavy ones (inputs past 64 MiB: tests/unit/sizes.py) are tests-heavy's
-    session.run("python", "-m", "pytest", "tests/unit", "-q", "-n", "auto", "-m", "not heavy", *pytest_args)
+    # heavy ones (inputs past 64 MiB: tests/unit/sizes.py) are tests-heavy's. `loadgroup`: the tests of one
+    # `xdist_group` run in one process, which keeps what they share (test_errormodel.py: a definition's mutants).
+    # Each process takes its share of the cores for torch's threads (tests/unit/conftest.py)
+    session.run("python", "-m", "pytest", "tests/unit", "-q", "-n", "auto", "--dist", "loadgroup", "-m", "not heavy",
+                *pytest_args)
 
 
 @nox.session(name="tests-heavy", venv_backend="virtualenv", tags=["nightly", "cpu"], default=False)
@@ -195,7 +198,8 @@ def tests_heavy(session: nox.Session) -> None:
     result = install(CPU, _python(session), opts, project=ROOT, log=RESULTS / "tests-heavy" / "install.log")
     if not result.ok:
         session.error(f"install failed: {result.error}\n{result.tail()}")
-    session.run("python", "-m", "pytest", "tests/unit", "-q", "-n", "auto", "-m", "heavy", *pytest_args)
+    session.run("python", "-m", "pytest", "tests/unit", "-q", "-n", "auto", "--dist", "loadgroup", "-m", "heavy",
+                *pytest_args)
 
 
 @nox.session(venv_backend="virtualenv", tags=["lint"], default=False)
