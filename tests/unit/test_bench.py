@@ -879,3 +879,20 @@ def test_ncu_validate_all_runs_ncu_on_the_profile_mode():
         "profile", "--cases", "decode_medium,rmsnorm_large", "--calls", "20", "--warmup", "5"]
     assert "decode_medium" in nv.CASES
     assert nv._cv([1.0]) is None and nv._cv([9.0, 11.0]) == pytest.approx(math.sqrt(2) / 10)
+
+
+def test_a_merge_counts_each_state_s_weight_and_share_and_an_append_its_slots_arithmetic():
+    pair = load_definition("merge_state_h32_d128")
+    x = generate_inputs(pair, "small", 0)
+    seq, heads, dim = x.values["v_a"].shape
+    assert roofline.work(pair, x).flops == 2 * seq * heads * (2 * dim + 3)
+    multi = load_definition("merge_states_h32_d128")
+    y = generate_inputs(multi, "small", 0)
+    seq, states, heads, dim = y.values["v"].shape
+    assert roofline.work(multi, y).flops == states * seq * heads * (2 * dim + 3)
+    append = load_definition("append_paged_kv_cache_kv8_d128_ps16")
+    z = generate_inputs(append, "small", 0)
+    assert roofline.work(append, z).flops == 4 * z.values["append_key"].shape[0]
+    mask = load_definition("top_k_mask_logits_v32000_bf16")  # a filter over logits, not probabilities
+    w = generate_inputs(mask, "small", 0)
+    assert roofline.work(mask, w).flops == 3 * w.values["logits"].numel()

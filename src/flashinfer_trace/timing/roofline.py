@@ -339,7 +339,8 @@ def _flops_activation(d: Definition, inputs: Inputs, detail: dict) -> int:
 
 
 def _flops_sampling(d: Definition, inputs: Inputs, detail: dict) -> int:
-    n = math.prod(_shape(d, inputs, "probs")) if "probs" in d.inputs else 0
+    name = next((n for n in ("probs", "logits") if n in d.inputs), None)
+    n = math.prod(_shape(d, inputs, name)) if name else 0
     filters = sum(1 for f in ("top_k", "top_p") if f in d.inputs)
     detail["flops_formula"] = (f"(1 + 2 * filters) * probabilities = {1 + 2 * filters} * {n} "
                                f"(rough: one draw pass, a compare + accumulate per filter)")
@@ -357,6 +358,24 @@ def _flops_gdn(d: Definition, inputs: Inputs, detail: dict) -> int:
     detail["flops_formula"] = (f"7 * tokens * value heads * V * K = 7 * {tokens} * {heads} * {dv} * {dk} "
                                f"(decay, S k, u k^T, S q per token)")
     return 7 * tokens * heads * dv * dk
+
+
+def _flops_cascade(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """Per state and (token, head): its weight exp2(s - max) (a subtraction, an exp2, a sum: 3) and its share of
+    the output (a multiply-add per element: 2 * head_dim); the lse's log2 and the division are per row, left out."""
+    v = _shape(d, inputs, "v_a" if "v_a" in d.inputs else "v")
+    states = 2 if ("v_a" in d.inputs or "v_other" in d.inputs) else v[1]
+    rows = math.prod(v[:-1]) // (1 if states == 2 else states)  # (token, head) pairs
+    detail["flops_formula"] = (f"states * rows * (2 * head_dim + 3) = {states} * {rows} * (2 * {v[-1]} + 3)")
+    return states * rows * (2 * v[-1] + 3)
+
+
+def _flops_page_append(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """A copy: no arithmetic on the data. What it computes is each appended token's slot: its page from the
+    request's page table (an addition and a division) and the offset in it (a modulo, a multiply-add): 4."""
+    tokens = _shape(d, inputs, next(n for n in d.inputs if n.startswith("append")))[0]
+    detail["flops_formula"] = f"4 * appended tokens = 4 * {tokens} (the slot's index arithmetic; the copy is bytes)"
+    return 4 * tokens
 
 
 def _tensor_numel(d: Definition, inputs: Inputs, spec: TensorSpec) -> int:
@@ -406,6 +425,8 @@ _FLOPS = {
     "rope": _flops_rope,
     "activation": _flops_activation,
     "sampling": _flops_sampling,
+    "cascade_merge": _flops_cascade,
+    "page_append": _flops_page_append,
 }
 
 
