@@ -37,7 +37,7 @@ from .groundtruth import (
     paths,
 )
 from .inputs import InputGenerationError, Inputs, UnsupportedOpType, edge_cases, generate_inputs
-from .inputs.common import CaseTooLarge, EdgeCaseUnavailable, memory_budget, too_large
+from .inputs.common import CaseTooLarge, EdgeCaseUnavailable, fixed_bytes, memory_budget, too_large
 from .memo import Memo, Phases
 from .options import DEFAULT_SEEDS, DEFAULT_SIZES, TOLERANCE_OPTIONS, fresh_seed
 from .reference import expected_dtypes, expected_shapes, output_dtypes, output_shapes, run_reference, shape_fits
@@ -80,6 +80,8 @@ class CheckConfig:
     resolve: Callable[..., Any] | None = None
     kernel: str | None = None  # the source "kernel": the user's MODULE:FUNCTION (groundtruth/kernel.py)
     contract: Contract | None = None  # what kernel APIs do not promise (verdict/contract.py); None: contract.toml
+    # a run's tier: definitions with more fixed-size input bytes (weights) are one skip each (CI's reference run)
+    max_fixed_bytes: int | None = None
 
     @property
     def resolved_device(self) -> str:
@@ -133,6 +135,7 @@ def config_from_options(get: Callable[[str], Any], **more: Any) -> CheckConfig:
                        device=get("device"), draws=get("draws"), save_failures=get("save_failures"),
                        save_inputs=bool(get("save_inputs")), jit_report=get("jit_report"),
                        fresh_seed=fresh_seed(get("fresh_seed")), repeats=get("repeats"), paths=not get("plain_path"),
+                       max_fixed_bytes=None if get("max_fixed_mib") is None else int(get("max_fixed_mib") * 2**20),
                        tolerance={k: v for k in TOLERANCE_OPTIONS if (v := get(k)) is not None}, **more)
 
 
@@ -262,7 +265,10 @@ def definition_cases(d: Definition, config: CheckConfig, budget: int | None = No
     if config.cases is not None:
         edge = [c for c in edge if c in config.cases]
     skip = None
-    if budget is not None and (why := too_large(d, budget)):
+    if config.max_fixed_bytes is not None and (fixed := fixed_bytes(d)) > config.max_fixed_bytes:
+        skip = (Kind.INPUT_LIMIT, f"{fixed / 2**20:.0f} MiB of fixed-size inputs, over this run's "
+                                  f"--max-fixed-mib {config.max_fixed_bytes / 2**20:g}")
+    elif budget is not None and (why := too_large(d, budget)):
         skip = (Kind.TOO_LARGE, why)
     else:
         why, source = _fi_trace_inputs(d, config.resolved_device)

@@ -72,6 +72,9 @@ def add_check_options(addoption: Callable[..., Any], prefix: str = "") -> None:
                        ("min-cosine", "cosine floor (fp8 MoE sets one)")):
         addoption(f"{o}{name}", dest=name.replace("-", "_"), type=float, default=None,
                   help=f"override every tolerance's {what}")
+    addoption(f"{o}max-fixed-mib", dest="max_fixed_mib", type=float, default=None, metavar="N",
+              help="leave out definitions with more than N MiB of fixed-size inputs (weights), each recorded as "
+                   "skip: input-limit (CI's reference tier; the nightly and `./dev main` run them all)")
     addoption(f"{o}draws", dest="draws", type=int, default=None,
               help="sampler draws per row (default: from the power calculation of verdict/samples.py)")
     addoption(f"{o}save-failures", dest="save_failures", default=None, metavar="DIR",

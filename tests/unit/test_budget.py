@@ -501,3 +501,18 @@ def _always(error):
         return Raises()
 
     return resolve
+
+
+def test_the_compare_phase_is_bounded_by_the_slice_not_the_output():
+    """A KV cache of 2**31 elements is compared a slice at a time: its compare phase is the slice's float64
+    buffers, not 24 bytes per element of the cache (the 130 GiB plan of page_append `large_page_index`)."""
+    from flashinfer_trace.budget import plan as p
+    from flashinfer_trace.verdict import compare
+
+    assert p.COMPARE_CHUNK == compare.CHUNK
+    huge = p.Sizes(inputs=2 * 2**31, floats=0, outputs=2 * 2**31, output_elements=2 * 2**31)
+    small = p.Sizes(inputs=1 << 20, floats=1 << 18, outputs=1 << 20, output_elements=1 << 19)
+    assert p.case_bytes(huge, "kernel")["compare"] == p.COMPARE_BUFFERS * 8 * compare.CHUNK
+    assert p.case_bytes(small, "kernel")["compare"] == p.COMPARE_BUFFERS * 8 * (1 << 19)
+    parts = p.case_bytes(huge, "kernel")
+    assert parts["compare"] < parts["reference"]  # the comparison no longer sets the peak (it was 3 x 8 x 4.3e9)

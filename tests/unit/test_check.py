@@ -16,6 +16,7 @@ from flashinfer_trace.check import (
     CheckConfig,
     Discovered,
     check,
+    config_from_options,
     discover,
     plan,
     run,
@@ -26,6 +27,7 @@ from flashinfer_trace.definition import Definition
 from flashinfer_trace.failures import replay_command
 from flashinfer_trace.groundtruth import paths
 from flashinfer_trace.inputs import norm as norm_inputs
+from flashinfer_trace.inputs.common import fixed_bytes
 from flashinfer_trace.results.record import CaseRecord
 
 # The weight multiply is missing: right shape and dtype, wrong values.
@@ -118,6 +120,24 @@ def test_plan_lists_every_check():
     only = plan(Discovered([d], []), CheckConfig(**{**CONFIG, "cases": ("single_token",)}))
     routes = sum(len(paths(s, d)) for s in CONFIG["sources"])  # every path of each source (rmsnorm: out=, pdl)
     assert [c.case for c in only if c.check == "edge"] == ["single_token"] * routes * len(CONFIG["sizes"])
+
+
+def test_a_run_over_its_weight_limit_records_each_case_a_skip_naming_the_limit():
+    """--max-fixed-mib (CI's reference tier): a definition with more fixed-size input bytes is left out, every case
+    a skip saying how many MiB and which limit; one at the limit runs."""
+    d = Definition.model_validate(VALID)
+    weights = fixed_bytes(d)
+    assert weights == 8 * 2  # rmsnorm_h8's bfloat16 weight [8]
+    over = plan(Discovered([d], []), CheckConfig(sources=("torch",), sizes=("small",), device="cpu",
+                                                 max_fixed_bytes=weights - 1))
+    assert over and all(c.skip is not None and c.skip[0] == "input-limit" for c in over)
+    assert "over this run's --max-fixed-mib" in over[0].skip[1]
+    at = plan(Discovered([d], []), CheckConfig(sources=("torch",), sizes=("small",), device="cpu",
+                                               max_fixed_bytes=weights))
+    assert all(c.skip is None for c in at)
+    options = {"max_fixed_mib": 0.5}  # the option, as pytest and the CLI hand it over, in MiB
+    assert config_from_options(options.get).max_fixed_bytes == 1 << 19
+    assert config_from_options({}.get).max_fixed_bytes is None
 
 
 # -- run / summarise --------------------------------------------------------------------------------

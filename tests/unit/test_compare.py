@@ -503,3 +503,29 @@ def test_the_fp8_moe_definitions_carry_the_floor():
     name = "moe_fp8_block_scale_renorm_topk8_e128_h2048_i768"
     tol = tolerance_for(load_definition(name))
     assert tol.min_cosine == 0.998 and tol.origin.endswith(f"definition:{name}")
+
+
+@pytest.mark.parametrize("matched_ratio", [1.0, 0.999, 0.9])
+def test_a_large_output_compared_in_slices_reports_what_it_reports_whole(monkeypatch, matched_ratio):
+    """An output past CHUNK elements (a KV cache of 2**31 elements) is upcast a slice at a time: every field of the
+    report is the one the whole comparison gives (the worst element the first of the largest, tolerance_used the
+    same quantile), NaN, infinities and an operand scale included."""
+    from flashinfer_trace.verdict import compare
+
+    g = torch.Generator().manual_seed(7)
+    e = torch.randn(3, 1000, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    a = (e.to(torch.float64) + 0.01 * torch.randn(3, 1000, generator=g, dtype=torch.float64)).to(torch.bfloat16)
+    a[0, 5], e[1, 7], a[2, 9], e[2, 9], a[2, 11] = float("nan"), float("inf"), float("-inf"), float("-inf"), 40.0
+    scale = e.to(torch.float64).abs() + (torch.rand(3, 1000, generator=g, dtype=torch.float64) > 0.9) * 3
+    tol = Tolerance(atol=0.01, rtol=0.01, matched_ratio=matched_ratio, min_cosine=0.5)
+    whole = diff(a, e, tol, scale=scale).as_dict()
+    monkeypatch.setattr(compare, "CHUNK", 128)
+    sliced = diff(a, e, tol, scale=scale).as_dict()
+    assert whole["mismatched"] > 0 and whole["worst_index"] == [0, 5] and whole["widened"] > 0  # NaN: worst first
+    for key, value in whole.items():
+        if isinstance(value, float) and math.isfinite(value):
+            assert sliced[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+        elif isinstance(value, float) and math.isnan(value):
+            assert math.isnan(sliced[key]), key
+        else:
+            assert sliced[key] == value, key

@@ -416,3 +416,27 @@ def test_the_configured_main_index_is_what_pip_of_that_python_says(tmp_path, mon
     assert wheelhouse.configured_index(str(fake)) == "https://env/simple"
     monkeypatch.delenv("PIP_INDEX_URL")
     assert wheelhouse.configured_index(str(tmp_path / "no-such-python")) is None
+
+
+def test_the_target_python_defaults_to_the_resolving_interpreters(tmp_path, monkeypatch):
+    """`--python` names another interpreter: without `--python-version` the wheels are for its Python, not for
+    the one running the command (a 3.11 machine building for a 3.12 node with --python python3.12)."""
+    fake = tmp_path / "python3.99"
+    fake.write_text(f"#!{sys.executable}\nprint('3.99')\n")
+    fake.chmod(0o755)
+    assert wheelhouse.interpreter_version(str(fake)) == "3.99"
+    assert wheelhouse.interpreter_version(sys.executable) == "{}.{}".format(*sys.version_info[:2])
+    fake.write_text(f"#!{sys.executable}\nprint('not a version')\n")
+    with pytest.raises(WheelhouseError, match="give --python-version"):
+        wheelhouse.interpreter_version(str(fake))
+    with pytest.raises(WheelhouseError, match="cannot run"):
+        wheelhouse.interpreter_version(str(tmp_path / "no-such-python"))
+    seen = {}
+    monkeypatch.setattr(wheelhouse, "configured_index", lambda python: None)
+    monkeypatch.setattr(wheelhouse, "build", lambda combo, out, *, version, **kw: seen.setdefault("version", version)
+                        and {"wheels": [], "python_version": version, "platforms": [], "left_out": [],
+                                                                  "notes": []})
+    fake.write_text(f"#!{sys.executable}\nprint('3.12')\n")
+    assert main(["wheelhouse", "build", "--combination", COMBO.id, "--out", str(tmp_path / "wh"), "--python", str(fake),
+                 "--constraints", str(ROOT / "constraints")]) == 0
+    assert seen["version"] == "3.12"

@@ -12,7 +12,8 @@ being run:
                 other data besides
     torch       the float64 ground truth: every floating input upcast, and its intermediates
     sampler     one call's repeated rows (the reference's and the kernel's chunks), and the draws
-    compare     both outputs upcast to float64, and the error model's scales
+    compare     both outputs upcast to float64 and what is computed from them, a slice of at most
+                COMPARE_CHUNK elements at a time (verdict/compare.py)
 
 What the plan leaves out it learns: a case whose measured peak passes its plan is reported (a bug of the
 planner, CaseRecord.memory) and raises every later plan of its op type and source (`Learned`).
@@ -38,6 +39,8 @@ REFERENCE_CHUNK = 4 << 28  # a sampler's reference call: 2**28 float32 elements 
 KERNEL_SAMPLER_ROWS = 4096  # the samplers' rows per kernel call (groundtruth ROWS_PER_CALL)
 LEARN_RATIO_FROM = 1 << 30  # a miss of a plan this large teaches a ratio; of a smaller one, a fixed sum
 GENERATION_GUESS = 256 * MiB  # the var-sized inputs of a small or medium case, before any was made
+COMPARE_CHUNK = 1 << 26  # verdict/compare.py CHUNK: elements widened to float64 at once
+COMPARE_BUFFERS = 6  # float64 buffers of a slice: actual, expected, err, allowed, ratio, the scale
 ARENA_MIN = 256 * MiB  # sandbox/pool.py MIN_CUDA_ARENA: the first reference call of a process allocates this much
 
 
@@ -105,7 +108,7 @@ def case_bytes(sizes: Sizes, klass: str, *, repeats: int = 1) -> dict[str, int]:
         phases["reference"] = max(phases["reference"], 2 * chunk + 4 * chunk)  # rows, arena copy, the sort's
         phases["kernel"] = 3 * 4 * KERNEL_SAMPLER_ROWS * vocab + WORKSPACE
     if klass != "structure":
-        phases["compare"] = 3 * 8 * sizes.output_elements
+        phases["compare"] = COMPARE_BUFFERS * 8 * min(sizes.output_elements, COMPARE_CHUNK)
     parts.update(phases)
     parts["total"] = int(MARGIN * (parts["standing"] + max(phases.values()))) + SLACK
     return parts

@@ -18,8 +18,8 @@ def add_commands(top) -> None:
                                      "and platform into one folder, with wheelhouse.json (sizes, sha256)")
     b.add_argument("--combination", required=True, metavar="C", help="a combination id or its constraints file")
     b.add_argument("--out", required=True, metavar="DIR", help="the wheelhouse folder (empty, or an earlier build's)")
-    b.add_argument("--python-version", default="{}.{}".format(*sys.version_info[:2]), metavar="3.X",
-                   help="the target's Python (default: this interpreter's)")
+    b.add_argument("--python-version", metavar="3.X",
+                   help="the target's Python (default: the version of --python, the interpreter that resolves)")
     b.add_argument("--platform", action="append", metavar="TAG",
                    help="a wheel platform tag of the target (repeatable; default manylinux_2_28_x86_64); a manylinux "
                         "tag takes the older manylinux tags of its architecture along")
@@ -59,7 +59,8 @@ def _error(message: str) -> int:
 def run_build(args: argparse.Namespace) -> int:
     try:
         combo = find_combination(args.combination, args.constraints)
-        manifest = wheelhouse.build(combo, args.out, version=args.python_version,
+        version = args.python_version or wheelhouse.interpreter_version(args.python)
+        manifest = wheelhouse.build(combo, args.out, version=version,
                                     platforms=args.platform or wheelhouse.DEFAULT_PLATFORMS, exclude=args.exclude,
                                     add=args.add, project=not args.no_project, torch_index=args.torch_index,
                                     index_url=args.index_url or wheelhouse.configured_index(args.python),

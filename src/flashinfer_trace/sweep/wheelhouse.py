@@ -89,6 +89,23 @@ def pip_runner(python: str = sys.executable) -> Pip:
     return run
 
 
+def interpreter_version(python: str = sys.executable) -> str:
+    """3.X of `python`: a build resolved by another interpreter targets that one's Python unless told otherwise
+    (else its wheels would be this interpreter's: cp311 wheels for a 3.12 node)."""
+    if python == sys.executable:
+        return "{}.{}".format(*sys.version_info[:2])
+    try:
+        out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise WheelhouseError(f"cannot run {python} to learn its Python version: {e}") from None
+    version = out.stdout.strip()
+    if out.returncode != 0 or not re.fullmatch(r"3\.\d+", version):
+        raise WheelhouseError(f"cannot learn the Python version of {python} (exit {out.returncode}): "
+                              "give --python-version 3.X")
+    return version
+
+
 def configured_index(python: str = sys.executable) -> str | None:
     """The main index the pip of `python` is configured with (PIP_INDEX_URL, else pip.conf's download, install
     or global `index-url`); None where it has none and uses PyPI."""

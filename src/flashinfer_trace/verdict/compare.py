@@ -188,10 +188,33 @@ class DiffReport:
                 f"[{self.verdict}]")
 
 
+CHUNK = 1 << 26  # elements compared at once: a KV cache of 2**31 elements is never widened to float64 whole
+
+
+@dataclass
+class _Tally:
+    """What `diff` gathers over the slices of one output, in order."""
+    nan_a: int = 0
+    nan_e: int = 0
+    inf_a: int = 0
+    inf_e: int = 0
+    mismatched: int = 0
+    widened: int = 0
+    finite: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    dot: float = 0.0
+    na2: float = 0.0
+    ne2: float = 0.0
+    worst: tuple[float, int, float, float] | None = None  # (score, flat index, actual, expected)
+    bad_nonfinite: bool = False  # a NaN or an infinity where the other side differs
+    top: torch.Tensor | None = None  # the largest err / allowed ratios, as many as the matched_ratio quantile needs
+
+
 def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output", *,
          scale: torch.Tensor | None = None, error_model: str | None = None) -> DiffReport:
-    """Compare one output; both are upcast to float64 (non-float values compare exactly). `scale`:
-    the element-wise magnitude rtol multiplies where it is larger than |expected| (errormodel.py).
+    """Compare one output; both are upcast to float64 (non-float values compare exactly), CHUNK elements at a
+    time. `scale`: the element-wise magnitude rtol multiplies where it is larger than |expected| (errormodel.py).
     Computed where both tensors are (a GPU's float64 is fast; eight test processes comparing on one
     node's CPU cores are not), on the CPU when they are on different devices."""
     a = torch.as_tensor(actual).detach()
@@ -210,10 +233,53 @@ def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output",
         report.verdict = "bug"
         return report
     exact = not (a.is_floating_point() or e.is_floating_point())
-    a, e = a.to(torch.float64).flatten(), e.to(torch.float64).flatten()
-    report.total = a.numel()
-    report.nan_actual, report.nan_expected = int(a.isnan().sum()), int(e.isnan().sum())
-    report.inf_actual, report.inf_expected = int(a.isinf().sum()), int(e.isinf().sum())
+    a, e = a.flatten(), e.flatten()
+    s = None if scale is None else scale.flatten()
+    n = report.total = a.numel()
+    # tolerance_used is the k-th smallest ratio, i.e. the m-th largest: each slice keeps its m largest. Where m
+    # is larger than a slice (a low matched_ratio over a huge output), the output is compared whole
+    k = min(max(math.ceil(tolerance.matched_ratio * n - 1e-9), 1), max(n, 1))
+    m = n - k + 1
+    step = CHUNK if m <= CHUNK else max(n, 1)
+    t = _Tally()
+    for lo in range(0, n, step):
+        _tally(t, a[lo:lo + step], e[lo:lo + step], None if s is None else s[lo:lo + step], tolerance, exact, lo, m)
+    report.nan_actual, report.nan_expected, report.inf_actual, report.inf_expected = t.nan_a, t.nan_e, t.inf_a, t.inf_e
+    report.mismatched, report.widened = t.mismatched, t.widened
+    if not exact:
+        report.tolerance_used = 0.0 if t.top is None or not t.top.numel() else round(float(t.top.min()), 6)
+    if t.finite:
+        report.max_abs, report.max_rel = t.max_abs, t.max_rel
+        na, ne = math.sqrt(t.na2), math.sqrt(t.ne2)
+        report.cosine = 1.0 if na == ne == 0.0 else t.dot / (na * ne) if na and ne else 0.0
+        if tolerance.min_cosine is not None and not exact and ne >= tolerance.atol * math.sqrt(t.finite):
+            report.cosine_floor = tolerance.min_cosine
+            used = 1.0 - report.cosine
+            slack = 1.0 - tolerance.min_cosine
+            used = used / slack if slack > 0 else (0.0 if used <= 0 else math.inf)
+            report.tolerance_used = max(report.tolerance_used or 0.0, round(used, 6))
+    if t.worst is not None:
+        _, flat, report.worst_actual, report.worst_expected = t.worst
+        report.worst_index = list(_unravel(flat, report.shape))
+    matched = 1.0 - report.mismatch_ratio
+    cosine_ok = report.cosine_floor is None or report.cosine >= report.cosine_floor
+    if cosine_ok and (report.mismatched == 0 or matched >= tolerance.matched_ratio):
+        report.verdict = "pass"
+    elif report.max_abs > BUG_ABS or report.cosine < BUG_COSINE or t.bad_nonfinite:
+        report.verdict = "bug"
+    else:
+        report.verdict = "precision"
+    return report
+
+
+def _tally(t: _Tally, a: torch.Tensor, e: torch.Tensor, s: torch.Tensor | None, tolerance: Tolerance, exact: bool,
+           offset: int, m: int) -> None:
+    """Add one slice (flat, starting at `offset`) to the tally."""
+    a, e = a.to(torch.float64), e.to(torch.float64)
+    t.nan_a += int(a.isnan().sum())
+    t.nan_e += int(e.isnan().sum())
+    t.inf_a += int(a.isinf().sum())
+    t.inf_e += int(e.isinf().sum())
     finite = a.isfinite() & e.isfinite()
     err = (a - e).abs()
     if exact:
@@ -221,57 +287,38 @@ def diff(actual: Any, expected: Any, tolerance: Tolerance, name: str = "output",
     else:
         allowed = tolerance.atol + tolerance.rtol * e.abs()
         ok = torch.where(finite, err <= allowed, False)
-        if scale is not None:
-            s = scale.to(torch.float64).flatten()
+        if s is not None:
+            s = s.to(torch.float64)
             wide = torch.where(finite & s.isfinite(), err <= tolerance.atol + tolerance.rtol * s, False)
-            report.widened = int((wide & ~ok).sum())
+            t.widened += int((wide & ~ok).sum())
             ok |= wide
             allowed = torch.where(s.isfinite(), torch.maximum(allowed, tolerance.atol + tolerance.rtol * s), allowed)
         # the same infinity, or NaN on both sides, is agreement (an empty softmax's lse is -inf)
         agree = (a.isinf() & (a == e)) | (a.isnan() & e.isnan())
         ok |= agree
-        report.tolerance_used = _tolerance_used(err, allowed, finite, agree, tolerance.matched_ratio)
-    report.mismatched = int((~ok).sum())
-    if finite.any():
+        ratio = torch.where(allowed > 0, err / allowed.clamp_min(1e-300), torch.where(err > 0, math.inf, 0.0))
+        ratio = torch.where(finite, ratio, torch.where(agree, 0.0, math.inf))
+        top = ratio.topk(min(m, ratio.numel())).values
+        both = top if t.top is None else torch.cat([t.top, top])
+        t.top = both.topk(min(m, both.numel())).values
+    t.mismatched += int((~ok).sum())
+    t.bad_nonfinite |= bool((~ok & ~finite).any())
+    count = int(finite.sum())
+    if count:
         fe, fa, ferr = e[finite], a[finite], err[finite]
-        report.max_abs = float(ferr.max())
-        report.max_rel = float((ferr / fe.abs().clamp_min(1e-12)).max())
-        na, ne = float(fa.norm()), float(fe.norm())
-        report.cosine = 1.0 if na == ne == 0.0 else float(fa @ fe) / (na * ne) if na and ne else 0.0
-        if tolerance.min_cosine is not None and not exact and ne >= tolerance.atol * math.sqrt(fe.numel()):
-            report.cosine_floor = tolerance.min_cosine
-            used = 1.0 - report.cosine
-            slack = 1.0 - tolerance.min_cosine
-            used = used / slack if slack > 0 else (0.0 if used <= 0 else math.inf)
-            report.tolerance_used = max(report.tolerance_used or 0.0, round(used, 6))
+        t.finite += count
+        t.max_abs = max(t.max_abs, float(ferr.max()))
+        t.max_rel = max(t.max_rel, float((ferr / fe.abs().clamp_min(1e-12)).max()))
+        t.dot += float(fa @ fe)
+        t.na2 += float(fa @ fa)
+        t.ne2 += float(fe @ fe)
     bad = (~ok).nonzero().flatten()
     if bad.numel():
         score = torch.where(finite, err, math.inf)[bad]
-        flat = int(bad[int(score.argmax())])
-        report.worst_index = list(_unravel(flat, report.shape))
-        report.worst_actual, report.worst_expected = float(a[flat]), float(e[flat])
-    matched = 1.0 - report.mismatch_ratio
-    cosine_ok = report.cosine_floor is None or report.cosine >= report.cosine_floor
-    if cosine_ok and (report.mismatched == 0 or matched >= tolerance.matched_ratio):
-        report.verdict = "pass"
-    elif (report.max_abs > BUG_ABS or report.cosine < BUG_COSINE
-          or bool((~ok & ~finite).any())):  # a NaN or an infinity where the other side differs
-        report.verdict = "bug"
-    else:
-        report.verdict = "precision"
-    return report
-
-
-def _tolerance_used(err: torch.Tensor, allowed: torch.Tensor, finite: torch.Tensor, agree: torch.Tensor,
-                    matched_ratio: float) -> float:
-    """The matched_ratio quantile of err / allowed (a non-finite element counts as infinitely far unless both
-    sides agree): the ceil(matched_ratio * n)-th smallest, <= 1 exactly when enough elements are within tolerance."""
-    if not err.numel():
-        return 0.0
-    ratio = torch.where(allowed > 0, err / allowed.clamp_min(1e-300), torch.where(err > 0, math.inf, 0.0))
-    ratio = torch.where(finite, ratio, torch.where(agree, 0.0, math.inf))
-    k = min(max(math.ceil(matched_ratio * ratio.numel() - 1e-9), 1), ratio.numel())
-    return round(float(ratio.kthvalue(k).values), 6)
+        i = int(score.argmax())
+        best, flat = float(score[i]), int(bad[i])
+        if t.worst is None or best > t.worst[0]:
+            t.worst = (best, offset + flat, float(a[flat]), float(e[flat]))
 
 
 def _unravel(flat: int, shape: list[int]) -> tuple[int, ...]:
