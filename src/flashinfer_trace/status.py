@@ -48,7 +48,7 @@ class Kind(str, enum.Enum):
     # the case cannot be made here
     NO_GENERATOR = "no-generator"
     TOO_LARGE = "too-large"
-    INPUT_LIMIT = "input-limit"  # the run's --max-fixed-mib leaves the definition out (a tier's choice, not the device's)
+    INPUT_LIMIT = "input-limit"  # the run's --max-fixed-mib leaves the definition out (a tier, not the device)
     FI_TRACE_INPUTS = "fi-trace-inputs"
     INPUTS = "inputs"  # the generator raised
     LOAD = "load"  # the definition file did not load
