@@ -47,6 +47,7 @@ from .status import Kind, Status
 from .verdict import Judgement, judge, judge_sampler
 from .verdict.compare import tolerance_for
 from .verdict.contract import Contract, reconsider
+from .verdict.drawstore import DrawStore
 from .verdict.samples import SamplingSettings
 
 SIZE_ORDER = {"small": 0, "medium": 1, "large": 2}
@@ -82,6 +83,7 @@ class CheckConfig:
     contract: Contract | None = None  # what kernel APIs do not promise (verdict/contract.py); None: contract.toml
     # a run's tier: definitions with more fixed-size input bytes (weights) are one skip each (CI's reference run)
     max_fixed_bytes: int | None = None
+    draws_store: str | None = None  # a sampler reference's draws kept here for later runs (verdict/drawstore.py)
 
     @property
     def resolved_device(self) -> str:
@@ -136,6 +138,7 @@ def config_from_options(get: Callable[[str], Any], **more: Any) -> CheckConfig:
                        save_inputs=bool(get("save_inputs")), jit_report=get("jit_report"),
                        fresh_seed=fresh_seed(get("fresh_seed")), repeats=get("repeats"), paths=not get("plain_path"),
                        max_fixed_bytes=None if get("max_fixed_mib") is None else int(get("max_fixed_mib") * 2**20),
+                       draws_store=get("draws_store"),
                        tolerance={k: v for k in TOLERANCE_OPTIONS if (v := get(k)) is not None}, **more)
 
 
@@ -319,7 +322,8 @@ def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> Cas
         settings = config.sampling(edge=case.check is Check.EDGE)
         inputs = memo.copy(case, phases)
         with phases("compare"):
-            j = judge_sampler(d, inputs, gt, settings, case.seed, cache=memo.sampler_draws)
+            store = DrawStore(Path(config.draws_store)) if config.draws_store else None
+            j = judge_sampler(d, inputs, gt, settings, case.seed, cache=memo.sampler_draws, store=store)
         plan = j.reports[0]["settings"] if j.reports else settings.as_dict()
         return _judged(case, j, ground_truth=_path(gt), sampling=plan, kind=Kind.SAMPLES)
     actual = memo.reference(case, phases)

@@ -75,6 +75,10 @@ def add_check_options(addoption: Callable[..., Any], prefix: str = "") -> None:
     addoption(f"{o}max-fixed-mib", dest="max_fixed_mib", type=float, default=None, metavar="N",
               help="leave out definitions with more than N MiB of fixed-size inputs (weights), each recorded as "
                    "skip: input-limit (CI's reference tier; the nightly and `./dev main` run them all)")
+    addoption(f"{o}draws-store", dest="draws_store", default=None, metavar="DIR",
+              help="keep a sampler reference's draws under DIR and reuse them where the reference, its inputs, seed, "
+                   "torch and device are the same (a sweep's other releases; GPU sessions use "
+                   "~/.cache/flashinfer-trace/sampler-draws); default: none")
     addoption(f"{o}draws", dest="draws", type=int, default=None,
               help="sampler draws per row (default: from the power calculation of verdict/samples.py)")
     addoption(f"{o}save-failures", dest="save_failures", default=None, metavar="DIR",

@@ -359,3 +359,43 @@ def test_a_sampler_of_logits_repeats_its_logits_rows_and_has_no_probability_supp
     with pytest.raises(KeyError, match="needs a probs or logits input"):
         distribution_input(Definition.model_validate({**d.as_dict, "inputs": {
             "x": {"shape": ["batch", "vocab"], "dtype": "float32"}}, "reference": "def run(x):\n    return x\n"}))
+
+
+def test_a_stored_reference_draw_set_is_reused_only_for_the_same_reference_inputs_seed_and_machine(
+        tmp_path, monkeypatch):
+    """--draws-store: the second check of the same reference, inputs and seed reads the first's draws instead of
+    calling the reference (and says so); another seed, other inputs, another reference or another torch make their
+    own; a stored file that is not the draws is made again."""
+    from flashinfer_trace.verdict import drawstore
+    from flashinfer_trace.verdict import samples as compare_samples
+    from flashinfer_trace.verdict.drawstore import DrawStore
+
+    calls = []
+    real = compare_samples.draw_reference
+    monkeypatch.setattr(compare_samples, "draw_reference", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    d, store = sampler(TOP_K_REFERENCE), DrawStore(tmp_path)
+    x = generate_inputs(d, "small", seed=0)
+    gt = get_ground_truth("torch", d, device="cpu")
+
+    def check(definition=d, inputs=x, seed=5):
+        return compare_samples.check_sampler(definition, inputs, gt, SETTINGS, seed, store=store)
+
+    first, second = check(), check()
+    assert calls == [5] and first.settings["reference_draws"] == "made"
+    assert second.settings["reference_draws"] == "reused" and first.sides[0] == second.sides[0]
+    check(seed=6)
+    other = generate_inputs(d, "small", seed=1)
+    check(inputs=other)
+    check(definition=sampler(TOP_K_REFERENCE + "\n# another reference\n"))
+    assert calls == [5, 6, 5, 5]
+    monkeypatch.setattr(drawstore.torch, "__version__", "0.0.0-another-build")
+    check()
+    assert calls == [5, 6, 5, 5, 5]
+    monkeypatch.undo()
+    monkeypatch.setattr(compare_samples, "draw_reference", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    files = sorted(tmp_path.rglob("*.pt"))
+    assert len(files) == 5
+    for f in files:
+        f.write_bytes(b"not a tensor")
+    assert check().settings["reference_draws"] == "made" and calls[-1] == 5
+    assert "reference_draws" not in compare_samples.check_sampler(d, x, gt, SETTINGS, 5).settings  # no store

@@ -375,6 +375,23 @@ def test_a_bench_session_hands_its_tests_the_prebuild_report():
     assert f"--bench-jit-report={Path('results/bench-x') / 'jit.jsonl'}" in args
 
 
+def test_gpu_reference_sessions_share_one_store_of_sampler_reference_draws(monkeypatch, tmp_path):
+    """Every GPU references session of the node keeps its sampler references' draws in one store (the draws do not
+    depend on the release); the CPU session keeps none; the user's own --draws-store wins."""
+    from flashinfer_trace.sweep import session
+    from flashinfer_trace.sweep.combos import load_combination
+
+    gpu = load_combination(ROOT / "constraints" / "cu130-torch2.11-fi0.5.3.toml")
+    cpu = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
+    monkeypatch.delenv(session.DRAWS_ENV, raising=False)
+    assert f"--draws-store={session.DRAWS_DIR}" in session.pytest_args("references", gpu, Path("r"), [])
+    monkeypatch.setenv(session.DRAWS_ENV, str(tmp_path))
+    assert f"--draws-store={tmp_path}" in session.pytest_args("references", gpu, Path("r"), [])
+    assert not any(a.startswith("--draws-store") for a in session.pytest_args("references", cpu, Path("r"), []))
+    mine = session.pytest_args("references", gpu, Path("r"), ["--draws-store=/elsewhere"])
+    assert [a for a in mine if a.startswith("--draws-store")] == ["--draws-store=/elsewhere"]
+
+
 # -- the shared install folder ---------------------------------------------------------------------------
 def _offline_install(tmp_path: Path, monkeypatch, spans: list, delay: float = 0.5):
     """`_install` of one combination offline, with pip stood in: its --target run records when it ran."""

@@ -42,6 +42,9 @@ from .session_report import Timeline, bad_lines, building_lines, info_line, not_
 EXIT_SKIPPED = 3
 REFERENCE_TESTS = "tests/references"
 BENCH_TESTS = "tests/bench"
+# where GPU sessions keep sampler references' draws for the node's later sessions (verdict/drawstore.py)
+DRAWS_ENV = "FLASHINFER_TRACE_DRAWS_DIR"
+DRAWS_DIR = Path.home() / ".cache" / "flashinfer-trace" / "sampler-draws"
 
 
 def detect_arch() -> str | None:
@@ -78,6 +81,9 @@ def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], 
                 *report, "-p", "no:xdist", *extra]
     device = "cuda" if combo.gpu else "cpu"
     report = [f"--jit-report={results / JIT_STREAM}"] if combo.gpu else []  # the tests skip what it could not build
+    # a sampler reference's draws are the same in every release's session on this torch and GPU: made once
+    if combo.gpu and not any(a.startswith("--draws-store") for a in extra):
+        report.append(f"--draws-store={os.environ.get(DRAWS_ENV) or DRAWS_DIR}")
     # one fresh seed for every test process of the session (they collect the same cases); the user's wins
     fresh = [] if fresh_seed is None or any(a.startswith("--fresh-seed") for a in extra) else [
         f"--fresh-seed={fresh_seed}"]

@@ -53,8 +53,8 @@ def judge(definition: Definition, inputs: Inputs, actual, expected, tolerance: T
 
 
 def judge_sampler(definition: Definition, inputs: Inputs, ground_truth, settings: SamplingSettings,
-                  seed: int, cache: dict | None = None) -> Judgement:
-    report: SampleReport = check_sampler(definition, inputs, ground_truth, settings, seed, cache)
+                  seed: int, cache: dict | None = None, store=None) -> Judgement:
+    report: SampleReport = check_sampler(definition, inputs, ground_truth, settings, seed, cache, store)
     return Judgement(report.passed, report.verdict, None if report.passed else report.summary(),
                      [], [report.as_dict()])
 

@@ -38,6 +38,7 @@ import torch
 from ..inputs.rng import stream_seed
 from ..inputs.sampling import distribution_input, repeat_rows
 from ..reference import reference_function
+from .drawstore import DrawStore
 
 if TYPE_CHECKING:
     from ..definition import Definition
@@ -450,17 +451,22 @@ def compare_two_samples(reference: torch.Tensor, ground_truth: torch.Tensor, voc
 
 
 # -- the check ---------------------------------------------------------------------------------------------
+def rows_per_call(definition: Definition, inputs: Inputs) -> int:
+    """Repeated rows in one reference call: CHUNK_ELEMENTS of the device over the vocabulary."""
+    dist = inputs.values[distribution_input(definition)]
+    return max(1, CHUNK_ELEMENTS.get(dist.device.type, CHUNK_ELEMENTS["cpu"]) // max(dist.shape[1], 1))
+
+
 def draw_reference(definition: Definition, inputs: Inputs, draws: int, seed: int) -> torch.Tensor:
     """[batch, draws] samples from the reference, seeded, a bounded number of rows per call."""
     run = reference_function(definition)
-    dist = inputs.values[distribution_input(definition)]
-    batch, vocab = dist.shape
-    rows_per_call = max(1, CHUNK_ELEMENTS.get(dist.device.type, CHUNK_ELEMENTS["cpu"]) // max(vocab, 1))
+    batch = inputs.values[distribution_input(definition)].shape[0]
+    chunk = rows_per_call(definition, inputs)
     out = torch.empty(batch, draws, dtype=torch.int64)
     for row in range(batch):
         done = 0
         while done < draws:
-            n = min(draws - done, rows_per_call)
+            n = min(draws - done, chunk)
             # Every call starts the worker's RNG from the seed it is given: each chunk gets its own, or
             # the chunks of a row would repeat one another's draws (seen on the H100 at 2000 draws).
             samples = run.call(repeat_rows(definition, inputs, n, slice(row, row + 1)),
@@ -478,22 +484,39 @@ def plan_for(definition: Definition, inputs: Inputs, settings: SamplingSettings,
 
 
 def check_sampler(definition: Definition, inputs: Inputs, ground_truth: GroundTruth,
-                  settings: SamplingSettings, seed: int, cache: dict | None = None) -> SampleReport:
-    """`cache` keeps the reference's draws for the other ground truths of the same case (they cost the most)."""
+                  settings: SamplingSettings, seed: int, cache: dict | None = None,
+                  store: DrawStore | None = None) -> SampleReport:
+    """`cache` keeps the reference's draws for the other ground truths of the same case (they cost the most);
+    `store` keeps them on disk for later runs of the same reference, inputs, torch and device (drawstore.py)."""
     t = target(definition, inputs, settings.top_p_slack)
     plan = plan_for(definition, inputs, settings, t)
     key = ("reference-draws", plan.row_draws, seed)
+    made = None
     if cache is not None and key in cache:
-        reference = cache[key]
+        reference, made = cache[key]
     else:
-        reference = draw_reference(definition, inputs, plan.row_draws, seed)
+        reference = stored = None
+        if store is not None:
+            dist = inputs.values[distribution_input(definition)]
+            stored = store.key(definition, inputs, seed, plan.row_draws, rows_per_call(definition, inputs),
+                               dist.device)
+            reference = store.get(stored, (dist.shape[0], plan.row_draws))
+            made = "reused" if reference is not None else "made"
+        if reference is None:
+            reference = draw_reference(definition, inputs, plan.row_draws, seed)
+            if stored is not None:
+                store.put(stored, reference)
         if cache is not None:
-            cache[key] = reference
+            cache[key] = (reference, made)
     expected = ground_truth(inputs, draws=plan.row_draws)[0]
     if t is None:
         vocab = inputs.values[distribution_input(definition)].shape[1]
-        return compare_two_samples(reference, expected, vocab, plan)
-    return compare_to_target(reference, expected, t, plan)
+        report = compare_two_samples(reference, expected, vocab, plan)
+    else:
+        report = compare_to_target(reference, expected, t, plan)
+    if made is not None:
+        report.settings["reference_draws"] = made  # this run's, or a stored set's of an earlier run
+    return report
 
 
 def assert_samples_match(definition: Definition, inputs: Inputs, ground_truth: GroundTruth, *,
