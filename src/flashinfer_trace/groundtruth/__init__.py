@@ -21,6 +21,7 @@ from . import (
     flashinfer_cascade,
     flashinfer_dsa,
     flashinfer_page_append,
+    flashinfer_single,
     flashinfer_topk,
     modes,
     sglang,
@@ -53,7 +54,7 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
 
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
-                  + flashinfer_page_append.ADAPTERS + flashinfer_topk.ADAPTERS,
+                  + flashinfer_page_append.ADAPTERS + flashinfer_single.ADAPTERS + flashinfer_topk.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS,
 }

@@ -9,6 +9,7 @@ the reference's float32-then-round against a result whose own error is negligibl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -155,6 +156,23 @@ def mla(call: Call) -> tuple:
         return ckv[slots].to(F64)[None]
 
     return _attention(call, q, keys, values, q.shape[0], q.shape[1], ckv.shape[-1])
+
+
+def single(call: Call) -> tuple:
+    """single_decode / single_prefill: the ragged case with one request (kv_indptr [0, kv_len], qo_indptr
+    [0, qo_len]) through `gqa`; decode's q [heads, dim] is one query token, its outputs lose that axis again."""
+    x = _values(call)
+    q, k = x["q"], x["k"]
+    decode = q.dim() == 2
+    rows = 1 if decode else q.shape[0]
+    ragged = {"q": q[None] if decode else q, "k": k, "v": x["v"],
+              "qo_indptr": torch.tensor([0, rows], dtype=torch.int64, device=q.device),
+              "kv_indptr": torch.tensor([0, k.shape[0]], dtype=torch.int64, device=q.device)}
+    if "sm_scale" in x:
+        ragged["sm_scale"] = x["sm_scale"]
+    one = dataclasses.replace(call, inputs=dataclasses.replace(call.inputs, values=ragged))
+    out = gqa(one)
+    return tuple(t[0] for t in out) if decode else out
 
 
 # -- rope / activation ------------------------------------------------------------------------------
@@ -469,6 +487,11 @@ ADAPTERS = [
     Adapter("torch", "mla_paged", "torch.nn.functional.scaled_dot_product_attention (float64)", mla,
             applies=_attention_applies("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices",
                                            "sm_scale")),
+    # one request of the ragged case (`single`): the same float64 computation
+    Adapter("torch", "single_decode", "torch.nn.functional.scaled_dot_product_attention (float64)", single,
+            applies=_attention_applies("q", "k", "v")),
+    Adapter("torch", "single_prefill", "torch.nn.functional.scaled_dot_product_attention (float64)", single,
+            applies=_attention_applies("q", "k", "v")),
     Adapter("torch", "rope", "complex rotation (float64)", rope, applies=_rope_applies, params=(sem.rope_is_neox,)),
     Adapter("torch", "activation", "torch.nn.functional.silu (float64)", silu_and_mul,
             applies=lambda d: None if "silu" in d.name else "only silu_and_mul"),

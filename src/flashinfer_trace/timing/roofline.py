@@ -29,6 +29,8 @@ FLOPs (multiply and add count as two), per op_type:
   causal prefill (a definition of stage prefill with "causal" in its name) the bottom-right
   aligned triangle: query i of q (at position kv_len - q + i) sees keys 0..kv_len - q + i, so
   pairs = q * (kv_len - q) + q * (q + 1) / 2 when q <= kv_len;
+* single_decode, single_prefill: the same sum for their one request (q [heads, dim] is one query; k
+  and v [kv_len, kv_heads, dim]);
 * mla_paged: 2 * heads * pairs * (ckv_dim + kpe_dim) for the scores plus 2 * heads * pairs * ckv_dim
   for the values (the absorbed form: keys [ckv | kpe], values ckv);
 * moe: for each routed (token, local expert) pair, 2 * H * G1 + 2 * I * H with G1 = gemm1's output
@@ -293,6 +295,22 @@ def _flops_gqa(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 2 * heads * pairs * (dqk + dvo)
 
 
+def _flops_single(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """single_decode / single_prefill: one request, q [heads, dim] (one query) or [qo_len, heads, dim], k/v
+    [kv_len, kv_heads, dim]: the gqa sum for that request."""
+    q, k, v = (inputs.values[n] for n in ("q", "k", "v"))
+    qo, kv = (int(q.shape[0]) if q.dim() == 3 else 1), int(k.shape[0])
+    causal = _is_causal(d)
+    pairs = visible_pairs(qo, kv, causal)
+    heads, dqk = int(q.shape[-2]), int(q.shape[-1])
+    dvo = int(v.shape[-1])
+    detail.update(requests=1, causal=causal, visible_pairs=pairs, qo_lens=[qo], kv_lens=[kv])
+    mask = "bottom-right causal" if causal else "all keys"
+    detail["flops_formula"] = (f"2 * heads * pairs * (head_dim_qk + head_dim_vo) = 2 * {heads} * {pairs} * "
+                               f"({dqk} + {dvo}) (one request; pairs: {mask})")
+    return 2 * heads * pairs * (dqk + dvo)
+
+
 def _flops_mla(d: Definition, inputs: Inputs, detail: dict) -> int:
     pairs = _attention_pairs(d, inputs, detail)
     heads, ckv = _shape(d, inputs, "q_nope")[-2:]
@@ -419,6 +437,8 @@ _FLOPS = {
     "gqa_ragged": _flops_gqa,
     "mla_ragged": _flops_gqa,  # q.k over qk_dim, p.v over vo_dim: the same sum
     "mla_paged": _flops_mla,
+    "single_decode": _flops_single,
+    "single_prefill": _flops_single,
     "mamba_ssu": _flops_mamba,
     "moe": _flops_moe,
     "rmsnorm": _flops_rmsnorm,

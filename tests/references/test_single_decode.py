@@ -1,0 +1,6 @@
+"""Reference tests of op type `single_decode`: every case the engine (flashinfer_trace.check) plans for the
+definitions in definitions/single_decode/, asserted; conftest.py brings the options and fixtures."""
+
+from flashinfer_trace.pytest_plugin import reference_test
+
+test_single_decode = reference_test("single_decode")
