@@ -54,27 +54,27 @@ def _move(mass: float) -> str:
 
 MUTANTS: tuple[Mutant, ...] = (
     # norms
-    # (eps is an input: the ground truths read its value from the call, never from the reference, so a
-    # reference that brings its own EPS, or a literal, computes another function and is caught)
+    # (eps is declared by the definition: a param:eps tag (rmsnorm_h4096, the public contract) or an input
+    # (the fp16 variants); the ground truths read it there, never from the reference, so a reference that
+    # brings another EPS, or a literal, computes another function and is caught)
     _m("rmsnorm_h4096", "writes-weight", "right output, but the weight is halved in place afterwards (the caller's "
        "tensor: a ground truth reusing it would compute on the changed weight)",
        ("    return y.to(hidden_states.dtype)",
         "    out = y.to(hidden_states.dtype)\n    weight.mul_(0.5)\n    return out"), cls="mutates-inputs"),
-    _m("rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the eps input",
-       ("keepdim=True) + eps)", "keepdim=True) + 1e-6)")),
-    _m("rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the eps input (a ground truth that read EPS "
+    _m("rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the declared 1e-5 (param:eps)",
+       ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
+    _m("rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the declared 1e-5 (a ground truth that read EPS "
        "from the reference would agree with it)",
-       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)"),
-       cls="steers-verdict"),
+       ("EPS = 1e-5", "EPS = 9e-3"), cls="steers-verdict"),
     _m("rmsnorm_h4096", "no-weight", "the weight is not applied", ("y = x * inv_rms * weight.to(torch.float32)",
                                                                     "y = x * inv_rms")),
     _m("rmsnorm_h4096", "rms-not-mean", "sum of squares instead of their mean",
        ("x.pow(2).mean(dim=-1, keepdim=True)", "x.pow(2).sum(dim=-1, keepdim=True)")),
     _m("rmsnorm_h4096", "rescale-no-zero-guard", "rows pre-scaled by their max |x| (an overflow guard) with no "
        "guard for a zero row: 0 / 0",
-       ("    inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)\n",
+       ("    inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + EPS)\n",
         "    m = x.abs().amax(dim=-1, keepdim=True)\n    xs = x / m\n"
-        "    inv_rms = torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + eps / (m * m)) / m\n"),
+        "    inv_rms = torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + EPS / (m * m)) / m\n"),
        cls="boundary-magnitude"),
     _m("rmsnorm_h4096", "tail-dropped", "the sum of squares misses each row's last 32 columns (a reduction "
        "without its tail), divided by the full width",
@@ -92,16 +92,16 @@ MUTANTS: tuple[Mutant, ...] = (
        ("keepdim=True) + eps)", "keepdim=True) + torch.tensor(eps, dtype=hidden_states.dtype).item())"),
        cls="boundary-magnitude"),
     _m("fused_add_rmsnorm_h4096", "norm-of-rounded", "the norm reads the bf16-rounded sum",
-       ("inv_rms = torch.rsqrt(s.pow(2)", "s = residual_out.to(torch.float32)\n    inv_rms = torch.rsqrt(s.pow(2)"),
+       ("inv_rms = torch.rsqrt(s.pow(2)",
+        "s = s.to(residual.dtype).to(torch.float32)\n    inv_rms = torch.rsqrt(s.pow(2)"),
        survives="rounding the sum to bf16 changes the output by < 2**-8 relative: inside the bf16 tolerance "
                 "by design; only a kernel-specific check could tell the two conventions apart"),
-    _m("fused_add_rmsnorm_h4096", "stale-residual", "the residual output is not updated",
+    _m("fused_add_rmsnorm_h4096_fp16", "stale-residual", "the residual output is not updated",
        ("residual_out = s.to(residual.dtype)", "residual_out = residual.clone()")),
-    _m("fused_add_rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the eps input",
-       ("keepdim=True) + eps)", "keepdim=True) + 1e-6)")),
-    _m("fused_add_rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the eps input",
-       ("import torch\n", "import torch\n\nEPS = 9e-3\n"), ("keepdim=True) + eps)", "keepdim=True) + EPS)"),
-       cls="steers-verdict"),
+    _m("fused_add_rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the declared 1e-5 (param:eps)",
+       ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
+    _m("fused_add_rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the declared 1e-5",
+       ("EPS = 1e-5", "EPS = 9e-3"), cls="steers-verdict"),
     # gemm
     _m("gemm_n4096_k4096", "transposed-weight", "B used as [K, N] (a square gemm keeps the shape)",
        ("B.to(torch.float32).T", "B.to(torch.float32)")),

@@ -58,7 +58,7 @@ def test_a_malformed_param_tag_says_what_is_wrong(tag, message):
 
 
 def test_validate_names_file_and_field_of_a_bad_param_tag():
-    data = shipped("rmsnorm_h4096").as_dict
+    data = shipped("rmsnorm_h4096_fp16").as_dict  # eps an input, no param: tag
     data = {**data, "tags": [*data["tags"], "param:eps=1e-5x", "param:is_neox=true", "param:is_neox=false"]}
     problems = [p for p in check_data(data, "defs/rmsnorm_h4096.json") if p.kind == "param-tag"]
     n = len(data["tags"])
@@ -72,7 +72,8 @@ def test_validate_names_file_and_field_of_a_bad_param_tag():
 
 
 def test_eps_comes_from_the_call_or_a_tag_never_from_the_reference():
-    d = shipped("rmsnorm_h4096")
+    assert sem.eps(shipped("rmsnorm_h4096")) == 1e-5  # param:eps=1e-5, the public contract has no eps input
+    d = shipped("rmsnorm_h4096_fp16")
     assert sem.eps(d) is None  # declared as an input: each call brings it
     assert sem.eps(d, {"eps": 3e-6}) == 3e-6
     tagged = Definition.model_validate({
@@ -89,7 +90,7 @@ def test_eps_comes_from_the_call_or_a_tag_never_from_the_reference():
 
 
 def test_the_torch_ground_truth_follows_the_eps_input():
-    d = shipped("rmsnorm_h4096")
+    d = shipped("rmsnorm_h4096_fp16")
     x = generate_inputs(d, "small", 0, case="tiny_values")
     gt = get_ground_truth("torch", d, device="cpu")
     a = gt(x)[0]
@@ -122,13 +123,14 @@ def test_neox_softplus_and_block_come_from_name_tags_and_shapes():
 
 # -- part 2: the boundary cases make what they promise --------------------------------------------------
 def test_norm_cases():
-    d = shipped("rmsnorm_h4096")
-    assert {"zero_rows", "denormal_values", "dominant_element", "near_max", "eps_min", "eps_max"} <= set(
-        edge_cases(d))
+    d, f16 = shipped("rmsnorm_h4096"), shipped("rmsnorm_h4096_fp16")
+    assert {"zero_rows", "denormal_values", "dominant_element", "near_max"} <= set(edge_cases(d))
+    assert "eps" not in generate_inputs(d, "small", 0).values  # param:eps=1e-5, no eps input
+    assert {"eps_min", "eps_max"} <= set(edge_cases(f16))  # eps an input
     lo, hi = norm_inputs.EPS_RANGE
-    assert generate_inputs(d, "small", 0, case="eps_min").values["eps"] == pytest.approx(lo, rel=1e-7)
-    assert generate_inputs(d, "small", 0, case="eps_max").values["eps"] == pytest.approx(hi, rel=1e-7)
-    assert lo <= generate_inputs(d, "medium", 0).values["eps"] <= hi
+    assert generate_inputs(f16, "small", 0, case="eps_min").values["eps"] == pytest.approx(lo, rel=1e-7)
+    assert generate_inputs(f16, "small", 0, case="eps_max").values["eps"] == pytest.approx(hi, rel=1e-7)
+    assert lo <= generate_inputs(f16, "medium", 0).values["eps"] <= hi
     h = generate_inputs(d, "small", 0, case="zero_rows").values["hidden_states"]
     assert h[0::2].eq(0).all() and h[1::2].ne(0).any()
     h = generate_inputs(d, "small", 0, case="denormal_values").values["hidden_states"].float()

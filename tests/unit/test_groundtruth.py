@@ -467,9 +467,16 @@ def mutated(d: Definition, old: str, new: str) -> Definition:
 
 
 def test_a_reference_with_its_own_eps_is_detected_by_the_ground_truth():
-    """The reference brings EPS = 1e-1 instead of using the eps input: the ground truth reads the input."""
-    d = load_definition(SHIPPED / "rmsnorm" / "rmsnorm_h4096.json")
+    """The reference brings EPS = 1e-1 instead of the declared eps (the fp16 variant's input, rmsnorm_h4096's
+    param:eps=1e-5 tag): the ground truth reads the declaration."""
+    d = load_definition(SHIPPED / "rmsnorm" / "rmsnorm_h4096_fp16.json")
     bad = mutated(mutated(d, "+ eps)", "+ EPS)"), "import torch\n", "import torch\n\nEPS = 1e-1\n")
+    x = generate_inputs(d, "small", seed=3)
+    expected = get_ground_truth("torch", d, device="cpu")(x)
+    with pytest.raises(Mismatch):
+        assert_close(run_reference(bad, x), expected, tolerance=tolerance_for(d))
+    d = load_definition(SHIPPED / "rmsnorm" / "rmsnorm_h4096.json")
+    bad = mutated(d, "EPS = 1e-5", "EPS = 1e-1")
     x = generate_inputs(d, "small", seed=3)
     expected = get_ground_truth("torch", d, device="cpu")(x)
     with pytest.raises(Mismatch):
@@ -477,7 +484,7 @@ def test_a_reference_with_its_own_eps_is_detected_by_the_ground_truth():
 
 
 @pytest.mark.parametrize("path, old, new", [
-    ("rmsnorm/rmsnorm_h4096.json", "+ eps)", "+ 1e-1)"),
+    ("rmsnorm/rmsnorm_h4096.json", "+ EPS)", "+ 1e-1)"),
     ("rmsnorm/rmsnorm_h4096.json", "* weight.to(torch.float32)", ""),
     ("gqa_paged/gqa_paged_decode_h32_kv8_d128_ps1.json", "* sm_scale", "* sm_scale * 2"),
     ("rmsnorm/fused_add_rmsnorm_h4096.json", "inv_rms = torch.rsqrt(s.pow(2)",
@@ -624,19 +631,19 @@ def test_mla_ragged_asks_flashinfer_for_the_value_head_dim(monkeypatch, sm90, wi
 
 
 def test_a_moe_without_an_expert_offset_has_every_expert_local():
-    """The public Qwen-style fp8 MoE files have no local_expert_offset: all their experts are local."""
+    """The public Qwen-style fp8 MoE files have no local_expert_offset: all their experts are local (and so has
+    ours of the public name, which keeps the public contract)."""
     from flashinfer_trace.testing import assert_matches, run_reference, tolerance_for
 
     data = load_definition("moe_fp8_block_scale_renorm_topk8_e128_h2048_i768").model_dump(mode="json")
-    del data["inputs"]["local_expert_offset"]
-    data["constraints"] = [c for c in data["constraints"] if "local_expert_offset" not in c]
-    data["reference"] = (data["reference"].replace(", local_expert_offset):", "):")
-                         .replace("hit = topk_ids == local_expert_offset + local", "hit = topk_ids == local"))
+    assert "local_expert_offset" not in data["inputs"]
     d = Definition.model_validate(data)
     assert sem.moe_applies(d) is None and "no_local_tokens" not in edge_cases(d)
     x = generate_inputs(d, "small", seed=0)
     expected = get_ground_truth("torch", d, device="cpu")(x)
     assert_matches(d, x, run_reference(d, x), expected, tolerance_for(d))
+    data["axes"]["num_experts"] = {"type": "const", "value": 128}
+    data["inputs"]["routing_logits"]["shape"] = ["seq_len", "num_experts"]
     data["axes"]["num_local_experts"]["value"] = 64  # fewer weights than routed experts, and no offset
     fewer = Definition.model_validate(data)
     assert "cannot tell which are local" in sem.moe_applies(fewer)

@@ -187,10 +187,12 @@ def test_float_formatting():
     assert format_float(1e-6) == "1e-6"
     assert format_float(1.5e-06) == "1.5e-6"
     assert format_float(0.001) == "0.001"
-    # the norms take eps per call: the model's value is checked, never written into the reference
+    # the norms keep the public contract (no eps input): the model's eps is a param:eps tag, and the
+    # reference's constant of the same value
     for family in ("rmsnorm", "fused_add_rmsnorm"):
         d = FAMILIES[family](hidden_size=8, eps=1e-6)
-        assert d["inputs"]["eps"]["shape"] is None and "EPS" not in d["reference"] and ", eps):" in d["reference"]
+        assert "eps" not in d["inputs"] and "param:eps=1e-6" in d["tags"] and "EPS = 1e-6" in d["reference"]
+        assert "eps" not in d["reference"].split("def run(")[1].split(")")[0]
         with pytest.raises(ValueError, match="eps must be a finite number > 0"):
             FAMILIES[family](hidden_size=8, eps=0.0)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ._common import BLOCK, STATUS, choice, const_axis, definition, positive_int, tensor, var_axis
+from ._common import BLOCK, STATUS, choice, const_axis, definition, positive_int, replace_once, tensor, var_axis
 
 ROUTINGS = ("deepseek", "renormalize")
 WEIGHTS = ("fp8_block_scale", "bfloat16")
@@ -352,6 +352,30 @@ def moe(routing: str, weights: str, top_k: int, num_experts: int, num_local_expe
         )
 
     routing_text = RENORM_TEXT.format(k=k, e=e)
+    if weights == "fp8_block_scale" and e == el:
+        # the public dataset's contract for this name (moe_fp8_block_scale_renorm_topk8_e128_h2048_i768):
+        # every expert local, so no local_expert_offset input, and bfloat16 router logits over the local experts
+        axes = _fp8_axes(e, el, h, i, local_desc)
+        del axes["num_experts"]
+        return definition(
+            name=f"moe_fp8_block_scale_renorm_topk{k}_e{el}_h{h}_i{i}",
+            op_type="moe",
+            description=(
+                "The routed-expert part of a MoE layer with renormalize (softmax top-k) routing and FP8 block-scale "
+                f"weights and activations (DeepSeek's FP8 recipe), with all {e} experts held locally (no expert "
+                "parallelism: the local ids are the global ids, and there is no local_expert_offset input, the "
+                f"public dataset's contract for this name). {DEQUANT_TEXT} {routing_text} "
+                f"{_experts_text(i, fp8=True)}"
+            ),
+            tags=[STATUS, f"quantization:{FP8}", FP8_API],
+            axes=axes,
+            constraints=[],
+            inputs={"routing_logits": tensor(["seq_len", "num_local_experts"], "bfloat16",
+                                             f"Router (gate) logits for all {e} experts, in the gate's bfloat16."),
+                    **_fp8_tensors()},
+            outputs=output,
+            reference=_all_local(_fill(RENORM_FP8_REFERENCE, TOP_K=k)),
+        )
     if weights == "fp8_block_scale":
         return definition(
             name=f"moe_fp8_block_scale_renorm_topk{k}_e{el}_h{h}_i{i}",
@@ -399,6 +423,17 @@ def moe(routing: str, weights: str, top_k: int, num_experts: int, num_local_expe
         outputs=output,
         reference=_fill(RENORM_BF16_REFERENCE, TOP_K=k),
     )
+
+
+def _all_local(reference: str) -> str:
+    """A reference without local_expert_offset: every expert is local, at offset 0."""
+    reference = replace_once(reference, "gemm2_weights_scale, local_expert_offset):", "gemm2_weights_scale):")
+    reference = replace_once(
+        reference,
+        "    # 3. The local experts (global ids local_expert_offset .. + num_local_experts - 1); tokens routed\n"
+        "    #    to experts held elsewhere contribute nothing here.\n",
+        "    # 3. Every expert is held here (no expert parallelism): the local id is the global id.\n")
+    return replace_once(reference, "hit = topk_ids == local_expert_offset + local", "hit = topk_ids == local")
 
 
 def _fill(template: str, **values: int) -> str:
