@@ -20,6 +20,7 @@ from . import (
     flashinfer,
     flashinfer_cascade,
     flashinfer_dsa,
+    flashinfer_layernorm,
     flashinfer_page_append,
     flashinfer_topk,
     modes,
@@ -27,6 +28,7 @@ from . import (
     sglang_cascade,
     sglang_topk,
     torch_cascade,
+    torch_layernorm,
     torch_page_append,
     torch_ref,
     torch_topk,
@@ -53,9 +55,10 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
 
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
-                  + flashinfer_page_append.ADAPTERS + flashinfer_topk.ADAPTERS,
+                  + flashinfer_page_append.ADAPTERS + flashinfer_topk.ADAPTERS + flashinfer_layernorm.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS,
-    "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS,
+    "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
+             + torch_layernorm.ADAPTERS,
 }
 
 

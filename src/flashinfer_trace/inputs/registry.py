@@ -6,11 +6,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
-from . import activation, attention, cascade, dsa, gdn, gemm, mamba, moe, norm, page_append, rope, sampling, topk
+from . import (
+    activation,
+    attention,
+    cascade,
+    dsa,
+    gdn,
+    gemm,
+    layernorm,
+    mamba,
+    moe,
+    norm,
+    page_append,
+    rope,
+    sampling,
+    topk,
+)
 from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
-                                     page_append)
+                                     page_append, layernorm)
 
 
 @dataclass(frozen=True)
