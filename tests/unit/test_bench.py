@@ -896,3 +896,9 @@ def test_a_merge_counts_each_state_s_weight_and_share_and_an_append_its_slots_ar
     mask = load_definition("top_k_mask_logits_v32000_bf16")  # a filter over logits, not probabilities
     w = generate_inputs(mask, "small", 0)
     assert roofline.work(mask, w).flops == 3 * w.values["logits"].numel()
+
+
+def test_a_layernorm_counts_seven_operations_per_element():
+    d = load_definition("layernorm_h768")
+    x = generate_inputs(d, "small", 0)
+    assert roofline.work(d, x).flops == 7 * x.values["hidden_states"].numel()

@@ -20,6 +20,7 @@ from . import (
     flashinfer,
     flashinfer_cascade,
     flashinfer_dsa,
+    flashinfer_layernorm,
     flashinfer_page_append,
     flashinfer_single,
     flashinfer_topk,
@@ -28,6 +29,7 @@ from . import (
     sglang_cascade,
     sglang_topk,
     torch_cascade,
+    torch_layernorm,
     torch_page_append,
     torch_ref,
     torch_topk,
@@ -54,9 +56,11 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
 
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
-                  + flashinfer_page_append.ADAPTERS + flashinfer_single.ADAPTERS + flashinfer_topk.ADAPTERS,
+                  + flashinfer_page_append.ADAPTERS + flashinfer_single.ADAPTERS + flashinfer_topk.ADAPTERS
+                  + flashinfer_layernorm.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS,
-    "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS,
+    "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
+             + torch_layernorm.ADAPTERS,
 }
 
 

@@ -13,6 +13,7 @@ from . import (
     dsa,
     gdn,
     gemm,
+    layernorm,
     mamba,
     moe,
     norm,
@@ -25,7 +26,7 @@ from . import (
 from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
-                                     page_append, single_attention)
+                                     page_append, single_attention, layernorm)
 
 
 @dataclass(frozen=True)

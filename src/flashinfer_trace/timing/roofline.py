@@ -341,6 +341,16 @@ def _flops_rmsnorm(d: Definition, inputs: Inputs, detail: dict) -> int:
     return per * n
 
 
+def _flops_layernorm(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """Per element: its share of the mean (an add), its deviation (a subtract), the squared deviation summed (a
+    multiply-add), the normalisation (a multiply by the row's rsqrt) and the affine (a multiply-add): 7. The
+    row's divisions and rsqrt are per row, left out."""
+    name = next(n for n in ("hidden_states", "input") if n in d.inputs)
+    n = math.prod(_shape(d, inputs, name))
+    detail["flops_formula"] = f"7 * elements = 7 * {n} (mean, centre, variance, normalise, scale and shift)"
+    return 7 * n
+
+
 def _flops_rope(d: Definition, inputs: Inputs, detail: dict) -> int:
     ax = inputs.axes
     frac = (int(ax["rotary_dim"]) / int(ax["head_dim"])) if "rotary_dim" in ax and "head_dim" in ax else 1.0
@@ -442,6 +452,7 @@ _FLOPS = {
     "mamba_ssu": _flops_mamba,
     "moe": _flops_moe,
     "rmsnorm": _flops_rmsnorm,
+    "layernorm": _flops_layernorm,
     "rope": _flops_rope,
     "activation": _flops_activation,
     "sampling": _flops_sampling,
