@@ -1051,7 +1051,7 @@ def test_a_reference_that_orders_its_parameters_otherwise_gets_each_input_by_nam
     from flashinfer_trace.definition import Definition
     from flashinfer_trace.testing import generate_inputs, load_definition, run_reference
 
-    data = json.loads(load_definition("rmsnorm_h4096").to_json())
+    data = json.loads(load_definition("rmsnorm_h4096_fp16").to_json())
     data["reference"] = data["reference"].replace("def run(hidden_states, weight, eps):",
                                                   "def run(weight, eps, hidden_states):")
     assert "def run(weight, eps, hidden_states):" in data["reference"]
@@ -1059,8 +1059,8 @@ def test_a_reference_that_orders_its_parameters_otherwise_gets_each_input_by_nam
     assert permuted.run_parameters == ["weight", "eps", "hidden_states"]
     inputs = generate_inputs(permuted, "small", seed=0)
     assert list(inputs.values) == ["weight", "eps", "hidden_states"] and inputs.args()[0] is inputs.values["weight"]
-    same = generate_inputs(load_definition("rmsnorm_h4096"), "small", seed=0)
-    (out,), (expected,) = run_reference(permuted, inputs), run_reference(load_definition("rmsnorm_h4096"), same)
+    same = generate_inputs(load_definition("rmsnorm_h4096_fp16"), "small", seed=0)
+    (out,), (expected,) = run_reference(permuted, inputs), run_reference(load_definition("rmsnorm_h4096_fp16"), same)
     assert torch.equal(out, expected)
 
 

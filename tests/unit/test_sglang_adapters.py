@@ -584,11 +584,14 @@ def test_sglang_kernel_045_norm_keywords_and_missing_ops(monkeypatch, sm90):
     monkeypatch.setitem(sys.modules, "sgl_kernel", module)
     monkeypatch.setattr(base, "installed_version", lambda package: Version("0.4.5"))
     monkeypatch.setattr(base, "_imported", {})
-    d = shipped("rmsnorm", sorted(p.stem for p in (SHIPPED / "rmsnorm").glob("*.json")
-                                  if "fused" not in p.stem)[0])
+    d = shipped("rmsnorm", "rmsnorm_h4096")  # param:eps=1e-5, not the API's default 1e-6
     x = generate_inputs(d, "small", seed=0)
     on_cpu(get_ground_truth("sglang", d, device="cuda"))(x)
-    assert seen["out"] is None and seen["pdl"] is None and seen["eps"] == pytest.approx(x.values["eps"])
+    assert seen["out"] is None and seen["pdl"] is None and seen["eps"] == pytest.approx(1e-5)
+    d = shipped("rmsnorm", "rmsnorm_h4096_fp16")  # eps an input
+    x = generate_inputs(d, "small", seed=0)
+    on_cpu(get_ground_truth("sglang", d, device="cuda"))(x)
+    assert seen["eps"] == pytest.approx(x.values["eps"])
     rope = load_definition(sorted((SHIPPED / "rope").glob("*.json"))[0])
     e = unavailable(rope)
     assert str(e) == "api-missing: sgl_kernel 0.4.5 has no apply_rope_with_cos_sin_cache_inplace"
