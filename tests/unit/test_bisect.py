@@ -297,7 +297,7 @@ def test_check_with_the_users_kernel(tmp_path, monkeypatch):
 
     (tmp_path / "userkern_a.py").write_text(KERNEL_MODULE.replace("{factor}", "1.05"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    d = str(ROOT / "definitions/rmsnorm/rmsnorm_h128.json")
+    d = str(ROOT / "definitions/rmsnorm/rmsnorm_h4096_fp16.json")  # eps an input, as the user's kernel takes it
 
     def run(kernel):
         cfg = CheckConfig(sources=("kernel",), kernel=kernel, sizes=("small",), seeds=(0,), cases=(), device="cpu")

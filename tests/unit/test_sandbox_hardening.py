@@ -154,7 +154,7 @@ import json, os, resource
 resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 from flashinfer_trace.testing import generate_inputs, load_definition, run_reference
 from flashinfer_trace.sandbox import status
-d = load_definition("rmsnorm_h4096")
+d = load_definition("rmsnorm_h4096_fp16")  # eps an input
 inputs = generate_inputs(d, "small", seed=0, device="cpu")
 (out,) = run_reference(d, inputs)
 x, w, eps = inputs.args()
