@@ -44,6 +44,7 @@ import math
 import torch
 
 from .common import Builder, bind_rows, log_uniform, normal, permutation, randint, uniform, unknown_inputs
+from .norm import put_eps
 
 OP_TYPES = ("layernorm",)
 ROWS = {"small": 4, "medium": 64, "large": 2048}
@@ -55,7 +56,6 @@ ACTIVATIONS = ("hidden_states", "input")
 WEIGHTS = ("weight", "gemma", "gamma")
 BIASES = ("bias", "beta")
 EPS_INPUTS = ("eps", "epsilon")
-EPS_RANGE = (1e-6, 1e-5)
 WEIGHT_STD, BIAS_STD = 0.25, 0.25
 TINY = 1e-3  # eps_min / eps_max: activations * 1e-3, variance ~1e-6, of the order of eps
 CONSTANT_LOG2 = (-4, 12)  # constant_rows: |value| = 2^U(-4, 12) (row 0: zeros)
@@ -155,16 +155,6 @@ def _activation(b: Builder, name: str) -> None:
     b.put(name, t)
 
 
-def _eps(b: Builder, name: str) -> None:
-    if b.case == "eps_min":
-        b.put_scalar(name, EPS_RANGE[0])
-    elif b.case == "eps_max":
-        b.put_scalar(name, EPS_RANGE[1])
-    else:
-        lo, hi = (math.log2(e) for e in EPS_RANGE)
-        b.put_scalar(name, log_uniform((1,), b.rng(name), lo, hi).item())
-
-
 def generate(b: Builder) -> None:
     unknown_inputs(b, ACTIVATIONS + WEIGHTS + BIASES + EPS_INPUTS, "layernorm")
     try:
@@ -184,4 +174,4 @@ def generate(b: Builder) -> None:
     b.put_random(bias, scale=BIAS_STD)
     _activation(b, act)
     if eps is not None:
-        _eps(b, eps)
+        put_eps(b, eps)

@@ -88,7 +88,8 @@ def _activation(b: Builder, name: str, index: int, count: int) -> None:
     b.put(name, t)
 
 
-def _eps(b: Builder, name: str) -> None:
+def put_eps(b: Builder, name: str) -> None:
+    """A norm's eps: the ends of EPS_RANGE in the eps cases, else log-uniform inside it (norm and layernorm)."""
     if b.case == "eps_min":
         b.put_scalar(name, EPS_RANGE[0])
     elif b.case == "eps_max":
@@ -113,4 +114,4 @@ def generate(b: Builder) -> None:
     for i, name in enumerate(acts):
         _activation(b, name, i, len(acts))
     for name in scalars:
-        _eps(b, name)
+        put_eps(b, name)
