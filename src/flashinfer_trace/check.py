@@ -38,7 +38,7 @@ from .groundtruth import (
 )
 from .inputs import InputGenerationError, Inputs, UnsupportedOpType, edge_cases, generate_inputs
 from .inputs.common import CaseTooLarge, EdgeCaseUnavailable, fixed_bytes, memory_budget, too_large
-from .memo import Memo, Phases
+from .memo import Memo, Phases, same_bytes
 from .options import DEFAULT_SEEDS, DEFAULT_SIZES, TOLERANCE_OPTIONS, fresh_seed
 from .reference import expected_dtypes, expected_shapes, output_dtypes, output_shapes, run_reference, shape_fits
 from .results.record import CaseRecord, Check, GroundTruthPath
@@ -334,8 +334,10 @@ def _compare(case: Case, memo: Memo, config: CheckConfig, phases: Phases) -> Cas
         with phases("ground_truth"):
             expected = gt(inputs)
         with phases("compare"):
-            judgements.append(judge(d, memo.inputs, actual, expected, tol, scales=lambda: memo.scales(case)))
-            first = spread.add(first, expected)
+            first, same = spread.add(first, expected)
+            # a run whose outputs are the first run's bytes has the first run's judgement: judged once
+            judgements.append(judgements[0] if same else
+                              judge(d, memo.inputs, actual, expected, tol, scales=lambda: memo.scales(case)))
     wrong = [j for j in judgements if not j.passed]
     repeats = {"runs": runs, "wrong": len(wrong), **spread.as_dict()} if runs > 1 else None
     record = _judged(case, wrong[0] if wrong else judgements[0], ground_truth=_path(gt), tolerance=tol.as_dict(),
@@ -372,21 +374,38 @@ class Spread:
         self.identical = True
         self.max_abs = 0.0
 
-    def add(self, first: tuple | None, outputs: tuple) -> tuple:
+    def add(self, first: tuple | None, outputs: tuple) -> tuple[tuple, bool]:
+        """(the first run's outputs, whether these are byte for byte the first run's: NaN where the first had
+        the same NaN counts as the same)."""
         if first is None:
-            return outputs
+            return outputs, False
+        same = len(first) == len(outputs)
         for a, b in zip(first, outputs, strict=False):
-            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+                same = same and _equal_values(a, b)
                 continue
-            if not torch.equal(a, b):
-                self.identical = False
+            if a.shape != b.shape or a.dtype != b.dtype:
+                same = self.identical = False
+                continue
+            if not same_bytes(a, b):
+                same = self.identical = False
                 if a.is_floating_point():
                     diff = (a.double() - b.double()).abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
                     self.max_abs = max(self.max_abs, float(diff.max()) if diff.numel() else 0.0)
-        return first
+        return first, same
 
     def as_dict(self) -> dict[str, Any]:
         return {"identical": self.identical, "max_abs_spread": self.max_abs}
+
+
+def _equal_values(a: Any, b: Any) -> bool:
+    """Two outputs that are not both tensors (None, a Python number): equal, NaN equal to NaN."""
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def _judged(case: Case, j: Judgement, *, kind: Kind, **kw: Any) -> CaseRecord:

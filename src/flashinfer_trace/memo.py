@@ -157,10 +157,11 @@ def written_inputs(definition: Definition, pristine: Inputs, used: Inputs) -> li
     its inputs). Compared as bytes, so a NaN input is equal to itself."""
     allowed = set(definition.in_place_outputs)
     return [name for name, before in pristine.values.items()
-            if name not in allowed and isinstance(before, torch.Tensor) and not _same_bytes(before, used.values[name])]
+            if name not in allowed and isinstance(before, torch.Tensor) and not same_bytes(before, used.values[name])]
 
 
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and bytes (a NaN is equal to the same NaN)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))

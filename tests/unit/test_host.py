@@ -25,19 +25,21 @@ if rc == 0:
     json.dump({"status": "ok"}, open(os.path.join(out, "session.json"), "w"))
 with open(os.path.join(results, "ran.jsonl"), "a") as f:
     f.write(json.dumps({"name": name, "gpu": os.environ["CUDA_VISIBLE_DEVICES"], "max_jobs": os.environ["MAX_JOBS"],
-                        "cores": sys.argv[5], "shared": sys.argv[6], "start": start, "end": time.time()}) + "\\n")
+                        "cores": sys.argv[5], "shared": sys.argv[6], "start": start, "end": time.time(),
+                        "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+                        "owner": os.environ.get("FLASHINFER_TRACE_MPS_OWNER")}) + "\\n")
 print("session", name, "done")
 sys.exit(rc)
 """
 
 
-def _config(tmp_path, gpus, fail=(), seconds=0.6, cores=8, per_gpu=1):
+def _config(tmp_path, gpus, fail=(), seconds=0.6, cores=8, per_gpu=1, mps=False):
     def command(s: HostSession, share: int, shared: bool) -> list[str]:
         return [sys.executable, "-c", FAKE, s.name, str(tmp_path), str(seconds), "1" if s.name in fail else "0",
                 str(share), str(shared)]
 
     return HostConfig(gpus=gpus, command=command, results=tmp_path, log_dir=tmp_path / "host", cores=cores,
-                      per_gpu=per_gpu)
+                      per_gpu=per_gpu, mps=mps)
 
 
 def _ran(tmp_path) -> list[dict]:
@@ -274,7 +276,14 @@ def test_dry_run_shows_which_session_on_which_gpu_with_its_cores(tmp_path, fake_
     assert main([*args, "--json", "--per-gpu", "2"]) == 0  # two at once per GPU: four slots, 2 cores each
     shown = json.loads(capsys.readouterr().out)
     assert shown["gpus"] == ["0", "1", "0", "1"] and shown["per_gpu"] == 2 and shown["cores_per_session"] == 2
-    assert shown["plan"][0]["command"] == [fake_nox, "-s", "references-c1", "--", "--cores", "2", "--no-mps"]
+    # a shared GPU's reference sessions use the runner's MPS daemon; a benchmark takes turns (--no-mps)
+    assert shown["plan"][0]["command"] == [fake_nox, "-s", "references-c1", "--", "--cores", "2"]
+    assert shown["mps"] == "runner"
+    bench = next(p["command"] for p in shown["plan"] if p["session"] == "bench-c1")
+    assert bench[-1] == "--no-mps"
+    assert main([*args, "--json", "--per-gpu", "2", "--", "--no-mps"]) == 0  # off: every shared session takes turns
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["mps"] == "off" and shown["plan"][0]["command"].count("--no-mps") == 1
     assert not (tmp_path / "results").exists()  # nothing ran
 
 
@@ -334,6 +343,41 @@ def test_sessions_share_a_gpu_per_gpu_at_a_time_without_mps_daemons_of_their_own
     assert nox(todo[0], 3, False) == ["nox", "-s", "s0", "--", "--cores", "3", "--jobs", "4"]
     with pytest.raises(HostError, match="--per-gpu 0: at least 1"):
         _config(tmp_path, ["0"], per_gpu=0)
+
+
+def test_a_shared_gpus_reference_sessions_use_one_mps_daemon_the_runner_owns(tmp_path, monkeypatch):
+    """--per-gpu 2 on two GPUs with MPS: one daemon per GPU, started pinned to it before its sessions and quit after
+    the last; its reference sessions find it (no --no-mps), a benchmark session does not (it times kernels alone)."""
+    import os
+    import stat
+
+    from flashinfer_trace.sweep import mps
+
+    script = tmp_path / "bin" / mps.CONTROL
+    script.parent.mkdir()
+    calls = tmp_path / "calls"
+    script.write_text(f"#!/bin/sh\nline=$(cat); echo \"$CUDA_VISIBLE_DEVICES ${mps.PIPE_ENV} $* $line\" >> {calls}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv(mps.PIPE_ENV, raising=False)
+    todo = [HostSession(f"references-c{i}", f"c{i}") for i in range(3)] + [HostSession("bench-c9", "c9")]
+    summary = host.run(todo, _config(tmp_path, ["0", "1"], cores=8, per_gpu=2, seconds=0.4, mps=True))
+    log = [c.split() for c in calls.read_text().splitlines()]
+    starts = {c[0]: c[1] for c in log if c[2:] == ["-d"]}
+    quits = {c[1] for c in log if c[2:] == ["quit"]}
+    assert sorted(starts) == ["0", "1"] and quits == set(starts.values())  # one per GPU, each quit once
+    ran = {r["name"]: r for r in _ran(tmp_path)}
+    for name in ("references-c0", "references-c1", "references-c2"):
+        r = ran[name]
+        assert r["shared"] == "False" and r["pipe"] in starts.values() and "host runner" in r["owner"]
+        assert r["gpu"] == "0"  # the daemon's numbering: its one GPU
+    assert ran["bench-c9"]["pipe"] is None and ran["bench-c9"]["shared"] == "True"
+    assert {g: s["own"] for g, s in summary["mps"].items()} == {"0": True, "1": True}
+    # where no daemon can start, the sessions take turns and say so (--no-mps)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    summary = host.run(todo[:2], _config(tmp_path / "none", ["0"], per_gpu=2, seconds=0.2, mps=True))
+    assert {r["shared"] for r in _ran(tmp_path / "none")} == {"True"}
+    assert summary["mps"]["0"]["used"] is False and "not found" in summary["mps"]["0"]["reason"]
 
 
 def test_no_more_gpu_slots_than_groups():

@@ -87,6 +87,43 @@ def test_a_nondeterministic_kernel_within_tolerance_passes_with_its_spread(monke
     assert r.repeats["identical"] is False and 0 < r.repeats["max_abs_spread"] < 1e-4
 
 
+def test_runs_with_the_first_runs_bytes_are_judged_once_and_a_different_run_anew(monkeypatch):
+    judged = []
+    real = check.judge
+
+    def counting(*a, **kw):
+        judged.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(check, "judge", counting)
+    _planted(monkeypatch, tgt.rmsnorm)
+    (r,) = _match(CheckConfig(**CONFIG, repeats=5))
+    assert r.status is Status.PASS and r.repeats["identical"] is True and len(judged) == 1
+    calls = {"n": 0}
+
+    def last_wrong(call):  # the same bytes four times, then a wrong fifth run: judged twice, and wrong
+        calls["n"] += 1
+        (out,) = tgt.rmsnorm(call)
+        return (out * 1.5 if calls["n"] == 5 else out,)
+
+    judged.clear()
+    _planted(monkeypatch, last_wrong)
+    (r,) = _match(CheckConfig(**CONFIG, repeats=5))
+    assert len(judged) == 2 and r.status is Status.FAIL and r.kind is Kind.FLAKY_WRONG
+    assert r.repeats["wrong"] == 1 and r.repeats["identical"] is False
+
+
+def test_same_bytes_counts_a_nan_as_itself_and_a_sign_of_zero_as_a_difference():
+    spread = check.Spread()
+    a = torch.tensor([float("nan"), 1.0, 0.0])
+    first, same = spread.add(None, (a,))
+    assert same is False  # the first run is judged
+    assert spread.add(first, (a.clone(),))[1] is True
+    assert spread.add(first, (torch.tensor([float("nan"), 1.0, -0.0]),))[1] is False
+    assert spread.add(first, (a.to(torch.float64),))[1] is False  # another dtype is another output
+    assert spread.add((None, 3), (None, 3))[1] is True and spread.add((None, 3), (None, 4))[1] is False
+
+
 def test_races_get_more_runs_and_the_cpu_runs_once(monkeypatch):
     adapter = _planted(monkeypatch, tgt.rmsnorm, races=True)
     gt = GroundTruth(adapter, _definition(), "cpu", None, None)

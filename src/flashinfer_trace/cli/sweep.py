@@ -57,7 +57,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         todo, left = host.sessions(selected, None if args.all_archs else arch, cpu=args.with_cpu)
         config = host.HostConfig(gpus=gpus, command=host.nox_command(nox, posargs), results=results,
                                  log_dir=args.log_dir or results / "host", cores=args.cores or os.cpu_count() or 1,
-                                 per_gpu=args.per_gpu)
+                                 per_gpu=args.per_gpu, mps="--no-mps" not in posargs)
     except host.HostError as e:
         err.print(f"error: {for_rich(str(e))}", style="red", highlight=False)
         return 2
@@ -92,19 +92,27 @@ def _show_plan(todo, left: list[str], config, as_json: bool) -> int:
     slots = host.slots_for(todo, config.gpus, config.per_gpu)
     cores, on_shared = max(1, config.cores // len(slots)), host.shared(slots)
     order = host.plan(todo, config.gpus, config.per_gpu)
+
+    def takes_turns(gpu: str, s) -> bool:  # on a shared GPU without the runner's MPS daemon (host.py)
+        return gpu in on_shared and not host.uses_runner_mps(config, s)
+
     if as_json:
         print_json({"gpus": slots, "per_gpu": config.per_gpu, "cores": config.cores, "cores_per_session": cores,
                     "left_out": left,
+                    "mps": "runner" if config.mps and on_shared else "sessions" if config.mps else "off",
                     "plan": [{"gpu": g, "session": s.name, "group": s.group,
-                              "command": config.command(s, cores, g in on_shared)} for g, s in order]})
+                              "command": config.command(s, cores, takes_turns(g, s))} for g, s in order]})
         return 0
     gpus = list(dict.fromkeys(slots))
     at_once = f"{config.per_gpu} sessions at once per GPU" if config.per_gpu > 1 else "one session per GPU at a time"
     out.print(f"{len(todo)} session(s) over GPU(s) {', '.join(gpus)}, {at_once}, {cores} cores each; each slot takes "
               "the next session as its last one ends, one session of a combination at a time (the order if all took "
               "as long):", highlight=False)
+    if on_shared and config.mps:
+        out.print("  (one CUDA MPS daemon per shared GPU, started by the runner for its reference sessions; where it "
+                  "cannot start, they run with --no-mps)", highlight=False)
     for gpu in gpus:
         out.print(f"  GPU {gpu}:", highlight=False)
         for s in (s for g, s in order if g == gpu):
-            out.print(f"    {for_rich(' '.join(config.command(s, cores, gpu in on_shared)))}", highlight=False)
+            out.print(f"    {for_rich(' '.join(config.command(s, cores, takes_turns(gpu, s))))}", highlight=False)
     return 0

@@ -13,8 +13,10 @@ session: GPU, status, wall time; the total wall time), written as JSON.
 `per_gpu` > 1 runs that many sessions at once on each GPU: a session whose kernels wait on its own Python, its
 builds or its reference workers leaves the GPU idle much of the time, and the sessions of several releases fill
 it. Their device memory needs no split: every session on a GPU takes its cases' memory from that GPU's one
-ledger (budget/). A GPU's sessions run without MPS daemons of their own (`--no-mps`): a daemon started for one
-session would be quit when that session ends, under the others.
+ledger (budget/). Nor their MPS daemon: a daemon started by one session would be quit when that session ends,
+under the others, so the runner owns one per shared GPU (mps.py), started before the GPU's first session and quit
+after its last; its reference sessions use it, and a session whose GPU has none (the daemon could not start) runs
+with `--no-mps`, its processes then taking turns on the GPU (the summary's `mps` says which).
 
 The sessions are selected here, not by nox: nox keeps only the last of several `-s`, ignores `-s` beside `-t`,
 and `nox -l --json` alone lists only the default sessions. So every session is listed once (`-k True`: a
@@ -39,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import mps
 from .combos import ARCHS
 
 
@@ -63,6 +66,7 @@ class HostConfig:
     env: dict[str, str] | None = None  # the sessions' environment (default: this process's)
     cwd: str | None = None
     per_gpu: int = 1  # sessions at once on each GPU
+    mps: bool = True  # one MPS daemon per shared GPU, owned by the runner (False: `--no-mps` among the posargs)
 
     def __post_init__(self):
         if not self.gpus:
@@ -224,8 +228,9 @@ def plan(todo: Sequence[HostSession], gpus: Sequence[str], per_gpu: int = 1) -> 
 
 def nox_command(nox: Sequence[str], posargs: Sequence[str]) -> Callable[[HostSession, int, bool], list[str]]:
     """A session's command: nox -s NAME -- --cores N [--no-mps, on a shared GPU] POSARGS."""
-    return lambda s, cores, shared: [*nox, "-s", s.name, "--", "--cores", str(cores), *(["--no-mps"] * shared),
-                                     *posargs]
+    off = "--no-mps" in posargs
+    return lambda s, cores, shared: [*nox, "-s", s.name, "--", "--cores", str(cores),
+                                     *(["--no-mps"] * (shared and not off)), *posargs]
 
 
 class _Queue:
@@ -264,17 +269,50 @@ def _status(results: Path, run: SessionRun) -> tuple[str, str | None]:
     return ("ok" if run.rc == 0 else f"exit {run.rc}"), None
 
 
+def _base_env(config: HostConfig, gpu: str) -> dict[str, str]:
+    return dict(config.env if config.env is not None else os.environ) | {"CUDA_VISIBLE_DEVICES": gpu}
+
+
+def start_mps(config: HostConfig, gpus: set[str]) -> dict[str, tuple[dict, dict[str, str]]]:
+    """One MPS daemon per GPU that several sessions share: {gpu: (state, the environment its clients need)}."""
+    daemons = {}
+    for gpu in sorted(gpus):
+        state, env = mps.start(environ=_base_env(config, gpu))
+        if state.get("own"):
+            env[mps.OWNER_ENV] = f"the host runner's daemon for GPU {gpu} (sweep run)"
+        daemons[gpu] = (state, env)
+    return daemons
+
+
+def stop_mps(config: HostConfig, daemons: dict[str, tuple[dict, dict[str, str]]]) -> None:
+    for gpu, (state, env) in daemons.items():
+        mps.stop(state, env, environ=_base_env(config, gpu))
+
+
+def uses_runner_mps(config: HostConfig, session: HostSession) -> bool:
+    """Whether a session on a shared GPU joins the runner's daemon there: reference sessions do; benchmarks time
+    kernels alone, and a jit- session builds."""
+    return config.mps and session.name.startswith("references")
+
+
+def _client_env(daemon: tuple[dict, dict[str, str]] | None) -> dict[str, str] | None:
+    """What a session needs to use the runner's daemon; None where there is none (it could not start)."""
+    return daemon[1] if daemon is not None and daemon[0].get("own") else None
+
+
 def _slot(gpu: str, shared_gpu: bool, queue: _Queue, config: HostConfig, cores: int, runs: list[SessionRun],
-          lock: threading.Lock, on_end: Callable[[SessionRun], None] | None) -> None:
+          lock: threading.Lock, on_end: Callable[[SessionRun], None] | None, daemon: dict[str, str] | None) -> None:
     while (s := queue.take()) is not None:
         run = SessionRun(s.name, gpu, cores, log=str(config.log_dir / f"{s.name}.log"))
-        env = dict(config.env if config.env is not None else os.environ)
-        env |= {"CUDA_VISIBLE_DEVICES": gpu, "MAX_JOBS": str(cores)}
+        env = _base_env(config, gpu) | {"MAX_JOBS": str(cores)}
+        uses = daemon is not None and uses_runner_mps(config, s)
+        if uses:
+            env |= daemon
         run.started = time.time()
         try:
             with open(run.log, "wb") as log:
-                run.rc = subprocess.run(config.command(s, cores, shared_gpu), stdout=log, stderr=subprocess.STDOUT,
-                                        env=env, cwd=config.cwd).returncode
+                run.rc = subprocess.run(config.command(s, cores, shared_gpu and not uses), stdout=log,
+                                        stderr=subprocess.STDOUT, env=env, cwd=config.cwd).returncode
         except OSError as e:  # the command could not start: this session's failure, not the host's
             run.rc, run.reason = 127, f"{type(e).__name__}: {e}"
         run.finished = time.time()
@@ -296,12 +334,16 @@ def run(todo: list[HostSession], config: HostConfig, on_end: Callable[[SessionRu
     cores = max(1, config.cores // len(slots))
     queue, runs, lock = _Queue(todo), [], threading.Lock()
     t0 = time.time()
-    threads = [threading.Thread(target=_slot, args=(g, g in on_shared, queue, config, cores, runs, lock, on_end),
-                                daemon=True) for g in slots]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    daemons = start_mps(config, on_shared) if config.mps else {}
+    try:
+        threads = [threading.Thread(target=_slot, args=(g, g in on_shared, queue, config, cores, runs, lock, on_end,
+                                                        _client_env(daemons.get(g))), daemon=True) for g in slots]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        stop_mps(config, daemons)
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.status or "?"] = counts.get(r.status or "?", 0) + 1
@@ -310,6 +352,7 @@ def run(todo: list[HostSession], config: HostConfig, on_end: Callable[[SessionRu
                "wall_seconds": round(time.time() - t0, 1),
                "session_seconds": round(sum(r.wall_seconds for r in runs), 1),
                "counts": counts, "failed": sorted(r.session for r in runs if r.rc != 0),
+               "mps": {g: state for g, (state, _) in daemons.items()},
                "sessions": [asdict(r) for r in sorted(runs, key=lambda r: r.started)]}
     (config.log_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -10,8 +10,10 @@ reference worker), and quits it once that process has exited: no other process o
 connects to it. (Quitting waits for the daemon's clients to finish, so the session
 process, itself a client, must not be the one that asks.) The state travels to the session
 in FLASHINFER_TRACE_MPS, which records it in session.json. An MPS daemon the user already
-runs (CUDA_MPS_PIPE_DIRECTORY set) is used as it is. Where none can be started (no control binary,
-no permission, a GPU in a compute mode that refuses it) the session runs without, and says why:
+runs (CUDA_MPS_PIPE_DIRECTORY set) is used as it is; so is the one the host runner starts for the
+sessions that share a GPU (sweep/host.py: one daemon per GPU, owned by the runner, quit after its last
+session). Where none can be started (no control binary, no permission, a GPU in a compute mode that
+refuses it) the session runs without, and says why:
 
     with mps.session(enabled=True) as state:   # state: {"used": bool, "own": bool, "reason": str | None}
         subprocess.run([...session...])         # a child: it has exited before the daemon quits
@@ -31,43 +33,47 @@ from pathlib import Path
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 STATE_ENV = "FLASHINFER_TRACE_MPS"
+OWNER_ENV = "FLASHINFER_TRACE_MPS_OWNER"  # who started the daemon a session finds (the host runner says so)
 START_TIMEOUT_S = 20
 
 
 def _control(args: list[str], env: dict[str, str], stdin: str | None = None) -> tuple[int, str]:
     try:
         p = subprocess.run([CONTROL, *args], input=stdin, capture_output=True, text=True, env=env,
-                           timeout=START_TIMEOUT_S)
+                           timeout=START_TIMEOUT_S, **({"stdin": subprocess.DEVNULL} if stdin is None else {}))
     except (OSError, subprocess.TimeoutExpired) as e:
         return 1, f"{type(e).__name__}: {e}"
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
-def start(root: Path | None = None) -> tuple[dict, dict[str, str]]:
-    """(state, environment for the processes that should use it); the state says why when unused."""
-    if os.environ.get(PIPE_ENV):
-        return {"used": True, "own": False, "reason": f"the user's daemon ({PIPE_ENV} is set)"}, {}
+def start(root: Path | None = None, environ: dict[str, str] | None = None) -> tuple[dict, dict[str, str]]:
+    """(state, environment for the processes that should use it); the state says why when unused. `environ`: the
+    environment the daemon starts in (default this process's; its CUDA_VISIBLE_DEVICES are the daemon's GPUs)."""
+    environ = dict(os.environ if environ is None else environ)
+    if environ.get(PIPE_ENV):
+        return {"used": True, "own": False,
+                "reason": environ.get(OWNER_ENV) or f"the user's daemon ({PIPE_ENV} is set)"}, {}
     if shutil.which(CONTROL) is None:
         return {"used": False, "own": False, "reason": f"{CONTROL} not found"}, {}
     base = Path(tempfile.mkdtemp(prefix="flashinfer-trace-mps-", dir=root))
     env = {PIPE_ENV: str(base / "pipe"), LOG_ENV: str(base / "log")}
     for d in env.values():
         Path(d).mkdir()
-    rc, out = _control(["-d"], dict(os.environ, **env))
+    rc, out = _control(["-d"], dict(environ, **env))
     if rc != 0:
         shutil.rmtree(base, ignore_errors=True)
         return {"used": False, "own": False, "reason": f"{CONTROL} -d failed ({rc}): {out[-300:]}"}, {}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible:  # the daemon sees only these GPUs, numbered from 0: its clients name them so (a client left with
         # CUDA_VISIBLE_DEVICES=1 under a daemon started with it saw no GPU at all: H200, 2026-11-28)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(visible.split(","))))
     return {"used": True, "own": True, "reason": None, "dir": str(base)}, env
 
 
-def stop(state: dict, env: dict[str, str]) -> None:
+def stop(state: dict, env: dict[str, str], environ: dict[str, str] | None = None) -> None:
     if not state.get("own"):
         return
-    rc, out = _control([], dict(os.environ, **env), stdin="quit\n")
+    rc, out = _control([], dict(os.environ if environ is None else environ, **env), stdin="quit\n")
     if rc != 0:
         state["stop_error"] = out[-300:]
     shutil.rmtree(state["dir"], ignore_errors=True)
