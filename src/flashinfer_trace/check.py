@@ -355,6 +355,7 @@ def _contract(record: CaseRecord, case: Case, memo: Memo, config: CheckConfig, g
     """A failure where the kernel's API promises nothing (verdict/contract.py) becomes info, saying why and by how
     much; where the property does not explain the difference, the failure stays and says so."""
     def rerun(seen: Inputs) -> tuple:
+        memo.plan(case, reference=True)  # the lease grows back to the reference's phase (or the case starts again)
         with phases("reference"):
             return run_reference(case.definition, seen.to(memo.device, copy=True), seed=case.seed)
 
@@ -475,7 +476,7 @@ def run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
 
     if memo.key is not None and memo.key != memo.group(case):
         memo.free()  # the last group's tensors and lease go back before this one asks
-    guard.worker_peak = pool.take_device_peak
+    guard.worker_peak, guard.arena_bytes = pool.take_device_peak, pool.cuda_arena_bytes
     return guarded(case, guard, lambda: _run_case(case, memo, config), memo.free, memo.held)
 
 

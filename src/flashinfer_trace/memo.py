@@ -60,6 +60,7 @@ class Memo:
         self.mutated: list[str] = []  # inputs the reference wrote into that the definition does not let it
         self._scales: list | None = None
         self.sampler_draws: dict = {}  # a sampler reference's draws, shared by the case's ground truths
+        self._planned: tuple | None = None  # (case, group) of the last memory plan
 
     def pristine(self, case: Case, phases: Phases) -> Inputs:
         key = (case.definition.name, case.size, case.seed, case.case, case.definition_set)
@@ -83,9 +84,19 @@ class Memo:
             if guard is not None:
                 guard.after_generation(case.definition, key[:4], self.inputs)
             self.key = key
-        if self.memory_guard is not None:
-            self.memory_guard.plan_case(case.definition, case.source, case.path, 2, case.id)  # a GPU repeats kernels
+        if self._planned != (case.id, key):  # once per case: its plan says whether *it* runs the reference
+            self._planned = (case.id, key)
+            self.plan(case)
         return self.inputs
+
+    def plan(self, case: Case, *, reference: bool = False) -> None:
+        """The case's memory plan (on a GPU): with the reference's phase where it runs the reference (the group's
+        first to need its outputs, a determinism check, a sampler drawing from it, `reference`)."""
+        if self.memory_guard is not None:
+            runs = (reference or self.outputs is None or case.check == "deterministic"
+                    or case.definition.is_sampler)
+            self.memory_guard.plan_case(case.definition, case.source, case.path, 2, case.id,  # a GPU repeats kernels
+                                        reference=runs)
 
     def group(self, case: Case) -> tuple:
         return (case.definition.name, case.size, case.seed, case.case, case.definition_set)
@@ -95,7 +106,7 @@ class Memo:
         worker's large CUDA arena, empty the allocator's cache and give the group's lease back."""
         from .sandbox import pool
 
-        self.key = self.inputs = self.outputs = self._scales = None
+        self.key = self.inputs = self.outputs = self._scales = self._planned = None
         self.mutated, self.sampler_draws = [], {}
         pool.trim()
         if torch.cuda.is_initialized():

@@ -516,3 +516,78 @@ def test_the_compare_phase_is_bounded_by_the_slice_not_the_output():
     assert p.case_bytes(small, "kernel")["compare"] == p.COMPARE_BUFFERS * 8 * (1 << 19)
     parts = p.case_bytes(huge, "kernel")
     assert parts["compare"] < parts["reference"]  # the comparison no longer sets the peak (it was 3 x 8 x 4.3e9)
+
+
+# -- after a case: the lease shrinks to the group, the group's later cases plan no reference ----------------------
+def test_a_case_that_does_not_run_the_reference_plans_its_arena_not_its_phase():
+    sizes = Sizes(inputs=8 * GiB, floats=2 * GiB, outputs=8 * GiB, output_elements=2 * GiB)
+    first = case_bytes(sizes, "kernel", repeats=2)
+    later = case_bytes(sizes, "kernel", repeats=2, reference=False)
+    assert "reference" in first and "reference" not in later
+    assert later["standing"] == first["standing"] + 16 * GiB  # the worker's arena stays for the group
+    assert later["total"] < first["total"]
+    assert case_bytes(sizes, "structure", reference=False)["total"] > 0  # nothing but the standing data
+
+
+def test_a_shrunk_alone_lease_is_a_case_lease_and_lets_the_others_in(tmp_path):
+    ledger = Ledger(tmp_path, 10 * GiB)
+    alone = ledger.acquire(9 * GiB, label="large", kind="alone")
+    assert alone.nbytes == 10 * GiB
+    with pytest.raises(BudgetTimeout):
+        ledger.acquire(GiB, label="other", timeout=0.2)
+    alone.shrink(3 * GiB)
+    assert alone.kind == "case" and ledger.used() == 3 * GiB
+    assert [e.kind for e in ledger.entries()] == ["case"]
+    other = ledger.acquire(6 * GiB, label="other", timeout=2)
+    alone.shrink(5 * GiB)  # never grows
+    assert alone.nbytes == 3 * GiB
+    other.release(), alone.release()
+
+
+class _GivingMeter(_Meter):
+    def __init__(self):
+        super().__init__()
+        self.given_back = 0
+
+    def give_back(self) -> None:
+        self.given_back += 1
+
+
+def test_after_a_case_the_lease_shrinks_to_the_group_and_its_next_case_plans_no_reference(tmp_path):
+    meter = _GivingMeter()
+    memo = _memo(tmp_path, capacity=16 * GiB, meter=meter)
+    guard = memo.memory_guard
+    plans = []
+    real = guard.plan_case
+
+    def spy(*a, reference=True, **kw):
+        plans.append(reference)
+        return real(*a, reference=reference, **kw)
+
+    guard.plan_case = spy
+    guard.arena_bytes = lambda: 0
+    guard.ensure(12 * GiB, "a large first phase")  # as if the group's first case had needed that much
+    first = check.run_case(_case("torch"), memo, check.CheckConfig(device="cpu"))
+    assert first.status is Status.PASS and plans == [True]  # the group's first case runs the reference
+    assert meter.given_back == 1 and guard.lease.nbytes < GiB  # settled: what the group holds, not 12 GiB
+    shape = check.Case(_definition(), check.Check.SHAPE, "small", 0)  # the same group, another case
+    second = check.run_case(shape, memo, check.CheckConfig(device="cpu"))
+    assert second.status is Status.PASS and plans[-1] is False  # the reference's outputs are kept: no reference phase
+    assert second.memory["planned"] < first.memory["planned"]
+    deterministic = check.Case(_definition(), check.Check.DETERMINISTIC, "small", 0)
+    check.run_case(deterministic, memo, check.CheckConfig(device="cpu"))
+    assert plans[-1] is True  # it runs the reference again
+    memo.free()
+
+
+def test_an_alone_case_leaves_a_case_lease_for_its_group(tmp_path):
+    meter = _GivingMeter()
+    budget = DeviceBudget("cuda:0", Ledger(tmp_path / "ledger", 10 * GiB), context_bytes=GiB, total=10 * GiB)
+    guard = CaseMemory(budget, wait=5, meter=meter)
+    budget.standing()
+    guard.ensure(9.5 * GiB, "large")
+    assert guard.alone
+    assert guard.settle(2 * GiB) and not guard.alone and guard.lease.nbytes < 3 * GiB
+    assert not guard.settle(2 * GiB)  # nothing more to give back: the cache is not emptied again
+    assert meter.given_back == 1
+    guard.release()

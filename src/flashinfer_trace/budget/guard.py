@@ -16,7 +16,9 @@ measurement of each case's peak. `guarded` runs one case under it:
                          the case run again *alone* (the device's budget to itself); out of memory alone is the
                          harness's failure (not-run: out-of-memory), a plan larger than the device is too-large
     after the case       its measured peak (this process's allocator and its worker's) beside its plan, in the
-                         record; a peak past its plan raises the later plans of its kind (plan.Learned)
+                         record; a peak past its plan raises the later plans of its kind (plan.Learned); the
+                         allocator's cache emptied and the lease shrunk to the group's tensors (settle), an alone
+                         lease becoming a case lease; the group's later cases plan no reference phase
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import torch
 from ..status import Kind, Status
 from .device import WAIT_S, DeviceBudget, is_device_unavailable, is_out_of_memory
 from .ledger import BudgetTimeout, Lease
-from .plan import Learned, Sizes, case_bytes, generation_bytes, source_class
+from .plan import MARGIN, SLACK, Learned, Sizes, case_bytes, generation_bytes, source_class
+
+SETTLE_FROM = 1 << 30  # a lease this much larger than its group's tensors shrinks after a case
 
 if TYPE_CHECKING:
     from ..definition import Definition
@@ -57,6 +61,9 @@ class Meter:
     def peak(self) -> int:
         raise NotImplementedError
 
+    def give_back(self) -> None:
+        """Return what the allocator caches but no tensor uses to the device."""
+
 
 class CudaMeter(Meter):
     def __init__(self, device: str) -> None:
@@ -68,6 +75,9 @@ class CudaMeter(Meter):
 
     def peak(self) -> int:
         return int(torch.cuda.max_memory_reserved(self.device))
+
+    def give_back(self) -> None:
+        torch.cuda.empty_cache()
 
 
 class CaseMemory:
@@ -82,6 +92,7 @@ class CaseMemory:
         self.base = 0  # the same before the learned scale
         self.klass = "structure"
         self.worker_peak: Callable[[], int] = lambda: 0  # the reference worker's peak since the last ask
+        self.arena_bytes: Callable[[], int] = lambda: 0  # the reference worker's CUDA arena, kept for the group
         self.waited = 0.0  # seconds spent waiting for leases since the last case began (a phase of its record)
         self.generation_floor = 0  # what generating the group may take besides its large tensors
         self.reserved = 0  # the large tensors the generator asked room for in this generation (bytes)
@@ -145,14 +156,29 @@ class CaseMemory:
         self.learned.inputs[key] = self.sizes.inputs
 
     def plan_case(self, definition: Definition, source: str | None, path: str | None, repeats: int,
-                  label: str) -> None:
-        """The case's plan from its group's sizes; the lease grows to it."""
+                  label: str, *, reference: bool = True) -> None:
+        """The case's plan from its group's sizes (`reference`: whether it runs the reference); the lease grows
+        to it."""
         if self.sizes is None:
             return
         self.klass = source_class(source, "sampler" if definition.is_sampler else None, path)
-        self.base = case_bytes(self.sizes, self.klass, repeats=repeats)["total"]
+        self.base = case_bytes(self.sizes, self.klass, repeats=repeats, reference=reference)["total"]
         self.planned = self.learned.plan(definition.op_type, self.klass, self.base)
         self.ensure(max(self.planned, self.lease.nbytes if self.lease is not None else 0), label)
+
+    def settle(self, held: int) -> bool:
+        """After a case: what its phases cached goes back to the device, and the lease shrinks to the group's
+        tensors (`held`, with the worker's arena), an alone lease becoming a case lease: a large group's first
+        case may need the device alone, its later ones (no reference, no generation) run beside the others.
+        Worth an empty cache only where it gives back a GiB or more."""
+        if self.lease is None:
+            return False
+        keep = int(MARGIN * (held + self.arena_bytes())) + SLACK
+        if self.lease.nbytes - keep < SETTLE_FROM:
+            return False
+        self.meter.give_back()
+        self.lease.shrink(keep)
+        return True
 
     # -- the measurement ----------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -239,7 +265,10 @@ def guarded(case, guard: CaseMemory, run: Callable[[], CaseRecord], free: Callab
         record.memory["retried_alone_after"] = (retried or "")[:300]
     if guard.waited >= 0.001:
         record.phases["memory_wait"] = round(guard.waited, 4)
-    if guard.alone:  # the device goes back to the others at once
+    # what the case cached goes back and an alone lease to the others at once: shrunk to the group's tensors where
+    # that gives back a GiB or more, else (or after running out of memory) with the group's tensors
+    oom = record.status is Status.NOT_RUN and record.kind is Kind.OUT_OF_MEMORY
+    if oom or (not guard.settle(held()) and guard.alone):
         free()
     return record
 

@@ -68,6 +68,10 @@ class Lease:
         waits for more could deadlock with another doing the same: it gives back and asks again instead)."""
         return self.ledger.resize(self, nbytes)
 
+    def shrink(self, nbytes: int) -> None:
+        """Give back all but `nbytes` now, an alone lease becoming a case lease (the others may run beside it)."""
+        self.ledger.shrink(self, nbytes)
+
     def release(self) -> None:
         self.ledger.release(self)
 
@@ -153,6 +157,15 @@ class Ledger:
             _rewrite(lease.fd, self._body(nbytes, lease.kind, lease.label))
             lease.nbytes = nbytes
         return True
+
+    def shrink(self, lease: Lease, nbytes: int) -> None:
+        if not lease.live:
+            raise ValueError(f"lease {lease.label!r} was released")
+        nbytes = max(0, min(int(nbytes), lease.nbytes))
+        kind = CASE if lease.kind == ALONE else lease.kind
+        with self._locked():
+            _rewrite(lease.fd, self._body(nbytes, kind, lease.label))
+            lease.nbytes, lease.kind = nbytes, kind
 
     def release(self, lease: Lease) -> None:
         if not lease.live:

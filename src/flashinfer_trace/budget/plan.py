@@ -6,7 +6,8 @@ being run:
 
     standing    the pristine inputs, the reference's outputs
     reference   a copy of the inputs for the call, the CUDA arena holding inputs and outputs for the worker,
-                the worker's own temporaries (a plain-torch reference upcasts to float32)
+                the worker's own temporaries (a plain-torch reference upcasts to float32); only in the cases that
+                run the reference (the group's first, a determinism check): the others keep its outputs
     kernel      per run, a copy of the inputs, its outputs and the first run's kept for the spread; the
                 wrapper's workspace; a CUDA graph or plan-reuse path keeps a live copy of the inputs and the
                 other data besides
@@ -14,6 +15,9 @@ being run:
     sampler     one call's repeated rows (the reference's and the kernel's chunks), and the draws
     compare     both outputs upcast to float64 and what is computed from them, a slice of at most
                 COMPARE_CHUNK elements at a time (verdict/compare.py)
+
+After each case the process gives back what its phases cached and its lease shrinks to what the group still
+holds (guard.CaseMemory.settle): the first case of a large group may need the device alone, its later ones not.
 
 What the plan leaves out it learns: a case whose measured peak passes its plan is reported (a bug of the
 planner, CaseRecord.memory) and raises every later plan of its op type and source (`Learned`).
@@ -91,12 +95,14 @@ def source_class(source: str | None, kind: str | None, path: str | None) -> str:
     return "kernel-planned" if path and any(m in path for m in ("graph", "plan-reuse")) else "kernel"
 
 
-def case_bytes(sizes: Sizes, klass: str, *, repeats: int = 1) -> dict[str, int]:
-    """The parts of one case's peak (bytes): standing data, then each phase; `total` is the plan."""
+def case_bytes(sizes: Sizes, klass: str, *, repeats: int = 1, reference: bool = True) -> dict[str, int]:
+    """The parts of one case's peak (bytes): standing data, then each phase; `total` is the plan. `reference`:
+    whether the case runs the reference; a later case of its group does not (the outputs are kept), and then
+    only the reference worker's arena, kept for the group, stands beside the group's tensors."""
     i, o = sizes.inputs, sizes.outputs
     arena = max(i + o, ARENA_MIN)  # the reference worker's CUDA arena is never smaller (sandbox/pool.py)
-    parts = {"standing": i + o}
-    phases = {"reference": i + arena + 2 * (4 * sizes.floats + 4 * sizes.output_elements)}
+    parts = {"standing": i + o if reference else i + o + arena}
+    phases = {"reference": i + arena + 2 * (4 * sizes.floats + 4 * sizes.output_elements)} if reference else {}
     if klass in ("kernel", "kernel-planned"):
         kept = o * (2 if repeats > 1 else 1)
         phases["kernel"] = i + o + kept + WORKSPACE + (2 * i if klass == "kernel-planned" else 0)
@@ -110,7 +116,7 @@ def case_bytes(sizes: Sizes, klass: str, *, repeats: int = 1) -> dict[str, int]:
     if klass != "structure":
         phases["compare"] = COMPARE_BUFFERS * 8 * min(sizes.output_elements, COMPARE_CHUNK)
     parts.update(phases)
-    parts["total"] = int(MARGIN * (parts["standing"] + max(phases.values()))) + SLACK
+    parts["total"] = int(MARGIN * (parts["standing"] + max(phases.values(), default=0))) + SLACK
     return parts
 
 
