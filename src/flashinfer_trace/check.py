@@ -45,7 +45,7 @@ from .results.record import CaseRecord, Check, GroundTruthPath
 from .sandbox import ReferenceFailure, SandboxError
 from .status import Kind, Status
 from .verdict import Judgement, judge, judge_sampler
-from .verdict.compare import tolerance_for
+from .verdict.compare import CHUNK, tolerance_for
 from .verdict.contract import Contract, reconsider
 from .verdict.drawstore import DrawStore
 from .verdict.samples import SamplingSettings
@@ -391,8 +391,10 @@ class Spread:
             if not same_bytes(a, b):
                 same = self.identical = False
                 if a.is_floating_point():
-                    diff = (a.double() - b.double()).abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
-                    self.max_abs = max(self.max_abs, float(diff.max()) if diff.numel() else 0.0)
+                    x, y = a.reshape(-1), b.reshape(-1)
+                    for lo in range(0, x.numel(), CHUNK):  # widened a slice at a time (verdict/compare.py)
+                        diff = (x[lo:lo + CHUNK].double() - y[lo:lo + CHUNK].double()).abs()
+                        self.max_abs = max(self.max_abs, float(diff.nan_to_num(0.0, posinf=0.0, neginf=0.0).max()))
         return first, same
 
     def as_dict(self) -> dict[str, Any]:
