@@ -251,6 +251,15 @@ def strays(memo: Memo) -> None:
     global _broken
     stray = memo.stray_bytes()
     if stray is not None and stray > STRAY_LIMIT and _broken is None:
+        # tensors a reference cycle keeps (a planned launch's closure, a wrapper's bound methods) go back only when
+        # the collector runs: collect before judging (on the H200, 114 test processes ended with 4-11 GiB "beyond
+        # their cases" after large_offsets and large_page_index paths, each then starting its group again)
+        import gc
+
+        gc.collect()
+        release_cuda_cache()
+        stray = memo.stray_bytes()
+    if stray is not None and stray > STRAY_LIMIT and _broken is None:
         _broken = (f"this process holds {stray / 2**30:.1f} GiB of device memory beyond its cases' "
                    f"(more than {STRAY_LIMIT / 2**30:.0f} GiB)")
 

@@ -459,3 +459,22 @@ def test_a_combination_folder_in_use_is_not_rewritten_under_a_running_session(tm
         assert len(spans) == 1 and (target / "marker").is_file()  # untouched
         same = inst._install(combo, sys.executable, opts, project=ROOT, log=tmp_path / "c.log")
         assert same.ok and len(spans) == 1  # the same wheels: nothing to rewrite, it shares the folder
+
+
+def test_a_definition_the_prebuild_did_not_plan_is_building_where_its_api_was_deferred(tmp_path):
+    """FlashInfer's own traced fp8 MoE file was not among the prebuild's jobs: its test built the deferred module
+    for ten minutes while holding device memory. A deferral of the same API (and source) now covers it."""
+    from flashinfer_trace.dataset import load_definition
+    from flashinfer_trace.groundtruth import GroundTruthUnavailable, base
+
+    d = load_definition("rmsnorm_h4096")
+    fake = base.Adapter("flashinfer", "rmsnorm", "flashinfer.norm.rmsnorm", lambda call: ())
+    report = _deferred_report(tmp_path, "some_other_definition", fake.api)
+    for lookup in (jit.JitReport.load(report).outcome, jit.PrebuildWatch(report).outcome):
+        with pytest.raises(GroundTruthUnavailable) as e:
+            base._check_prebuild(fake, d, lookup)
+        assert e.value.kind == "building" and "deferred for some_other_definition" in str(e.value)
+        assert lookup(d.name, "flashinfer") is None  # without the API: nothing of its own
+        assert lookup(d.name, "sglang", api=fake.api) is None  # another source's module is another module
+    other = base.Adapter("flashinfer", "rmsnorm", "flashinfer.norm.fused_add_rmsnorm", lambda call: ())
+    base._check_prebuild(other, d, jit.JitReport.load(report).outcome)  # another API: nothing deferred, it runs

@@ -36,7 +36,7 @@ KERNEL = "kernel"
 ALL_SOURCES = (*SOURCES, KERNEL)
 
 # (definition, source) -> the prebuild's record of that job (`.api`, `.status`, `.message`), or None
-PrebuildLookup = Callable[[str, str], Any]
+PrebuildLookup = Callable[..., Any]  # (definition, source, api=None) -> the prebuild's record (sweep/jit/report.py)
 
 
 @dataclass(frozen=True)
@@ -232,8 +232,9 @@ def availability(adapter: Adapter, definition: Definition, device: str | None, *
 
 def _check_prebuild(adapter: Adapter, definition: Definition, prebuild: PrebuildLookup) -> None:
     """A module the prebuild could not build is not built again inside a test's time; one it left to the
-    combination's `jit-` session (`deferred`) is `building`: its cases are not run here (check.outcome_of)."""
-    record = prebuild(definition.name, adapter.source)
+    combination's `jit-` session (`deferred`) is `building`: its cases are not run here (check.outcome_of), and so
+    are those of a definition the prebuild did not plan whose API it deferred for another."""
+    record = prebuild(definition.name, adapter.source, api=adapter.api)
     if record is None or record.api != adapter.api:
         return
     if record.status in ("build-failed", "build-timeout"):

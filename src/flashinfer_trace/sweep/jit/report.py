@@ -125,12 +125,28 @@ class JitReport:
         """The report at `path`; an empty one when `path` is empty or unreadable."""
         return cls(read_report(path))
 
-    def outcome(self, definition: str, source: str) -> BuildRecord | None:
-        """The prebuild's record of (definition, source); None when it did not build that pair."""
-        return self.records.get((definition, source))
+    def outcome(self, definition: str, source: str, api: str | None = None) -> BuildRecord | None:
+        """The prebuild's record of (definition, source); for a pair it did not build, where `api` is given, the
+        record of a job it deferred for the same API (a definition it did not plan, e.g. one of FlashInfer's own
+        traced files, would build that module inside a test); else None."""
+        found = self.records.get((definition, source))
+        return found if found is not None or api is None else deferred_for(self.records.values(), api, source)
 
     def __len__(self) -> int:
         return len(self.records)
+
+
+def deferred_for(records: Iterable[BuildRecord], api: str, source: str) -> BuildRecord | None:
+    """A record of a job deferred for `api` (from `source`), as the deferral of another definition of that API:
+    its module is the one left to the jit- session. (An fp8 MoE file of FlashInfer's own, not among the
+    prebuild's jobs, built that module for 10 minutes inside a test while holding device memory, and a case
+    waiting to take the device alone held every other process: H200, 2026-11-29.)"""
+    for r in records:
+        if r.status == "deferred" and r.api == api and r.source == source:
+            return BuildRecord(r.definition, r.source, "deferred", api=api,
+                               message=f"{r.message or 'left to a jit- session'} (deferred for {r.definition}, "
+                                       "the same API)")
+    return None
 
 
 # -- a running prebuild ---------------------------------------------------------------------------------------
@@ -272,11 +288,14 @@ class PrebuildWatch:
         return BuildRecord(job["definition"], job["source"], "build-timeout", api=job.get("api"),
                            budget=job.get("budget"), message=f"no build record: {why}")
 
-    def outcome(self, definition: str, source: str) -> BuildRecord | None:
-        """The job's record, waiting for it while the running prebuild has it planned and not ended."""
+    def outcome(self, definition: str, source: str, api: str | None = None) -> BuildRecord | None:
+        """The job's record, waiting for it while the running prebuild has it planned and not ended; for a job it
+        does not have, a deferred job's of the same `api` (JitReport.outcome)."""
         while True:
             settled, record = self._verdict(definition, source)
             if settled:
+                if record is None and api is not None:
+                    return deferred_for(self.records.values(), api, source)
                 return record
             self.sleep(self.poll)
 
