@@ -299,10 +299,13 @@ def test_bench_imports_without_cuda():
 
 def test_preparers_cover_the_attention_wrappers_in_place_norm_and_samplers():
     from flashinfer_trace.groundtruth import flashinfer as fgt
+    from flashinfer_trace.groundtruth import flashinfer_gemma_norm as fgemma
     from flashinfer_trace.groundtruth import sglang as sgt
+    from flashinfer_trace.groundtruth import sglang_gemma_norm as sgemma
 
     for fn in (fgt.gqa_decode, fgt.gqa_prefill_paged, fgt.gqa_prefill_ragged, fgt.mla, fgt.fused_add_rmsnorm,
-               sgt.fused_add_rmsnorm, fgt.sampling, sgt.sampling):
+               sgt.fused_add_rmsnorm, fgt.sampling, sgt.sampling, fgemma.run, fgemma.run_fused, sgemma.gemma_rmsnorm,
+               sgemma.gemma_fused_add_rmsnorm):
         assert fn in kernels.PREPARERS
 
 
@@ -902,3 +905,12 @@ def test_a_layernorm_counts_seven_operations_per_element():
     d = load_definition("layernorm_h768")
     x = generate_inputs(d, "small", 0)
     assert roofline.work(d, x).flops == 7 * x.values["hidden_states"].numel()
+
+
+def test_a_gemma_norm_counts_its_scale_once_per_channel_and_the_in_place_residual_both_ways():
+    d, f = load_definition("gemma_rmsnorm_h4608"), load_definition("gemma_fused_add_rmsnorm_h4608")
+    x, y = generate_inputs(d, "small", 0), generate_inputs(f, "small", 0)
+    m, n = x.values["hidden_states"].shape
+    assert roofline.work(d, x).flops == 4 * m * n + n and roofline.work(d, x).bytes == (2 * m * n + n) * 2
+    assert roofline.work(f, y).flops == 5 * m * n + n
+    assert roofline.work(f, y).bytes == (4 * m * n + n) * 2  # hidden, residual, weight read; output, residual written

@@ -20,6 +20,7 @@ from . import (
     flashinfer,
     flashinfer_cascade,
     flashinfer_dsa,
+    flashinfer_gemma_norm,
     flashinfer_layernorm,
     flashinfer_page_append,
     flashinfer_single,
@@ -27,8 +28,10 @@ from . import (
     modes,
     sglang,
     sglang_cascade,
+    sglang_gemma_norm,
     sglang_topk,
     torch_cascade,
+    torch_gemma_norm,
     torch_layernorm,
     torch_page_append,
     torch_ref,
@@ -57,10 +60,10 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
                   + flashinfer_page_append.ADAPTERS + flashinfer_single.ADAPTERS + flashinfer_topk.ADAPTERS
-                  + flashinfer_layernorm.ADAPTERS,
-    "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS,
+                  + flashinfer_layernorm.ADAPTERS + flashinfer_gemma_norm.ADAPTERS,
+    "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
-             + torch_layernorm.ADAPTERS,
+             + torch_layernorm.ADAPTERS + torch_gemma_norm.ADAPTERS,
 }
 
 

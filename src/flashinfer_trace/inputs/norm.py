@@ -60,8 +60,9 @@ def near_max_limit(dtype: torch.dtype, hidden: int) -> float:
     return min(NEAR_MAX * torch.finfo(dtype).max, math.sqrt(f32 / (4 * hidden)))
 
 
-def _activation(b: Builder, name: str, index: int, count: int) -> None:
-    """One activation input (`index` of `count`: a fused add's second input shares the rows' limits)."""
+def put_activation(b: Builder, name: str, index: int, count: int) -> None:
+    """One activation input (`index` of `count`: a fused add's second input shares the rows' limits), drawn for
+    this family's cases (any other case: typical rows). The Gemma norms (gemma_norm.py) draw theirs here too."""
     dtype = b.torch_dtype(name)
     rows, hidden = _rows(b, name)
     if b.case == "denormal_values":  # a quarter of the smallest normal: most values subnormal in the dtype
@@ -112,6 +113,6 @@ def generate(b: Builder) -> None:
         if name in WEIGHTS:
             b.put_random(name, scale=0.1, mean=1.0)
     for i, name in enumerate(acts):
-        _activation(b, name, i, len(acts))
+        put_activation(b, name, i, len(acts))
     for name in scalars:
         put_eps(b, name)

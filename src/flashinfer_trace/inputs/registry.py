@@ -13,6 +13,7 @@ from . import (
     dsa,
     gdn,
     gemm,
+    gemma_norm,
     layernorm,
     mamba,
     moe,
@@ -40,8 +41,9 @@ FAMILIES: dict[str, Family] = {
     op: Family(m.__name__.rsplit(".", 1)[-1], m.generate, m.edge_cases) for m in _MODULES for op in m.OP_TYPES
 }
 # Generators that share an op type with a family above and take the definitions their `claims` accepts:
-# FlashInfer files the deterministic filters (top_k_renorm_probs, ...) under `sampling`, beside the samplers.
-_CLAIMING: tuple[ModuleType, ...] = (topk,)
+# FlashInfer files the deterministic filters (top_k_renorm_probs, ...) under `sampling`, beside the samplers, and
+# the Gemma norms (gemma_rmsnorm, gemma_fused_add_rmsnorm) under `rmsnorm`, beside the plain ones.
+_CLAIMING: tuple[ModuleType, ...] = (topk, gemma_norm)
 
 
 def supported_op_types() -> list[str]:

@@ -204,7 +204,9 @@ def _prep_sgl_sampling(call: Call):
 
 def _preparers() -> dict[Callable, Preparer]:
     from ..groundtruth import flashinfer as fgt
+    from ..groundtruth import flashinfer_gemma_norm as fgemma
     from ..groundtruth import sglang as sgt
+    from ..groundtruth import sglang_gemma_norm as sgemma
 
     direct = {a.fn: _prep_direct(a.fn) for a in fgt.ADAPTERS if a.api.startswith("flashinfer.mm_bf16")}
     return {
@@ -226,6 +228,10 @@ def _preparers() -> dict[Callable, Preparer]:
         sgt.rmsnorm: _prep_rmsnorm(lambda m: m.rmsnorm),
         sgt.silu_and_mul: _prep_sgl_silu_and_mul,
         sgt.rope: _prep_sgl_rope,
+        fgemma.run_fused: _prep_fused_add_rmsnorm(lambda m: m.norm.gemma_fused_add_rmsnorm),
+        fgemma.run: _prep_rmsnorm(lambda m: m.norm.gemma_rmsnorm),
+        sgemma.gemma_fused_add_rmsnorm: _prep_fused_add_rmsnorm(lambda m: m.gemma_fused_add_rmsnorm),
+        sgemma.gemma_rmsnorm: _prep_rmsnorm(lambda m: m.gemma_rmsnorm),
     }
 
 

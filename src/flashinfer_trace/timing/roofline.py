@@ -36,7 +36,8 @@ FLOPs (multiply and add count as two), per op_type:
 * moe: for each routed (token, local expert) pair, 2 * H * G1 + 2 * I * H with G1 = gemm1's output
   width (2 * I: [up; gate]); the activation, routing and weighted sum are left out (O(T * H));
 * rmsnorm: 4 per element of hidden_states (square, sum, scale by 1/rms, multiply by the weight),
-  5 for a fused add + norm (the add); memory bound either way;
+  5 for a fused add + norm (the add); a Gemma norm adds hidden_size (its scale 1 + w, formed once per
+  channel); memory bound either way;
 * rope: 3 per rotated element (x * cos, y * sin, their sum) over query and key, rotary_dim / head_dim
   of each head being rotated;
 * activation (silu_and_mul): 5 per output element (exp counted as 1: -x, exp, 1 + e, x / (..) and
@@ -334,11 +335,17 @@ def _flops_moe(d: Definition, inputs: Inputs, detail: dict) -> int:
 
 
 def _flops_rmsnorm(d: Definition, inputs: Inputs, detail: dict) -> int:
-    n = math.prod(_shape(d, inputs, "hidden_states"))
+    from .. import semantics as sem
+
+    shape = _shape(d, inputs, "hidden_states")
+    n = math.prod(shape)
     per = 5 if "residual" in d.inputs else 4
     detail["flops_formula"] = f"{per} * elements = {per} * {n}" + (" (4 for the norm + 1 for the add)"
                                                                     if per == 5 else "")
-    return per * n
+    if sem.gemma_norm(d) is None:
+        return per * n
+    detail["flops_formula"] += f" + hidden_size = {shape[-1]} (Gemma's scale 1 + w, once per channel)"
+    return per * n + shape[-1]
 
 
 def _flops_layernorm(d: Definition, inputs: Inputs, detail: dict) -> int:
