@@ -32,6 +32,7 @@ from . import (
     torch_layernorm,
     torch_page_append,
     torch_ref,
+    torch_samplers,
     torch_topk,
 )
 from .base import (
@@ -60,7 +61,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_layernorm.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
-             + torch_layernorm.ADAPTERS,
+             + torch_layernorm.ADAPTERS + torch_samplers.ADAPTERS,
 }
 
 

@@ -19,6 +19,7 @@ from . import (
     norm,
     page_append,
     rope,
+    samplers,
     sampling,
     single_attention,
     topk,
@@ -40,8 +41,9 @@ FAMILIES: dict[str, Family] = {
     op: Family(m.__name__.rsplit(".", 1)[-1], m.generate, m.edge_cases) for m in _MODULES for op in m.OP_TYPES
 }
 # Generators that share an op type with a family above and take the definitions their `claims` accepts:
-# FlashInfer files the deterministic filters (top_k_renorm_probs, ...) under `sampling`, beside the samplers.
-_CLAIMING: tuple[ModuleType, ...] = (topk,)
+# FlashInfer files the deterministic filters (top_k_renorm_probs, ...) under `sampling`, beside the samplers;
+# samplers.py takes the samplers other than top-k / top-p over probabilities (min-p, plain, from logits).
+_CLAIMING: tuple[ModuleType, ...] = (topk, samplers)
 
 
 def supported_op_types() -> list[str]:
