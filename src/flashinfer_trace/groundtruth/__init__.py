@@ -22,11 +22,13 @@ from . import (
     flashinfer_dsa,
     flashinfer_layernorm,
     flashinfer_page_append,
+    flashinfer_samplers,
     flashinfer_single,
     flashinfer_topk,
     modes,
     sglang,
     sglang_cascade,
+    sglang_samplers,
     sglang_topk,
     torch_cascade,
     torch_layernorm,
@@ -58,8 +60,8 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
                   + flashinfer_page_append.ADAPTERS + flashinfer_single.ADAPTERS + flashinfer_topk.ADAPTERS
-                  + flashinfer_layernorm.ADAPTERS,
-    "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS,
+                  + flashinfer_layernorm.ADAPTERS + flashinfer_samplers.ADAPTERS,
+    "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
              + torch_layernorm.ADAPTERS + torch_samplers.ADAPTERS,
 }
