@@ -13,8 +13,8 @@ no margin around its cut.
 The edge cases (EDGE) put rows at the boundaries of the contract: min_p at 0 and at 1, a tie exactly at
 min_p * max (every value and product exact in float32), one-hot rows, the last token id, uniform rows (as logits:
 all equal), tiny and subnormal probabilities, logits of -inf (masked tokens), logits far past what exp() holds
-without the row's maximum subtracted, and, for top-k / top-p over logits, sampling.py's cut cases. Why each
-exists: docs/boundary/samplers.md.
+without the row's maximum subtracted, and, for top-k / top-p over logits, sampling.py's cut cases and rows where
+the order of the two filters decides (`filter_order`). Why each exists: docs/boundary/samplers.md.
 """
 
 from __future__ import annotations
