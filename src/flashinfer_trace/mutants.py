@@ -31,6 +31,7 @@ from .mutants_gemma_norm import MUTANTS as GEMMA_NORM_MUTANTS
 from .mutants_layernorm import MUTANTS as LAYERNORM_MUTANTS
 from .mutants_model import Mutant, _m
 from .mutants_page_append import MUTANTS as PAGE_APPEND_MUTANTS
+from .mutants_samplers import MUTANTS as SAMPLERS_MUTANTS
 from .mutants_single import MUTANTS as SINGLE_MUTANTS
 from .mutants_topk import MUTANTS as TOPK_MUTANTS
 
@@ -433,7 +434,8 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "sequence-positions", "positions in the sequence returned, "
        "not global token ids", ("topk_indices[b, :k] = slots[best].to(torch.int32)",
                                 "topk_indices[b, :k] = best.to(torch.int32)")),
-) + CASCADE_MUTANTS + PAGE_APPEND_MUTANTS + SINGLE_MUTANTS + TOPK_MUTANTS + LAYERNORM_MUTANTS + GEMMA_NORM_MUTANTS
+) + (CASCADE_MUTANTS + PAGE_APPEND_MUTANTS + SINGLE_MUTANTS + TOPK_MUTANTS + LAYERNORM_MUTANTS + GEMMA_NORM_MUTANTS
+     + SAMPLERS_MUTANTS)
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

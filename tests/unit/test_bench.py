@@ -914,3 +914,38 @@ def test_a_gemma_norm_counts_its_scale_once_per_channel_and_the_in_place_residua
     assert roofline.work(d, x).flops == 4 * m * n + n and roofline.work(d, x).bytes == (2 * m * n + n) * 2
     assert roofline.work(f, y).flops == 5 * m * n + n
     assert roofline.work(f, y).bytes == (4 * m * n + n) * 2  # hidden, residual, weight read; output, residual written
+
+
+def test_a_min_p_filter_counts_like_the_others_and_a_logits_sampler_adds_its_softmax():
+    min_p = load_definition("min_p_sampling_from_probs_v128256")
+    x = generate_inputs(min_p, "small", 0)
+    assert roofline.work(min_p, x).flops == 3 * x.values["probs"].numel()
+    both = load_definition("top_k_top_p_sampling_from_logits_v151936")
+    y = generate_inputs(both, "small", 0)
+    assert roofline.work(both, y).flops == 7 * y.values["logits"].numel()  # 1 + 2 * 2 filters + exp and sum
+    plain = load_definition("sampling_from_logits_v128256")
+    z = generate_inputs(plain, "small", 0)
+    assert roofline.work(plain, z).flops == 3 * z.values["logits"].numel()
+
+
+def test_the_min_p_and_logits_samplers_are_timed_as_one_call_on_the_whole_batch():
+    from flashinfer_trace.groundtruth import flashinfer_samplers as fsm
+
+    calls: list = []
+
+    def min_p_sampling_from_probs(probs, min_p, indices=None, deterministic=True, generator=None, check_nan=False):
+        calls.append((probs, min_p, deterministic, generator))
+        return torch.zeros(probs.shape[0], dtype=torch.int32)
+
+    module = types.SimpleNamespace(sampling=types.SimpleNamespace(min_p_sampling_from_probs=min_p_sampling_from_probs))
+    call = _sampling_call("min_p_sampling_from_probs_v151936", module)  # one min_p for every row: a Python float
+    adapter = next(a for a in fsm.ADAPTERS if a.api.endswith("min_p_sampling_from_probs") and a.applies(call.definition)
+                   is None)
+    fn, setup, note = kernels.PREPARERS[adapter.fn](call)
+    fn()
+    fn()
+    probs, min_p, deterministic, generator = calls[0]
+    assert setup is None and len(calls) == 2 and probs is call.inputs.values["probs"] and probs.shape[0] > 1
+    assert isinstance(min_p, float) and deterministic is True and calls[1][3] is generator
+    assert "whole batch" in note
+    assert all(a.fn in kernels.PREPARERS for a in fsm.ADAPTERS)

@@ -23,18 +23,21 @@ from . import (
     flashinfer_gemma_norm,
     flashinfer_layernorm,
     flashinfer_page_append,
+    flashinfer_samplers,
     flashinfer_single,
     flashinfer_topk,
     modes,
     sglang,
     sglang_cascade,
     sglang_gemma_norm,
+    sglang_samplers,
     sglang_topk,
     torch_cascade,
     torch_gemma_norm,
     torch_layernorm,
     torch_page_append,
     torch_ref,
+    torch_samplers,
     torch_topk,
 )
 from .base import (
@@ -60,10 +63,11 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
                   + flashinfer_page_append.ADAPTERS + flashinfer_single.ADAPTERS + flashinfer_topk.ADAPTERS
-                  + flashinfer_layernorm.ADAPTERS + flashinfer_gemma_norm.ADAPTERS,
-    "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS,
+                  + flashinfer_layernorm.ADAPTERS + flashinfer_gemma_norm.ADAPTERS + flashinfer_samplers.ADAPTERS,
+    "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
+              + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
-             + torch_layernorm.ADAPTERS + torch_gemma_norm.ADAPTERS,
+             + torch_layernorm.ADAPTERS + torch_gemma_norm.ADAPTERS + torch_samplers.ADAPTERS,
 }
 
 

@@ -61,6 +61,12 @@ class Call:
     mode: str | None = None  # the call mode the path asks for (an adapter's `modes`); None: its plain call
 
 
+class SamplerCallBroken(AssertionError):
+    """A sampler kernel broke a property of its call that no distribution of draws shows (two calls from the same
+    generator state must agree; from an advanced state, or without a generator, differ): raised by a ground truth's
+    call, judged a `bug` of that side (verdict/samples.py)."""
+
+
 @dataclass(frozen=True)
 class Adapter:
     source: str  # "flashinfer" | "sglang" | "torch"

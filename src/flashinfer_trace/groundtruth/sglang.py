@@ -177,7 +177,8 @@ ADAPTERS = [
             dtypes=frozenset(HALF | {"float32"}), needs_cuda=True, params=(sem.rope_is_neox,)),
     Adapter("sglang", "sampling", "sgl_kernel.top_k_top_p_sampling_from_probs", sampling, package=KERNELS,
             requires=("top_k_top_p_sampling_from_probs",),
-            applies=lambda d: _has("probs")(d) or (None if d.is_sampler else "not a sampler (sglang_topk.py)"),
+            applies=lambda d: _has("probs")(d) or (None if d.is_sampler else "not a sampler (sglang_topk.py)") or (
+                "a min-p sampler (sglang_samplers.py)" if "min_p" in d.inputs else None),
             needs_cuda=True,
             kind="sampler"),
     Adapter("sglang", "moe", "sglang Triton fused_experts (fp8 w8a8, block 128)", triton_moe, package=SGLANG,

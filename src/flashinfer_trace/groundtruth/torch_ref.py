@@ -214,6 +214,16 @@ def _draws_tokens(d) -> str | None:
     return None
 
 
+def _not_top_k_top_p(d) -> str | None:
+    """min-p, and the samplers inputs/samplers.py makes inputs for, are torch_samplers.py's (this one would
+    read past a min_p input)."""
+    from ..inputs.samplers import kind
+
+    if "min_p" in d.inputs or kind(d):
+        return "a min-p, plain or logits sampler (torch_samplers.py)"
+    return None
+
+
 def filtered_distribution(call: Call, *, top_p_shift: float | torch.Tensor = 0.0) -> torch.Tensor:
     """The distribution a sampling definition draws from, float64 [batch, vocab]: top-k, renormalise,
     then top-p on the renormalised mass (FlashInfer's top_k_first order), renormalise.
@@ -496,7 +506,7 @@ ADAPTERS = [
     Adapter("torch", "activation", "torch.nn.functional.silu (float64)", silu_and_mul,
             applies=lambda d: None if "silu" in d.name else "only silu_and_mul"),
     Adapter("torch", "sampling", "filtered distribution (float64) + torch.multinomial", sampling,
-            applies=lambda d: _needs("probs")(d) or _draws_tokens(d), kind="sampler"),
+            applies=lambda d: _needs("probs")(d) or _draws_tokens(d) or _not_top_k_top_p(d), kind="sampler"),
     Adapter("torch", "moe", "dequantise + routing (DeepSeek-V3 / renormalize) + float64 experts", moe,
             applies=sem.moe_applies, params=(sem.moe_routing,)),
     Adapter("torch", "gdn", "gated delta rule, chunked WY form (float64)", gdn, applies=_gdn_applies),

@@ -20,6 +20,7 @@ from . import (
     norm,
     page_append,
     rope,
+    samplers,
     sampling,
     single_attention,
     topk,
@@ -42,8 +43,9 @@ FAMILIES: dict[str, Family] = {
 }
 # Generators that share an op type with a family above and take the definitions their `claims` accepts:
 # FlashInfer files the deterministic filters (top_k_renorm_probs, ...) under `sampling`, beside the samplers, and
-# the Gemma norms (gemma_rmsnorm, gemma_fused_add_rmsnorm) under `rmsnorm`, beside the plain ones.
-_CLAIMING: tuple[ModuleType, ...] = (topk, gemma_norm)
+# the Gemma norms (gemma_rmsnorm, gemma_fused_add_rmsnorm) under `rmsnorm`, beside the plain ones; samplers.py
+# takes the samplers other than top-k / top-p over probabilities (min-p, plain, from logits).
+_CLAIMING: tuple[ModuleType, ...] = (topk, gemma_norm, samplers)
 
 
 def supported_op_types() -> list[str]:

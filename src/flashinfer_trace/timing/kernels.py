@@ -202,15 +202,29 @@ def _prep_sgl_sampling(call: Call):
             f"one top_k_top_p_sampling_from_probs call on the whole batch {list(probs.shape)}, one draw per row")
 
 
+def _prep_fi_samplers(launch: Callable[[Call], Callable[[], Any]]):
+    """min-p, plain and logits samplers (flashinfer_samplers.py): one call on the whole batch in the definition's
+    form, one draw per row, deterministic with a seeded generator, as `_prep_fi_sampling`."""
+    def prep(call: Call):
+        x = call.inputs.values
+        dist = x["logits"] if "logits" in x else x["probs"]
+        return launch(call), None, f"one call on the whole batch {list(dist.shape)}, one draw per row"
+
+    return prep
+
+
 def _preparers() -> dict[Callable, Preparer]:
     from ..groundtruth import flashinfer as fgt
     from ..groundtruth import flashinfer_gemma_norm as fgemma
+    from ..groundtruth import flashinfer_samplers as fsm
     from ..groundtruth import sglang as sgt
     from ..groundtruth import sglang_gemma_norm as sgemma
 
     direct = {a.fn: _prep_direct(a.fn) for a in fgt.ADAPTERS if a.api.startswith("flashinfer.mm_bf16")}
+    samplers = {a.fn: _prep_fi_samplers(fsm.plan_batch(a.api.rsplit(".", 1)[-1])) for a in fsm.ADAPTERS}
     return {
         **direct,
+        **samplers,
         fgt.segment_gemm: _planned(fgt.plan_segment_gemm),
         fgt.gqa_decode: _planned(fgt.plan_gqa_decode),
         fgt.gqa_decode_tc: _planned(fgt.plan_gqa_decode_tc),

@@ -49,7 +49,8 @@ FLOPs (multiply and add count as two), per op_type:
   S q); bytes as above, so an MTP call counts its whole state pool (read, and the unchanged pool
   written) and the intermediate-state buffer when the definition has one;
 * sampling: a rough 1 + 2 * filters per probability (one pass to draw, a compare and an
-  accumulate per top-k / top-p filter); sorting and rejection rounds are not modelled.
+  accumulate per top-k / top-p / min-p filter), and 2 more for a sampler of logits (the softmax's exp and
+  sum); sorting and rejection rounds are not modelled.
 
 Every formula used, with its numbers, is in `Work.detail`.
 """
@@ -376,10 +377,13 @@ def _flops_activation(d: Definition, inputs: Inputs, detail: dict) -> int:
 def _flops_sampling(d: Definition, inputs: Inputs, detail: dict) -> int:
     name = next((n for n in ("probs", "logits") if n in d.inputs), None)
     n = math.prod(_shape(d, inputs, name)) if name else 0
-    filters = sum(1 for f in ("top_k", "top_p") if f in d.inputs)
-    detail["flops_formula"] = (f"(1 + 2 * filters) * probabilities = {1 + 2 * filters} * {n} "
-                               f"(rough: one draw pass, a compare + accumulate per filter)")
-    return (1 + 2 * filters) * n
+    filters = sum(1 for f in ("top_k", "top_p", "min_p") if f in d.inputs)
+    softmax = 2 if name == "logits" and d.is_sampler else 0  # a sampler of logits: exp and sum first
+    per = 1 + 2 * filters + softmax
+    detail["flops_formula"] = (f"(1 + 2 * filters{' + 2' if softmax else ''}) * probabilities = {per} * {n} "
+                               f"(rough: one draw pass, a compare + accumulate per filter"
+                               f"{', exp + sum of the softmax' if softmax else ''})")
+    return per * n
 
 
 def _flops_gdn(d: Definition, inputs: Inputs, detail: dict) -> int:

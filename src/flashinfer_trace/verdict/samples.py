@@ -224,12 +224,23 @@ def _per_row(v, batch: int) -> torch.Tensor:
 
 
 def target(definition: Definition, inputs: Inputs, slack: float) -> Target | None:
-    """The independent torch computation of what the sampler draws from; None for a sampler of logits (the
-    torch filters read probabilities): then only the two samplers' distributions are compared."""
+    """The independent torch computation of what the sampler draws from: top-k / top-p over probabilities
+    (torch_ref.py), or the samplers of inputs/samplers.py, min-p and those over logits (torch_samplers.py, whose
+    min-p band is relative: MIN_P_SLACK). None for a sampler with inputs neither knows (FlashInfer's fi_trace
+    files with a temperature or indices): then only the two samplers' distributions are compared."""
     from ..groundtruth.base import Call
     from ..groundtruth.torch_ref import filtered_distributions
+    from ..groundtruth.torch_samplers import bands, probabilities
+    from ..inputs.samplers import kind
 
-    if distribution_input(definition) != "probs":
+    if kind(definition) is not None:
+        cpu = inputs.to("cpu", copy=True)
+        q, wide, narrow, exact = bands(cpu.values, slack)
+        positive = probabilities(cpu.values) > 0  # over logits: every finite logit, before any filter
+        return Target(q, wide > 0, narrow > 0, exact, (wide > 0).sum(dim=1) < positive.sum(dim=1))
+    known = {"probs", "top_k", "top_p"}
+    if distribution_input(definition) != "probs" or any(
+            n not in known and s.dtype is not None for n, s in definition.inputs.items()):
         return None
     cpu = inputs.to("cpu", copy=True)
     exact = exact_rows(cpu)
@@ -363,7 +374,9 @@ class SampleReport:
         head = f"{s.get('rows', '?')} row(s) x {s.get('row_draws', '?')} draws"
         parts = []
         for side in self.sides:
-            if side.outside:
+            if side.draws == 0 and side.verdict != "pass":  # the call itself broke (SamplerCallBroken)
+                parts.append(f"{side.side}: {side.test}")
+            elif side.outside:
                 rows = ", ".join(map(str, side.outside_rows[:5]))
                 parts.append(f"{side.side}: {side.outside} draw(s) outside the allowed set (rows {rows})")
             else:
@@ -508,12 +521,22 @@ def check_sampler(definition: Definition, inputs: Inputs, ground_truth: GroundTr
                 store.put(stored, reference)
         if cache is not None:
             cache[key] = (reference, made)
-    expected = ground_truth(inputs, draws=plan.row_draws)[0]
-    if t is None:
+    from ..groundtruth.base import SamplerCallBroken
+
+    try:
+        expected, broken = ground_truth(inputs, draws=plan.row_draws)[0], None
+    except SamplerCallBroken as e:  # a property of the kernel's call no distribution shows: judged here, a bug
+        expected, broken = None, SideReport("ground truth", 0, 0, [], 1.0, f"call contract: {e}", 0.0, "bug")
+    if t is None and expected is not None:
         vocab = inputs.values[distribution_input(definition)].shape[1]
         report = compare_two_samples(reference, expected, vocab, plan)
+    elif t is None:
+        report = SampleReport(plan.as_dict())
     else:
         report = compare_to_target(reference, expected, t, plan)
+    if broken is not None:
+        report.sides.append(broken)
+        report.verdict = worst(side.verdict for side in report.sides)
     if made is not None:
         report.settings["reference_draws"] = made  # this run's, or a stored set's of an earlier run
     return report
