@@ -34,6 +34,7 @@ from .mutants_page_append import MUTANTS as PAGE_APPEND_MUTANTS
 from .mutants_samplers import MUTANTS as SAMPLERS_MUTANTS
 from .mutants_single import MUTANTS as SINGLE_MUTANTS
 from .mutants_topk import MUTANTS as TOPK_MUTANTS
+from .mutants_topk_select import MUTANTS as TOPK_SELECT_MUTANTS
 
 __all__ = ["KERNELS", "MUTANTS", "Kill", "Margin", "Mutant", "PlantedKernel", "baseline", "first_failure", "kill",
            "kill_kernel", "kill_rate", "kills", "mutate", "rates_by_class", "run_plan"]
@@ -435,7 +436,7 @@ MUTANTS: tuple[Mutant, ...] = (
        "not global token ids", ("topk_indices[b, :k] = slots[best].to(torch.int32)",
                                 "topk_indices[b, :k] = best.to(torch.int32)")),
 ) + (CASCADE_MUTANTS + PAGE_APPEND_MUTANTS + SINGLE_MUTANTS + TOPK_MUTANTS + LAYERNORM_MUTANTS + GEMMA_NORM_MUTANTS
-     + SAMPLERS_MUTANTS)
+     + SAMPLERS_MUTANTS + TOPK_SELECT_MUTANTS)
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

@@ -949,3 +949,12 @@ def test_the_min_p_and_logits_samplers_are_timed_as_one_call_on_the_whole_batch(
     assert isinstance(min_p, float) and deterministic is True and calls[1][3] is generator
     assert "whole batch" in note
     assert all(a.fn in kernels.PREPARERS for a in fsm.ADAPTERS)
+
+
+def test_a_top_k_counts_one_compare_per_ranked_entry():
+    d = load_definition("top_k_v2048_k2048")
+    x = generate_inputs(d, "small", 0)
+    assert roofline.work(d, x).flops == x.values["input"].numel()
+    v = load_definition("top_k_varlen_n8192_k1024_bf16")
+    y = generate_inputs(v, "small", 0, case="short_rows")
+    assert roofline.work(v, y).flops == sum(min(int(n), 8192) for n in y.values["seq_lens"].tolist())

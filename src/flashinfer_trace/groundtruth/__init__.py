@@ -26,6 +26,7 @@ from . import (
     flashinfer_samplers,
     flashinfer_single,
     flashinfer_topk,
+    flashinfer_topk_select,
     modes,
     sglang,
     sglang_cascade,
@@ -39,6 +40,7 @@ from . import (
     torch_ref,
     torch_samplers,
     torch_topk,
+    torch_topk_select,
 )
 from .base import (
     ALL_SOURCES,
@@ -63,11 +65,13 @@ __all__ = ["ALL_SOURCES", "KERNEL", "SOURCES", "Adapter", "GroundTruth", "Ground
 ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
                   + flashinfer_page_append.ADAPTERS + flashinfer_single.ADAPTERS + flashinfer_topk.ADAPTERS
-                  + flashinfer_layernorm.ADAPTERS + flashinfer_gemma_norm.ADAPTERS + flashinfer_samplers.ADAPTERS,
+                  + flashinfer_layernorm.ADAPTERS + flashinfer_gemma_norm.ADAPTERS + flashinfer_samplers.ADAPTERS
+                  + flashinfer_topk_select.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
-             + torch_layernorm.ADAPTERS + torch_gemma_norm.ADAPTERS + torch_samplers.ADAPTERS,
+             + torch_layernorm.ADAPTERS + torch_gemma_norm.ADAPTERS + torch_samplers.ADAPTERS
+             + torch_topk_select.ADAPTERS,
 }
 
 

@@ -24,11 +24,12 @@ from . import (
     sampling,
     single_attention,
     topk,
+    topk_select,
 )
 from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
-                                     page_append, single_attention, layernorm)
+                                     page_append, single_attention, layernorm, topk_select)
 
 
 @dataclass(frozen=True)

@@ -359,6 +359,18 @@ def _flops_layernorm(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 7 * n
 
 
+def _flops_topk(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """One compare per ranked entry (a radix select reads each entry a bounded number of times; count one): the
+    whole row in the dense form, each row's first min(seq_len, width) columns in the varlen form."""
+    if "input" in d.inputs:
+        n = math.prod(_shape(d, inputs, "input"))
+    else:
+        width = int(inputs.axes["max_seq_len"])
+        n = sum(min(max(int(v), 0), width) for v in inputs.values["seq_lens"].tolist())
+    detail["flops_formula"] = f"1 * ranked entries = {n} (a compare each)"
+    return n
+
+
 def _flops_rope(d: Definition, inputs: Inputs, detail: dict) -> int:
     ax = inputs.axes
     frac = (int(ax["rotary_dim"]) / int(ax["head_dim"])) if "rotary_dim" in ax and "head_dim" in ax else 1.0
@@ -469,6 +481,7 @@ _FLOPS = {
     "sampling": _flops_sampling,
     "cascade_merge": _flops_cascade,
     "page_append": _flops_page_append,
+    "topk": _flops_topk,
 }
 
 
