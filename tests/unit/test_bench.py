@@ -949,3 +949,10 @@ def test_the_min_p_and_logits_samplers_are_timed_as_one_call_on_the_whole_batch(
     assert isinstance(min_p, float) and deterministic is True and calls[1][3] is generator
     assert "whole batch" in note
     assert all(a.fn in kernels.PREPARERS for a in fsm.ADAPTERS)
+
+
+def test_a_bmm_fp8_counts_two_operations_per_multiply_add_over_the_batch():
+    d = load_definition("bmm_fp8_b16_k144_n80")
+    x = generate_inputs(d, "small", 0)
+    b, m, k = x.values["A"].shape
+    assert roofline.work(d, x).flops == 2 * b * m * 80 * k

@@ -1,0 +1,36 @@
+"""Independent float64 ground truth for `bmm_fp8`, written from the math, not from the definitions' references.
+
+Each fp8 code is dequantised on its own in float64 (code * its tensor's scale: 448 * 2^120 is far inside
+float64's range, so the scale_overflow case stays finite here whatever order a kernel uses), the batched product
+is an einsum over K in float64, rounded once to the output's dtype. A zero scale gives exact zeros (448 * 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Adapter, Call
+
+F64 = torch.float64
+INPUTS = ("A", "B", "A_scale", "B_scale")
+
+
+def applies(definition) -> str | None:
+    missing = [n for n in INPUTS if n not in definition.inputs]
+    return f"needs inputs {', '.join(missing)}" if missing else None
+
+
+def bmm_fp8(call: Call) -> tuple:
+    x = call.inputs.values
+    a = x["A"].to(F64) * x["A_scale"].to(F64)
+    b = x["B"].to(F64) * x["B_scale"].to(F64)
+    out = torch.einsum("bmk,bkn->bmn", a, b)
+    dtype = call.definition.outputs["C"].dtype
+    from ..dtypes import torch_dtype
+
+    return (out.to(torch_dtype(dtype)),)
+
+
+ADAPTERS = [
+    Adapter("torch", "bmm_fp8", "torch.einsum over float64-dequantised fp8 codes", bmm_fp8, applies=applies),
+]
