@@ -50,3 +50,29 @@ MUTANTS: tuple[Mutant, ...] = (
         "    out = (acc * scale).to(torch.bfloat16)\n    A_scale.fill_(1.0)\n    return out"),
        cls="mutates-inputs"),
 )
+
+BF = "bmm_bf16_b128_k512_n128"
+BF_ODD = "bmm_bf16_b16_k144_n80"
+_BF_ACC = "    acc = torch.matmul(A.to(torch.float32), B.to(torch.float32))\n"
+_BF_OUT = "    return acc.to(torch.bfloat16)"
+
+MUTANTS += (
+    # beyond_fp16: outputs ~2^16 go through a float16 epilogue: inf past 65504
+    _m(BF, "fp16-epilogue", "the float32 sum rounded to float16 before bf16 (a float16 epilogue)",
+       (_BF_OUT, "    return acc.to(torch.float16).to(torch.bfloat16)"), cls="boundary-magnitude"),
+    # single_token: M = 1 squeezed away
+    _m(BF, "token-axis-squeezed", "A's token axis squeezed (a decode path that drops M = 1)",
+       (_BF_ACC, "    acc = torch.matmul(A.to(torch.float32).squeeze(1), B.to(torch.float32))\n"),
+       cls="boundary-structure"),
+    # single_batch: batch 1 squeezed away
+    _m(BF_ODD, "batch-axis-squeezed", "the batch axis squeezed (batch 1 treated as a plain GEMM)",
+       (_BF_ACC, "    acc = torch.matmul(A.to(torch.float32).squeeze(0), B.to(torch.float32).squeeze(0))\n"),
+       cls="boundary-structure"),
+    _m(BF_ODD, "k-tail-dropped", "the sum over K stops at the last whole 64-wide tile (the 16-wide tail dropped)",
+       (_BF_ACC, "    kk = A.shape[-1] - A.shape[-1] % 64\n"
+                 "    acc = torch.matmul(A[..., :kk].to(torch.float32), B[:, :kk].to(torch.float32))\n")),
+    _m(BF, "first-batch-weights", "every batch multiplied by B[0] (the batch stride of B taken as 0)",
+       (_BF_ACC, "    acc = torch.matmul(A.to(torch.float32), B[:1].to(torch.float32))\n")),
+    _m(BF, "writes-b", "right output, but B is zeroed in place afterwards (the caller's tensor)",
+       (_BF_OUT, "    out = acc.to(torch.bfloat16)\n    B.zero_()\n    return out"), cls="mutates-inputs"),
+)

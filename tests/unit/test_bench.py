@@ -956,3 +956,6 @@ def test_a_bmm_fp8_counts_two_operations_per_multiply_add_over_the_batch():
     x = generate_inputs(d, "small", 0)
     b, m, k = x.values["A"].shape
     assert roofline.work(d, x).flops == 2 * b * m * 80 * k
+    bf = load_definition("bmm_bf16_b128_k512_n128")
+    y = generate_inputs(bf, "small", 0)
+    assert roofline.work(bf, y).flops == 2 * 128 * y.values["A"].shape[1] * 128 * 512

@@ -25,12 +25,14 @@ from flashinfer_trace.verdict.compare import tolerance_for
 from flashinfer_trace.verdict.errormodel import compare_with_model, error_models
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "bmm_fp8"
+BF_DEFS = DEFS.parent / "bmm_bf16"
 QK, VO, ODD = "bmm_fp8_b128_k128_n512", "bmm_fp8_b128_k512_n128", "bmm_fp8_b16_k144_n80"
+BF_VO, BF_ODD = "bmm_bf16_b128_k512_n128", "bmm_bf16_b16_k144_n80"
 E4M3 = torch.float8_e4m3fn
 
 
 def shipped(name: str):
-    return load_definition(DEFS / f"{name}.json")
+    return load_definition((BF_DEFS if name.startswith("bmm_bf16") else DEFS) / f"{name}.json")
 
 
 def values(name: str, case: str | None = None, size: str = "small") -> dict:
@@ -166,6 +168,18 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_bmm: boo
             out.copy_(c)
             return out
         module.bmm_fp8 = bmm_fp8
+
+        def bmm_bf16(A, B, out=None, out_dtype=torch.bfloat16, backend="cudnn"):
+            if calls is not None:
+                calls.append(dict(a=A.dtype, b_col=B.stride(-2) == 1, dtype=out_dtype, out=out is not None,
+                                  backend=backend))
+            assert B.stride(-2) == 1, "B must be column-major"
+            c = torch.matmul(A.float(), B.float()).to(out_dtype)
+            if out is None:
+                return c
+            out.copy_(c)
+            return out
+        module.bmm_bf16 = bmm_bf16
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
     monkeypatch.setattr(base, "_imported", {})
@@ -267,8 +281,11 @@ BOUNDARY_MUTANTS = {  # mutant -> the case that catches it (typical operands pas
     f"{VO}:dequantize-operands": "scale_overflow",
     f"{VO}:token-axis-squeezed": "single_token",
     f"{ODD}:batch-axis-squeezed": "single_batch",
+    f"{BF_VO}:fp16-epilogue": "beyond_fp16",
+    f"{BF_VO}:token-axis-squeezed": "single_token",
+    f"{BF_ODD}:batch-axis-squeezed": "single_batch",
 }
-FAMILY = [m for m in MUTANTS if m.definition.startswith("bmm_fp8_")]
+FAMILY = [m for m in MUTANTS if m.definition.startswith(("bmm_fp8_", "bmm_bf16_"))]
 
 
 def passes(d, case: str | None, size: str = "small") -> bool:
@@ -280,8 +297,9 @@ def passes(d, case: str | None, size: str = "small") -> bool:
 
 
 def test_every_boundary_class_has_a_mutant():
-    classes = {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS}
-    assert classes == {"boundary-magnitude", "boundary-structure"}
+    for prefix in ("bmm_fp8_", "bmm_bf16_"):
+        classes = {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS and m.definition.startswith(prefix)}
+        assert classes == {"boundary-magnitude", "boundary-structure"}, prefix
     assert set(BOUNDARY_MUTANTS) == {m.name for m in FAMILY if m.cls.startswith("boundary-")}
 
 
@@ -297,7 +315,58 @@ def test_a_boundary_bug_passes_typical_operands_and_is_caught_by_its_case(name):
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY])
-def test_planted_bmm_fp8_bugs_are_caught(mutant):
+def test_planted_bmm_bugs_are_caught(mutant):
     [m] = [m for m in FAMILY if m.name == mutant]
     k = kill(m, "torch", sizes=("small",), seeds=(0,))
     assert k.killed is True, k.how
+
+
+# -- bmm_bf16 ------------------------------------------------------------------------------------------
+def test_bf16_definitions_cases_and_truth():
+    names = sorted(p.stem for p in BF_DEFS.glob("*.json"))
+    assert names == ["bmm_bf16_b128_k128_n512", BF_VO, BF_ODD]
+    for n in names:
+        d = shipped(n)
+        assert d.op_type == "bmm_bf16" and list(d.inputs) == ["A", "B"] and d.outputs["C"].dtype.value == "bfloat16"
+        assert "fi_api:flashinfer.gemm.bmm_bf16" in d.tags
+    assert edge_cases(shipped(BF_VO)) == ["single_token", "beyond_fp16"]
+    assert edge_cases(shipped(BF_ODD)) == ["single_token", "single_batch", "beyond_fp16"]
+    d = shipped(BF_ODD)
+    x = generate_inputs(d, "small", 0, case="beyond_fp16")
+    (out,) = run_reference(d, x)
+    assert float(out.float().abs().max()) > 65504 and bool(torch.isfinite(out.float()).all())
+    a, b = torch.zeros(1, 1, 144), torch.zeros(1, 144, 80)
+    a[0, 0, :2], b[0, 0, 0], b[0, 1, 0] = torch.tensor([3.0, -2.0]), 5.0, 7.0
+    got = get_ground_truth("torch", d, device="cpu")(Inputs(d.name, "small", 0, None, {
+        "A": a.to(torch.bfloat16), "B": b.to(torch.bfloat16)}, {"batch_size": 1, "M": 1}, ()))[0]
+    assert float(got[0, 0, 0]) == 1.0 and bool((got[0, 0, 1:] == 0).all())
+
+
+def test_bf16_flashinfer_paths_and_gates(monkeypatch):
+    assert paths("flashinfer", shipped(BF_VO)) == [None, "out", "graph", "cutile", "cutlass"]
+    _fake(monkeypatch, "0.6.11")  # cudnn on sm100 / 103 only before 0.6.12
+    with pytest.raises(GroundTruthUnavailable, match=r"arch-unsupported: .*backend=cudnn\) needs sm100..sm103"):
+        get_ground_truth("flashinfer", shipped(BF_VO), device="cuda")
+    _fake(monkeypatch, "0.6.0")
+    with pytest.raises(GroundTruthUnavailable, match="api-missing"):
+        get_ground_truth("flashinfer", shipped(BF_VO), device="cuda")
+    _fake(monkeypatch, "0.6.17")
+    with pytest.raises(GroundTruthUnavailable, match=r"arch-unsupported: .*backend=cutlass\) needs sm100..sm107"):
+        get_ground_truth("flashinfer", shipped(BF_VO), device="cuda", path="cutlass")
+    _fake(monkeypatch, "0.6.17", cudnn=False)
+    [current] = [a for a in flashinfer_bmm.ADAPTERS if a.op_type == "bmm_bf16" and a.path == ""
+                 and "0.6.12" in str(a.versions) and ">=" in str(a.versions) and "<" not in str(a.versions)]
+    with pytest.raises(GroundTruthUnavailable, match="not-installed: cudnn"):
+        base.availability(current, shipped(BF_VO), "cuda")
+
+
+@pytest.mark.parametrize("path, out", [(None, False), ("out", True)])
+@pytest.mark.parametrize("case", [None, "single_batch", "beyond_fp16"])
+def test_bf16_flashinfer_calls_bmm_bf16_with_b_column_major(monkeypatch, path, out, case):
+    calls: list = []
+    _fake(monkeypatch, "0.6.17", calls)
+    d = shipped(BF_ODD)
+    x = generate_inputs(d, "small", 0, case=case)
+    got = _on_cpu(d, path)(x)
+    assert calls == [dict(a=torch.bfloat16, b_col=True, dtype=torch.bfloat16, out=out, backend="cudnn")]
+    assert _agrees(d, x, got)

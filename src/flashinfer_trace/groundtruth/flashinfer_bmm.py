@@ -1,5 +1,5 @@
-"""FlashInfer ground truth for `bmm_fp8`: `flashinfer.bmm_fp8(A, B, A_scale, B_scale, dtype, out=None,
-backend="cublas") -> Tensor` (also `flashinfer.gemm.bmm_fp8`).
+"""FlashInfer ground truths for `bmm_fp8` and (at the end) `bmm_bf16`. bmm_fp8: `flashinfer.bmm_fp8(A, B, A_scale,
+B_scale, dtype, out=None, backend="cublas") -> Tensor` (also `flashinfer.gemm.bmm_fp8`).
 
 Read from flashinfer/gemm.py (flashinfer/gemm/gemm_base.py from 0.6.0), csrc/bmm_fp8.cu and its tests
 (github:flashinfer-ai/flashinfer): A [b, m, k] and B [b, k, n] fp8 (e4m3 or e5m2, not both e5m2), B column-major
@@ -91,6 +91,53 @@ def run(backend: str | None):
     return call_it
 
 
+# -- bmm_bf16 -------------------------------------------------------------------------------------------------
+# flashinfer.bmm_bf16(A, B, out=None, out_dtype=torch.bfloat16, backend=...) (gemm_base.py, 0.6.1 on): A [b, m, k],
+# B [b, k, n] column-major, bf16 only; out_dtype bf16, fp16 or fp32. Backends: cutlass (0.6.1 on; sm100 / 103, 107
+# added in 0.6.16), cudnn (0.6.3 on; sm100 / 103 only until 0.6.11, sm80 .. sm121 from 0.6.12), cutile (0.6.14 on:
+# sm90 on; needs the cuda-tile package), tgv (by 0.6.16, sm100 / 103). The default was cutlass until 0.6.4, cudnn
+# since, so every path names its backend. On Hopper only cudnn (>= 0.6.12) and cutile run.
+def applies_bf16(d) -> str | None:
+    if "A" not in d.inputs or "B" not in d.inputs:
+        return "needs inputs A and B"
+    if len(d.inputs["A"].shape or ()) != 3 or len(d.inputs["B"].shape or ()) != 3:
+        return "A and B must be 3-D ([batch, m, k], [batch, k, n])"
+    out = d.outputs.get("C")
+    if out is None or out.dtype is None or out.dtype.value not in ("bfloat16", "float16", "float32"):
+        return "output C in bfloat16, float16 or float32 only"
+    return None
+
+
+def _needs_cutile(module, version, definition) -> None:
+    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.tile") is None:
+        raise GroundTruthUnavailable("not-installed", "cuda-tile (cuda.tile), bmm_bf16's cutile backend")
+
+
+def plan_bf16(backend: str):
+    def make(call: Call):
+        x, d = call.inputs.values, call.definition
+        fn = call.module.bmm_bf16
+        a, b = x["A"], x["B"]
+        dtype = torch_dtype(d.outputs["C"].dtype)
+        extra = {"out_dtype": dtype, "backend": backend}
+        if call.mode == "out":
+            extra["out"] = torch.full((a.shape[0], a.shape[1], b.shape[2]), float("nan"), dtype=dtype,
+                                      device=a.device)
+
+        def launch():
+            col = b.transpose(-2, -1).contiguous().transpose(-2, -1)  # [b, k, n], stride 1 along k
+            return fn(a, col, **extra)
+
+        return launch
+
+    return make
+
+
+def run_bf16(backend: str):
+    make = plan_bf16(backend)
+    return lambda call: (make(call)(),)
+
+
 _FI = dict(package=PACKAGE, requires=("bmm_fp8",), applies=applies, dtypes=DTYPES, needs_cuda=True)
 ADAPTERS = [
     Adapter("flashinfer", "bmm_fp8", "flashinfer.bmm_fp8", run(None), versions=SpecifierSet(">=0.1.6"),
@@ -101,4 +148,19 @@ ADAPTERS = [
             versions=SpecifierSet(">=0.2.12"), min_cc=(8, 9), **_FI),
     Adapter("flashinfer", "bmm_fp8", "flashinfer.bmm_fp8(backend=cutlass)", run("cutlass"), path="cutlass",
             versions=SpecifierSet(">=0.2.11"), min_cc=(10, 0), **_FI),
+]
+_BF = dict(package=PACKAGE, requires=("bmm_bf16",), applies=applies_bf16, dtypes=frozenset({"bfloat16"}),
+           needs_cuda=True)
+ADAPTERS += [
+    # plain: cudnn, on sm80+ from 0.6.12; 0.6.3 - 0.6.11 only on sm100 / 103 (the alternative on the same path)
+    Adapter("flashinfer", "bmm_bf16", "flashinfer.bmm_bf16(backend=cudnn)", run_bf16("cudnn"),
+            versions=SpecifierSet(">=0.6.12"), min_cc=(8, 0), modes=("out", "graph"), plan=plan_bf16("cudnn"),
+            finish=lambda call, raw: tuple(raw), resolve=_needs_cudnn, **_BF),
+    Adapter("flashinfer", "bmm_bf16", "flashinfer.bmm_bf16(backend=cudnn)", run_bf16("cudnn"),
+            versions=SpecifierSet(">=0.6.3,<0.6.12"), min_cc=(10, 0), max_cc=(10, 3), modes=("out", "graph"),
+            plan=plan_bf16("cudnn"), finish=lambda call, raw: tuple(raw), resolve=_needs_cudnn, **_BF),
+    Adapter("flashinfer", "bmm_bf16", "flashinfer.bmm_bf16(backend=cutile)", run_bf16("cutile"), path="cutile",
+            versions=SpecifierSet(">=0.6.14"), min_cc=(9, 0), resolve=_needs_cutile, **_BF),
+    Adapter("flashinfer", "bmm_bf16", "flashinfer.bmm_bf16(backend=cutlass)", run_bf16("cutlass"), path="cutlass",
+            versions=SpecifierSet(">=0.6.1"), min_cc=(10, 0), max_cc=(10, 7), **_BF),
 ]

@@ -1,4 +1,5 @@
-"""Independent float64 ground truth for `bmm_fp8`, written from the math, not from the definitions' references.
+"""Independent float64 ground truths for `bmm_fp8` and `bmm_bf16`, written from the math, not from the definitions'
+references.
 
 Each fp8 code is dequantised on its own in float64 (code * its tensor's scale: 448 * 2^120 is far inside
 float64's range, so the scale_overflow case stays finite here whatever order a kernel uses), the batched product
@@ -31,6 +32,21 @@ def bmm_fp8(call: Call) -> tuple:
     return (out.to(torch_dtype(dtype)),)
 
 
+def bmm_bf16(call: Call) -> tuple:
+    """bmm_bf16: the batched product in float64 (a matmul of the widened operands), rounded once."""
+    from ..dtypes import torch_dtype
+
+    x = call.inputs.values
+    out = torch.bmm(x["A"].to(F64), x["B"].to(F64))
+    return (out.to(torch_dtype(call.definition.outputs["C"].dtype)),)
+
+
+def applies_bf16(definition) -> str | None:
+    missing = [n for n in ("A", "B") if n not in definition.inputs]
+    return f"needs inputs {', '.join(missing)}" if missing else None
+
+
 ADAPTERS = [
+    Adapter("torch", "bmm_bf16", "torch.bmm (float64)", bmm_bf16, applies=applies_bf16),
     Adapter("torch", "bmm_fp8", "torch.einsum over float64-dequantised fp8 codes", bmm_fp8, applies=applies),
 ]

@@ -23,17 +23,24 @@ The boundary cases (docs/boundary/bmm.md says why each exists and what the API p
   `saturated`: the output is ordinary, but dequantising the operands first makes 448 * 2^120 (2^128.8) past
   float32's (and bf16's) max: inf, then inf - inf = NaN.
 
+`bmm_bf16` (FlashInfer's `flashinfer.bmm_bf16(A, B, out=None, out_dtype=torch.bfloat16, backend=...)`, C[b] =
+A[b] @ B[b] in bf16 with a float32 sum) has `single_token`, `single_batch` and `beyond_fp16`: A and B scaled by
+2^8, outputs ~2^16, past float16's 65504 but ordinary in bf16 (a kernel with a float16 epilogue or accumulator
+overflows to inf).
+
 A K that no kernel tile divides (144: a multiple of 16, as cuBLASLt's fp8 needs, of no 32, 64 or 128) is a
 definition of its own (`bmm_fp8_b16_k144_n80`): the axis is const, so no case can vary it.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .common import Builder, log_uniform, normal, randint, unknown_inputs
 
-OP_TYPES = ("bmm_fp8",)
+OP_TYPES = ("bmm_fp8", "bmm_bf16")
 INPUTS = ("A", "B", "A_scale", "B_scale")
 ROWS = {"small": 4, "medium": 32, "large": 512}  # M (tokens)
 BATCH = {"small": 2, "medium": 8, "large": 32}  # batch_size where it is var
@@ -47,9 +54,14 @@ SUBNORMAL_SCALE = 2.0 ** 9
 OVERFLOW_SCALES = (2.0 ** 120, 2.0 ** -118)
 
 
+BF16_CASES = ("single_token", "single_batch", "beyond_fp16")
+BEYOND_FP16 = 2.0 ** 8  # beyond_fp16: A and B * 2^8 (B's typical std 1 / sqrt(K)): outputs ~2^16 > fp16's 65504
+
+
 def edge_cases(definition) -> list[str]:
     batch_var = "batch_size" not in definition.const_axes
-    return [c for c in CASES if c != "single_batch" or batch_var]
+    cases = BF16_CASES if definition.op_type == "bmm_bf16" else CASES
+    return [c for c in cases if c != "single_batch" or batch_var]
 
 
 def to_e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +101,33 @@ def _scales(b: Builder) -> tuple[float, float]:
     return a, s
 
 
+def _bind(b: Builder, cases: tuple[str, ...]) -> None:
+    if b.case is not None and b.case not in cases:
+        raise b.error(f"unknown case {b.case!r} (cases: {', '.join(cases)})")
+    batch_axis, m_axis = b.dim_axis("A", 0), b.dim_axis("A", 1)
+    if b.case == "single_batch" and batch_axis in b.definition.const_axes:
+        raise b.error(f"case single_batch needs a var {batch_axis} (this definition fixes it)")
+    if batch_axis not in b.definition.const_axes:
+        b.set_axis(batch_axis, 1 if b.case == "single_batch" else BATCH[b.size])
+    if m_axis not in b.definition.const_axes:
+        b.set_axis(m_axis, 1 if b.case == "single_token" else ROWS[b.size])
+
+
+def generate_bf16(b: Builder) -> None:
+    """bmm_bf16: A ~ N(0, 1), B ~ N(0, 1 / K) in bf16 (outputs of variance ~1), both * 2^8 in beyond_fp16."""
+    unknown_inputs(b, ("A", "B"), "bmm_bf16")
+    if any(len(b.spec(n).shape or ()) != 3 for n in ("A", "B") if b.has(n)) or not (b.has("A") and b.has("B")):
+        raise b.mismatch("bmm_bf16 needs A [batch_size, M, K] and B [batch_size, K, N]")
+    _bind(b, BF16_CASES)
+    big = BEYOND_FP16 if b.case == "beyond_fp16" else 1.0
+    b.put_random("A", scale=big)
+    b.put_random("B", scale=big / math.sqrt(b.dim("B", 1)))
+
+
 def generate(b: Builder) -> None:
+    if b.definition.op_type == "bmm_bf16":
+        generate_bf16(b)
+        return
     unknown_inputs(b, INPUTS, "bmm_fp8")
     missing = [n for n in INPUTS if n not in b.definition.inputs]
     if missing:
@@ -102,15 +140,7 @@ def generate(b: Builder) -> None:
     for n in ("A_scale", "B_scale"):
         if b.spec(n).shape != []:
             raise b.mismatch(f"{n} must be a per-tensor scale, a 0-d tensor (shape [])")
-    if b.case is not None and b.case not in CASES:
-        raise b.error(f"unknown case {b.case!r} (cases: {', '.join(CASES)})")
-    batch_axis, m_axis = b.dim_axis("A", 0), b.dim_axis("A", 1)
-    if b.case == "single_batch" and batch_axis in b.definition.const_axes:
-        raise b.error(f"case single_batch needs a var {batch_axis} (this definition fixes it)")
-    if batch_axis not in b.definition.const_axes:
-        b.set_axis(batch_axis, 1 if b.case == "single_batch" else BATCH[b.size])
-    if m_axis not in b.definition.const_axes:
-        b.set_axis(m_axis, 1 if b.case == "single_token" else ROWS[b.size])
+    _bind(b, CASES)
     b.put("A", _operand(b, "A", b.shape("A")))
     b.put("B", _operand(b, "B", b.shape("B")))
     a_scale, b_scale = _scales(b)

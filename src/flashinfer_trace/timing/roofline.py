@@ -474,6 +474,7 @@ _FLOPS = {
     "rmsnorm": _flops_rmsnorm,
     "layernorm": _flops_layernorm,
     "bmm_fp8": _flops_bmm,
+    "bmm_bf16": _flops_bmm,
     "rope": _flops_rope,
     "activation": _flops_activation,
     "sampling": _flops_sampling,

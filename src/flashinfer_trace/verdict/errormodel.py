@@ -10,6 +10,7 @@ such an element is the sum of the absolute products that made it, per op family:
 
     gemm                          F.linear(|A|, |B|)             every output
     bmm_fp8                       (|A| a_s) @ (|B| b_s)          every output
+    bmm_bf16                      |A| @ |B|                      every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged
                                                                   so only V needs its absolute value)
@@ -58,6 +59,7 @@ MODELS: dict[str, ErrorModel] = {
     # cores narrower) sum over K and the one rounding of the scaled sum; |A|, |B| through the ground truth (the
     # scales are >= 0) give each element's sum of absolute products
     "bmm_fp8": ErrorModel(("A", "B"), None, "operand scale: (|A| A_scale) @ (|B| B_scale)"),
+    "bmm_bf16": ErrorModel(("A", "B"), None, "operand scale: |A| @ |B|"),
     "gqa_paged": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "gqa_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "mla_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
