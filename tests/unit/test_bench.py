@@ -958,3 +958,13 @@ def test_a_top_k_counts_one_compare_per_ranked_entry():
     v = load_definition("top_k_varlen_n8192_k1024_bf16")
     y = generate_inputs(v, "small", 0, case="short_rows")
     assert roofline.work(v, y).flops == sum(min(int(n), 8192) for n in y.values["seq_lens"].tolist())
+
+
+def test_a_bmm_fp8_counts_two_operations_per_multiply_add_over_the_batch():
+    d = load_definition("bmm_fp8_b16_k144_n80")
+    x = generate_inputs(d, "small", 0)
+    b, m, k = x.values["A"].shape
+    assert roofline.work(d, x).flops == 2 * b * m * 80 * k
+    bf = load_definition("bmm_bf16_b128_k512_n128")
+    y = generate_inputs(bf, "small", 0)
+    assert roofline.work(bf, y).flops == 2 * 128 * y.values["A"].shape[1] * 128 * 512

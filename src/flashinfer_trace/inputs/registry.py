@@ -9,6 +9,7 @@ from types import ModuleType
 from . import (
     activation,
     attention,
+    bmm,
     cascade,
     dsa,
     gdn,
@@ -29,7 +30,7 @@ from . import (
 from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
-                                     page_append, single_attention, layernorm, topk_select)
+                                     page_append, single_attention, layernorm, topk_select, bmm)
 
 
 @dataclass(frozen=True)

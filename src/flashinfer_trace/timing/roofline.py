@@ -276,6 +276,15 @@ def _flops_gemm(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 2 * m * n * k
 
 
+def _flops_bmm(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """A [batch, M, K] @ B [batch, K, N]: a multiply-add per (batch, m, n, k); the per-tensor scales are one
+    multiply per output, left out."""
+    batch, m, k = _shape(d, inputs, "A")
+    n = _shape(d, inputs, "B")[-1]
+    detail["flops_formula"] = f"2 * batch * M * N * K = 2 * {batch} * {m} * {n} * {k}"
+    return 2 * batch * m * n * k
+
+
 def _attention_pairs(d: Definition, inputs: Inputs, detail: dict) -> int:
     values = inputs.values
     kv = _kv_lengths(d, values)
@@ -476,6 +485,8 @@ _FLOPS = {
     "moe": _flops_moe,
     "rmsnorm": _flops_rmsnorm,
     "layernorm": _flops_layernorm,
+    "bmm_fp8": _flops_bmm,
+    "bmm_bf16": _flops_bmm,
     "rope": _flops_rope,
     "activation": _flops_activation,
     "sampling": _flops_sampling,

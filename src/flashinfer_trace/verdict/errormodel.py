@@ -9,6 +9,8 @@ bound for a computed dot product is |fl(a.b) - a.b| <= gamma_K * sum|a_k b_k|, s
 such an element is the sum of the absolute products that made it, per op family:
 
     gemm                          F.linear(|A|, |B|)             every output
+    bmm_fp8                       (|A| a_s) @ (|B| b_s)          every output
+    bmm_bf16                      |A| @ |B|                      every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged
                                                                   so only V needs its absolute value)
@@ -53,6 +55,11 @@ class ErrorModel:
 
 MODELS: dict[str, ErrorModel] = {
     "gemm": ErrorModel(None, None, "operand scale: F.linear(|A|, |B|)"),
+    # per-tensor fp8: the codes are exact, the kernel's only rounding is its float32 (on Hopper's fp8 tensor
+    # cores narrower) sum over K and the one rounding of the scaled sum; |A|, |B| through the ground truth (the
+    # scales are >= 0) give each element's sum of absolute products
+    "bmm_fp8": ErrorModel(("A", "B"), None, "operand scale: (|A| A_scale) @ (|B| B_scale)"),
+    "bmm_bf16": ErrorModel(("A", "B"), None, "operand scale: |A| @ |B|"),
     "gqa_paged": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "gqa_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "mla_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
