@@ -167,8 +167,8 @@ def identity(case: Case | CaseRecord) -> dict[str, Any]:
     if isinstance(case, CaseRecord):
         return case.as_dict()
     return case.record(Status.NOT_RUN).model_dump(mode="json", include={
-        "definition", "definition_set", "op_type", "check", "size", "seed", "case", "source", "status",
-        "schema_version"})
+        "definition", "definition_set", "op_type", "check", "size", "seed", "case", "source", "path", "fresh",
+        "status", "schema_version"})
 
 
 def _case_of(item: pytest.Item) -> Case | CaseRecord | None:

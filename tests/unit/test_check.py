@@ -525,3 +525,21 @@ def test_memory_gone_since_the_plan_makes_a_case_too_large_not_a_crash(monkeypat
     assert (record.status, record.kind) == (Status.SKIP, Kind.TOO_LARGE) and "now: its fixed-size" in record.detail
     monkeypatch.setattr(memo, "memory_budget", lambda device: 10 * peak_bytes(d))
     assert run_case(case, Memo("cpu"), config).status is Status.PASS
+
+
+def test_a_crash_record_keeps_the_cases_path_so_it_does_not_take_the_plain_calls_key():
+    """The record of a test that died (SIGFPE in a kernel) is made from the identity streamed before it ran; without
+    the path, fa3-hnd's crashes took the key of the plain call's record and stood in its matrix cell."""
+    from flashinfer_trace.check import Case, Check
+    from flashinfer_trace.dataset import load_definition
+    from flashinfer_trace.pytest_plugin import identity
+    from flashinfer_trace.results.record import from_test
+    from flashinfer_trace.status import Kind, Status
+
+    d = load_definition("rmsnorm_h4096")
+    case = Case(d, Check.MATCH, source="flashinfer", path="graph", fresh=True, seed=7)
+    crashed = from_test({"nodeid": f"tests/references/test_rmsnorm.py::test_rmsnorm[{case.id}]", "status": "error",
+                         "message": "process died with SIGFPE (signal 8)", "properties": {"case": identity(case)}})
+    plain = Case(d, Check.MATCH, source="flashinfer", fresh=True, seed=7).record(Status.PASS)
+    assert (crashed.path, crashed.fresh, crashed.kind) == ("graph", True, Kind.CRASH)
+    assert crashed.key != plain.key and crashed.key == case.record(Status.PASS).key

@@ -38,7 +38,7 @@ import torch
 from ..definition import Definition
 from ..inputs import Inputs
 
-__all__ = ["MODELS", "ErrorModel", "compare_with_model", "error_models", "error_scales", "model_for"]
+__all__ = ["MODELS", "ErrorModel", "compare_with_model", "error_models", "error_scales", "magnitude", "model_for"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,13 @@ def _per_output(actual, expected, names: list[str]) -> bool:
     return count(actual) == count(expected) == len(names)
 
 
+def magnitude(t: torch.Tensor) -> torch.Tensor:
+    """|t| in t's dtype. CUDA has no abs for the one-byte floats (fp8): their sign is the top bit, cleared exactly."""
+    if t.is_floating_point() and t.element_size() == 1:
+        return (t.view(torch.uint8) & 0x7F).view(t.dtype)
+    return t.abs()
+
+
 def error_scales(definition: Definition, inputs: Inputs) -> list[torch.Tensor | None]:
     """One scale per output, in output order (None: |expected|)."""
     none: list[torch.Tensor | None] = [None] * len(definition.outputs)
@@ -169,7 +176,7 @@ def error_scales(definition: Definition, inputs: Inputs) -> list[torch.Tensor | 
 
     names = model.absolute_inputs or tuple(n for n, v in inputs.values.items()
                                            if isinstance(v, torch.Tensor) and v.is_floating_point())
-    values = {k: v.abs() if k in names and isinstance(v, torch.Tensor) else v for k, v in inputs.values.items()}
+    values = {k: magnitude(v) if k in names and isinstance(v, torch.Tensor) else v for k, v in inputs.values.items()}
     absolute = Inputs(inputs.definition, inputs.size, inputs.seed, inputs.case, values, dict(inputs.axes),
                       inputs.ignored)
     try:
