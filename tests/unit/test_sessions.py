@@ -583,3 +583,49 @@ def test_a_process_holding_memory_beyond_its_cases_ends_after_the_test(monkeypat
     assert collected and pytest_plugin._broken is None
     pytest_plugin.strays(Memo("cpu"))  # no GPU: nothing to judge
     assert Memo("cpu").stray_bytes() is None and pytest_plugin._broken is None
+
+
+PLANTED_OOM = '''
+import os
+from flashinfer_trace.results.record import CaseRecord
+
+MARK = os.path.join(os.path.dirname(__file__), "ran-once")
+
+def _record(record_property, status, kind=None, detail=None):
+    record_property("record", CaseRecord(definition="big_h1", op_type="planted", check="match", status=status,
+                                         kind=kind, detail=detail, memory={"planned": 1 << 30}).as_dict())
+
+def test_big(record_property):
+    first = not os.path.exists(MARK)
+    open(MARK, "a").write(f"{os.getpid()} ")
+    if first:
+        _record(record_property, "not-run", "out-of-memory", "out-of-memory: 1.00 GiB not granted (planted)")
+    else:
+        _record(record_property, "pass")
+
+def test_small(record_property):
+    _record(record_property, "pass")
+'''
+
+
+def test_a_case_out_of_memory_beside_the_others_runs_again_alone_after_them(tmp_path):
+    """Out of memory is never a verdict: the session's last step runs such cases again in one process, once every
+    other test process has ended; the later record replaces the earlier, in tests.jsonl too, and is marked."""
+    from flashinfer_trace.sweep.session import streamed_records
+
+    tree = _planted_tree(tmp_path)
+    (tree / "tests" / "references" / "test_planted.py").write_text(PLANTED_OOM)
+    combo = load_combination(ROOT / "constraints" / "cpu-torch2.13.toml")
+    out = tmp_path / "results" / "references-cpu"
+    rc = run_session("references", combo, "references-cpu", out, install={"mode": "fresh"}, jobs=2,
+                     test_timeout=60, cwd=tree)
+    runs = (tree / "tests" / "references" / "ran-once").read_text().split()
+    assert len(runs) == 2 and runs[0] != runs[1]  # the second run in a process of its own
+    by_name = {r.nodeid.rsplit("::", 1)[1]: r for r in read_records(out / "tests.json")}
+    assert by_name["test_big"].status is Status.PASS and by_name["test_big"].memory["rerun_alone"] is True
+    assert by_name["test_small"].status is Status.PASS and "rerun_alone" not in (by_name["test_small"].memory or {})
+    assert {r.nodeid.rsplit("::", 1)[1]: r.status for r in streamed_records(out)} == {
+        "test_big": Status.PASS, "test_small": Status.PASS}
+    session = json.loads((out / "session.json").read_text())
+    assert rc == 0 and session["status"] == "ok" and session["memory"]["out_of_memory"] == 0
+    assert session["memory"]["rerun_alone"] == 1

@@ -29,6 +29,8 @@ def memory_summary(records: list) -> dict[str, Any] | None:
             "nodeid": worst.nodeid or worst.definition, "planned": worst.memory["planned"],
             "measured": worst.memory["measured"], "ground_truth": worst.memory.get("ground_truth")},
         "retried_alone": sum(1 for m in figures if m.get("alone")),
+        # run again after every other test process had ended (sweep/session.py rerun_alone)
+        "rerun_alone": sum(1 for m in figures if m.get("rerun_alone")),
         "out_of_memory": sum(1 for r in harness if r.kind is Kind.OUT_OF_MEMORY),
         "harness": len(harness),
     }
@@ -44,6 +46,6 @@ def memory_line(summary: dict[str, Any] | None) -> str | None:
 
     return (f"device memory: {summary['cases']} case(s), peak planned {gib(summary['planned_max_bytes'])}, "
             f"measured {gib(summary['measured_max_bytes'])}; over plan {summary['over_plan']}, retried alone "
-            f"{summary['retried_alone']}, out of memory (the harness's) {summary['out_of_memory']}"
+            f"{summary['retried_alone']}, run again alone {summary.get('rerun_alone', 0)}, out of memory (the harness's) {summary['out_of_memory']}"
             + (f", workers the device refused {other}" if (other := summary.get("harness", 0)
                                                            - summary["out_of_memory"]) else ""))

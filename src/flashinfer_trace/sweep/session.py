@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results.record import CaseRecord, from_test, parse
-from ..status import Status
+from ..status import HARNESS_KINDS, Status
 from .combos import Combination, arch_of, load_combination
 from .fitrace_step import FiTraceConfig, fi_trace_step, fi_trace_targets
 from .install import torch_differences
@@ -302,6 +302,39 @@ def run_tests(s: SessionState, c: SessionConfig) -> SessionState:
     return s
 
 
+def rerun_alone(s: SessionState, c: SessionConfig) -> SessionState:
+    """The cases that ran out of device memory (or whose reference worker the device refused) beside the other
+    test processes, run again once those have all ended: one process, the device to itself. The ledger's
+    alone lease waits for the other cases' leases, not for the memory other processes hold outside them
+    (contexts, libraries' workspaces, caches): on the H200 such cases got 1-10 GiB of a free device. Out of
+    memory here is the harness's failure still, never a verdict; the later record replaces the earlier."""
+    from .isolation import run_isolated
+
+    if c.kind != "references" or not s.records:
+        return s
+    latest = {r.nodeid: r for r in s.records}
+    again = {n for n, r in latest.items() if r.status is Status.NOT_RUN and r.kind in HARNESS_KINDS}
+    files = {Path(n.partition("::")[0]).name for n in again}
+    targets = [t for t in s.targets if Path(t if isinstance(t, str) else t[0]).name in files]
+    if not again or not targets:
+        return s
+    print(f"{c.session}: {len(again)} case(s) out of memory beside the others: run again, alone", file=sys.stderr)
+    convert = record_of(c.kind, f"{c.combo.id}@{s.info.arch}")
+    with JsonlStream(c.results / STREAM, append=True) as stream:
+        def streamed(r: TestRecord) -> None:
+            record = convert(r)
+            record.memory = {**(record.memory or {}), "rerun_alone": True}
+            latest[record.nodeid] = record
+            stream.write(record.as_dict())
+
+        run_isolated(targets, pytest_args(c.kind, c.combo, c.results, c.extra or [], s.info.fresh_seed),
+                     python=sys.executable, env=child_environment(1, c.cores), cwd=str(c.cwd) if c.cwd else None,
+                     test_timeout=c.test_timeout, jobs=1, log_dir=c.results / "logs" / "alone", on_record=streamed,
+                     skip=set(latest) - again)
+    s.records = list(latest.values())
+    return s
+
+
 def finish(s: SessionState, c: SessionConfig) -> int:
     """The session's record, a summary line, one line per failed test and one line for the info ones (not
     failures: their kernels differ where the API promises nothing); 1 when any failed."""
@@ -337,7 +370,8 @@ def finish(s: SessionState, c: SessionConfig) -> int:
 
 
 # the session, step by step: each takes the last one's state and the config; a step may end it (Done)
-STEPS = (start, check_device, collect, start_builds, jit_only, bench_waits, reference_targets, run_tests)
+STEPS = (start, check_device, collect, start_builds, jit_only, bench_waits, reference_targets, run_tests,
+         rerun_alone)
 
 
 def run_session(kind: str, combo: Combination, session: str, results: Path, **options: Any) -> int:
