@@ -478,3 +478,15 @@ def test_a_definition_the_prebuild_did_not_plan_is_building_where_its_api_was_de
         assert lookup(d.name, "sglang", api=fake.api) is None  # another source's module is another module
     other = base.Adapter("flashinfer", "rmsnorm", "flashinfer.norm.fused_add_rmsnorm", lambda call: ())
     base._check_prebuild(other, d, jit.JitReport.load(report).outcome)  # another API: nothing deferred, it runs
+
+
+@pytest.mark.parametrize("api", ["flashinfer.topk.top_k", "flashinfer.top_k_varlen",
+                                 "flashinfer.sampling.top_k_top_p_sampling_from_logits"])
+def test_the_topk_module_behind_three_apis_is_a_known_long_build_of_0_7_2_on_sm90(api):
+    """The sixth run: three jobs of three Python modules built FlashInfer's `topk` at once, each past its 600 s, and
+    280 cases were skipped; known now, the session defers them to its `jit-` session (not-run: building)."""
+    known = jit.known_build("flashinfer", api, "sm90", {"flashinfer-python": "0.7.2.post1"})
+    assert known is not None and known.modules == ("topk",) and known.seconds > jit.DEFAULT_BUDGET
+    assert jit.known_build("flashinfer", api, "sm90", {"flashinfer-python": "0.6.6"}) is None  # not measured there
+    assert jit.known_build("flashinfer", "flashinfer.sampling.top_k_sampling_from_probs", "sm90",
+                           {"flashinfer-python": "0.7.2.post1"}) is None  # the sampling module: built in seconds
