@@ -193,6 +193,24 @@ def test_a_kernel_refusing_this_gpu_is_arch_unsupported_and_other_raises_stay_er
 
 
 
+def test_a_file_tagged_for_other_archs_is_arch_unsupported_on_its_flashinfer_path(fake_flashinfer):
+    """FlashInfer's traced files name the archs their kernel runs on ("arch:sm100", "arch:sm100_sm103",
+    "arch:sm90a"): on another GPU the FlashInfer path is an arch skip, before a kernel refuses it in words that may
+    not name the arch; a file without such tags, or a tag of this GPU, runs."""
+    from flashinfer_trace.groundtruth.base import tagged_archs
+
+    fake_flashinfer("0.7.2.post1")
+    d = definition("bw_tagged", "thing", "flashinfer.norm.rmsnorm", {"input": tensor(), "weight": tensor(["hidden"])},
+                   {"out": tensor()})
+    assert tagged_archs(d) == set() and get_ground_truth("flashinfer", d, device="cuda").api
+    bw = d.model_copy(update={"tags": [*d.tags, "arch:sm100_sm103", "arch:sm107", "arch:gpu-x"]})
+    assert tagged_archs(bw) == {(10, 0), (10, 3), (10, 7)}
+    why = reason(bw)
+    assert why.kind == "arch-unsupported" and "tagged for sm100, sm103, sm107 (its `arch:` tags), have sm90" in why.detail
+    hopper = d.model_copy(update={"tags": [*d.tags, "arch:sm90a"]})
+    assert tagged_archs(hopper) == {(9, 0)} and get_ground_truth("flashinfer", hopper, device="cuda").api
+
+
 def test_attribute_missing_in_one_version_is_api_missing_naming_it(fake_flashinfer):
     fake_flashinfer("0.6.6")
     e = reason(gemma(param="input"))

@@ -185,6 +185,21 @@ def cuda_capability(device: str | None) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(torch.device(device))
 
 
+_ARCH_TAG = re.compile(r"sm(\d+)(\d)[af]?$")
+
+
+def tagged_archs(definition: Definition) -> set[tuple[int, int]]:
+    """The compute capabilities a definition's `arch:` tags name (FlashInfer's traced files: "arch:sm90a",
+    "arch:sm100", "arch:sm100_sm103"); empty where it has none, which says nothing about where it runs."""
+    out = set()
+    for value in definition.tag_values("arch"):
+        for token in value.split("_"):
+            m = _ARCH_TAG.match(token.strip().lower())
+            if m:
+                out.add((int(m.group(1)), int(m.group(2))))
+    return out
+
+
 def float_input_dtypes(definition: Definition) -> set[str]:
     # dtype None: an absent optional input of an fi_trace file ("unknown"): nothing to take
     return {s.dtype.value for s in definition.inputs.values()
@@ -231,6 +246,11 @@ def availability(adapter: Adapter, definition: Definition, device: str | None, *
         if (adapter.min_cc and cc < adapter.min_cc) or (adapter.max_cc and cc > adapter.max_cc):
             raise GroundTruthUnavailable(
                 "arch-unsupported", f"{adapter.api} needs {adapter.arch_range}, have sm{cc[0]}{cc[1]}")
+        tagged = tagged_archs(definition) if adapter.source == "flashinfer" else set()
+        if tagged and cc not in tagged:
+            raise GroundTruthUnavailable(
+                "arch-unsupported", f"{definition.name} is tagged for {', '.join(f'sm{a}{b}' for a, b in sorted(tagged))}"
+                                    f" (its `arch:` tags), have sm{cc[0]}{cc[1]}")
     if prebuild is not None and pkg is not None:
         _check_prebuild(adapter, definition, prebuild)
     return module, version
