@@ -206,7 +206,8 @@ def test_a_file_tagged_for_other_archs_is_arch_unsupported_on_its_flashinfer_pat
     bw = d.model_copy(update={"tags": [*d.tags, "arch:sm100_sm103", "arch:sm107", "arch:gpu-x"]})
     assert tagged_archs(bw) == {(10, 0), (10, 3), (10, 7)}
     why = reason(bw)
-    assert why.kind == "arch-unsupported" and "tagged for sm100, sm103, sm107 (its `arch:` tags), have sm90" in why.detail
+    assert why.kind == "arch-unsupported"
+    assert "tagged for sm100, sm103, sm107 (its `arch:` tags), have sm90" in why.detail
     hopper = d.model_copy(update={"tags": [*d.tags, "arch:sm90a"]})
     assert tagged_archs(hopper) == {(9, 0)} and get_ground_truth("flashinfer", hopper, device="cuda").api
 

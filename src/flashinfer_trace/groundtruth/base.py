@@ -248,9 +248,9 @@ def availability(adapter: Adapter, definition: Definition, device: str | None, *
                 "arch-unsupported", f"{adapter.api} needs {adapter.arch_range}, have sm{cc[0]}{cc[1]}")
         tagged = tagged_archs(definition) if adapter.source == "flashinfer" else set()
         if tagged and cc not in tagged:
-            raise GroundTruthUnavailable(
-                "arch-unsupported", f"{definition.name} is tagged for {', '.join(f'sm{a}{b}' for a, b in sorted(tagged))}"
-                                    f" (its `arch:` tags), have sm{cc[0]}{cc[1]}")
+            archs = ", ".join(f"sm{a}{b}" for a, b in sorted(tagged))
+            raise GroundTruthUnavailable("arch-unsupported", f"{definition.name} is tagged for {archs} (its `arch:` "
+                                                             f"tags), have sm{cc[0]}{cc[1]}")
     if prebuild is not None and pkg is not None:
         _check_prebuild(adapter, definition, prebuild)
     return module, version

@@ -46,6 +46,7 @@ def memory_line(summary: dict[str, Any] | None) -> str | None:
 
     return (f"device memory: {summary['cases']} case(s), peak planned {gib(summary['planned_max_bytes'])}, "
             f"measured {gib(summary['measured_max_bytes'])}; over plan {summary['over_plan']}, retried alone "
-            f"{summary['retried_alone']}, run again alone {summary.get('rerun_alone', 0)}, out of memory (the harness's) {summary['out_of_memory']}"
+            f"{summary['retried_alone']}, run again alone {summary.get('rerun_alone', 0)}, out of memory (the "
+            f"harness's) {summary['out_of_memory']}"
             + (f", workers the device refused {other}" if (other := summary.get("harness", 0)
                                                            - summary["out_of_memory"]) else ""))

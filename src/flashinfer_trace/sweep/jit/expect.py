@@ -75,9 +75,10 @@ KNOWN_BUILDS = (
                "(0.5.3, 2026-11-28)"),
     # one JIT module, `topk`, behind three Python modules' APIs (the prebuild's groups are by Python module, so
     # three jobs built it at once and each ran out of its 600 s)
-    *(KnownBuild("flashinfer", api, ("sm90",), "flashinfer-python", SpecifierSet(">=0.7.2"), 1400.0, ("topk",),
-                 "topk: not built in 600 s three times beside 30 other builds on 16 cores, then built in 174 s from the "
-                 "objects ninja kept (0.7.2.post1, H200, 2026-11-29; docs/evidence/device-memory.md, the sixth run)")
+    *(KnownBuild("flashinfer", api, ("sm90",), "flashinfer-python", SpecifierSet(">=0.7.2"), 1400.0,
+                 ("topk",), "topk: not built in 600 s three times beside 30 other builds on 16 cores, then built in "
+                 "174 s from the objects ninja kept (0.7.2.post1, H200, 2026-11-29; docs/evidence/device-memory.md, "
+                 "the sixth run)")
       for api in ("flashinfer.topk.top_k", "flashinfer.top_k_varlen",
                   "flashinfer.sampling.top_k_top_p_sampling_from_logits")),
 )
