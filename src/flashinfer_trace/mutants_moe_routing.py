@@ -51,7 +51,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m(DS, "grid-capped-at-1024", "tokens past the first 1024 never routed (their ids left 0)",
        (_PICK, _PICK + "    topk_indices[1024:] = 0\n"), cls="boundary-structure"),
     # plain bugs: caught on typical rows
-    _m(DS, "biased-weights", "weights from the biased scores s + bias (the selection score), not s",
+    _m(DS, "weights-from-biased", "weights from the biased scores s + bias (the selection score), not s",
        (_W, "    w = biased.gather(1, topk_indices)\n")),
     _m(DS, "bias-ignored", "experts and groups selected by s alone, the correction bias never added",
        (_BIASED, "    biased = s\n")),

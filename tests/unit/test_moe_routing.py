@@ -301,7 +301,7 @@ BOUNDARY_MUTANTS = {  # mutant -> the case that catches it (typical rows pass)
     f"{BF16}:token-axis-squeezed": "single_token",
     f"{DS}:grid-capped-at-1024": "many_tokens",
 }
-ALSO = {f"{DS}:bias-ignored": "bias_flips", f"{DS}:biased-weights": "bias_cancels"}
+ALSO = {f"{DS}:bias-ignored": "bias_flips", f"{DS}:weights-from-biased": "bias_cancels"}
 FAMILY = [m for m in MUTANTS if m.definition in ALL]
 
 
