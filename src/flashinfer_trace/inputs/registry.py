@@ -18,6 +18,7 @@ from . import (
     layernorm,
     mamba,
     moe,
+    moe_routing,
     norm,
     page_append,
     rope,
@@ -30,7 +31,7 @@ from . import (
 from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
-                                     page_append, single_attention, layernorm, topk_select, bmm)
+                                     page_append, single_attention, layernorm, topk_select, bmm, moe_routing)
 
 
 @dataclass(frozen=True)

@@ -134,14 +134,16 @@ def compare_with_model(definition: Definition, inputs: Inputs, actual, expected,
     fails and the family has a model, again with the operand scales (the model can only widen, so
     the ground-truth call it costs is paid by the cases that need it). Top-k index outputs are sets,
     judged by the scores that chose them (compare_topk.py)."""
+    from . import moe_routing, topk_select
     from . import topk as compare_topk
-    from . import topk_select
     from .compare import compare_outputs
 
     if compare_topk.applies(definition):
         return compare_topk.compare(definition, inputs, actual, expected, tolerance)
     if topk_select.applies(definition):
         return topk_select.compare(definition, inputs, actual, expected, tolerance)
+    if moe_routing.applies(definition):
+        return moe_routing.compare(definition, inputs, actual, expected, tolerance)
     names = list(definition.outputs)
     reports = compare_outputs(actual, expected, tolerance, names)
     if all(r.passed for r in reports) or model_for(definition) is None or not _per_output(actual, expected, names):
