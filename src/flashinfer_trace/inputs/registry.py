@@ -23,6 +23,7 @@ from . import (
     rope,
     samplers,
     sampling,
+    segment_gemm,
     single_attention,
     topk,
     topk_select,
@@ -30,7 +31,8 @@ from . import (
 from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
-                                     page_append, single_attention, layernorm, topk_select, bmm)
+                                     page_append, single_attention, layernorm, topk_select, bmm,
+                                     segment_gemm)
 
 
 @dataclass(frozen=True)
