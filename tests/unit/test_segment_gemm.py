@@ -99,7 +99,7 @@ def test_typical_segments_and_distinct_weight_indices():
 
 
 def test_structural_cases():
-    assert lens(values(SHRINK, "empty_segments")) [0] == 0
+    assert lens(values(SHRINK, "empty_segments"))[0] == 0
     e = lens(values(MOE, "empty_segments"))
     assert e[0] == e[4] == e[7] == 0 and sum(e) > 0
     s = values(SHRINK, "single_segment")
