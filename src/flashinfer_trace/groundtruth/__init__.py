@@ -26,6 +26,7 @@ from . import (
     flashinfer_moe_routing,
     flashinfer_page_append,
     flashinfer_samplers,
+    flashinfer_segment_gemm,
     flashinfer_single,
     flashinfer_topk,
     flashinfer_topk_select,
@@ -43,6 +44,7 @@ from . import (
     torch_page_append,
     torch_ref,
     torch_samplers,
+    torch_segment_gemm,
     torch_topk,
     torch_topk_select,
 )
@@ -70,12 +72,14 @@ ADAPTERS: dict[str, list[Adapter]] = {
     "flashinfer": flashinfer.ADAPTERS + flashinfer_dsa.ADAPTERS + flashinfer_cascade.ADAPTERS
                   + flashinfer_page_append.ADAPTERS + flashinfer_single.ADAPTERS + flashinfer_topk.ADAPTERS
                   + flashinfer_layernorm.ADAPTERS + flashinfer_gemma_norm.ADAPTERS + flashinfer_samplers.ADAPTERS
-                  + flashinfer_topk_select.ADAPTERS + flashinfer_bmm.ADAPTERS + flashinfer_moe_routing.ADAPTERS,
+                  + flashinfer_topk_select.ADAPTERS + flashinfer_bmm.ADAPTERS + flashinfer_moe_routing.ADAPTERS
+                  + flashinfer_segment_gemm.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
              + torch_layernorm.ADAPTERS + torch_gemma_norm.ADAPTERS + torch_samplers.ADAPTERS
-             + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS,
+             + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS
+             + torch_segment_gemm.ADAPTERS,
 }
 
 

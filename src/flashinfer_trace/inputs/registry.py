@@ -24,6 +24,7 @@ from . import (
     rope,
     samplers,
     sampling,
+    segment_gemm,
     single_attention,
     topk,
     topk_select,
@@ -31,7 +32,8 @@ from . import (
 from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
-                                     page_append, single_attention, layernorm, topk_select, bmm, moe_routing)
+                                     page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
+                                     segment_gemm)
 
 
 @dataclass(frozen=True)

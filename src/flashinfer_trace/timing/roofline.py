@@ -285,6 +285,14 @@ def _flops_bmm(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 2 * batch * m * n * k
 
 
+def _flops_segment_gemm(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """Each row of x times its segment's K x N weight: a multiply-add per (row, k, n); empty segments cost none."""
+    rows, k = _shape(d, inputs, "x")
+    n = int(inputs.axes["N"]) if "N" in inputs.axes else _shape(d, inputs, "output")[-1]
+    detail["flops_formula"] = f"2 * total_rows * K * N = 2 * {rows} * {k} * {n}"
+    return 2 * rows * k * n
+
+
 def _attention_pairs(d: Definition, inputs: Inputs, detail: dict) -> int:
     values = inputs.values
     kv = _kv_lengths(d, values)
@@ -487,6 +495,7 @@ _FLOPS = {
     "layernorm": _flops_layernorm,
     "bmm_fp8": _flops_bmm,
     "bmm_bf16": _flops_bmm,
+    "segment_gemm": _flops_segment_gemm,
     "rope": _flops_rope,
     "activation": _flops_activation,
     "sampling": _flops_sampling,
