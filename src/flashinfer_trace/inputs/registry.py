@@ -9,6 +9,7 @@ from types import ModuleType
 from . import (
     activation,
     attention,
+    block_sparse,
     bmm,
     cascade,
     dsa,
@@ -30,7 +31,7 @@ from . import (
 from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
-                                     page_append, single_attention, layernorm, topk_select, bmm)
+                                     page_append, single_attention, layernorm, topk_select, bmm, block_sparse)
 
 
 @dataclass(frozen=True)
