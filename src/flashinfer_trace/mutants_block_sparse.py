@@ -15,7 +15,8 @@ _LSE = ("torch.logsumexp(logits, dim=-1) / math.log(2.0)", "torch.log(torch.exp(
 
 MUTANTS: tuple[Mutant, ...] = (
     # partial_row_block / single_query: the block rows counted as qo_len // R, so a short last block row is skipped
-    _m(DEF, "partial-row-dropped", "block rows counted as qo_len // R: a last block row shorter than R is never computed",
+    _m(DEF, "partial-row-dropped",
+       "block rows counted as qo_len // R: a last block row shorter than R is never computed",
        ("num_row_blocks = indptr.shape[0] - 1", "num_row_blocks = qo_len // R"), cls="boundary-structure"),
     # empty_row: a block row without key blocks divides 0 by 0 (its softmax over nothing) instead of giving 0 / -inf
     _m(DEF, "empty-row-nan", "a block row with no key blocks gets 0 / 0: NaN output and lse",
@@ -27,7 +28,8 @@ MUTANTS: tuple[Mutant, ...] = (
        ("lse = torch.full((qo_len, num_qo_heads), -math.inf,", "lse = torch.full((qo_len, num_qo_heads), 0.0,"),
        cls="boundary-structure"),
     # unsorted_indices: membership found by binary search in the listed ids, which assumes them ascending
-    _m(DEF, "assumes-sorted-indices", "a column block is found by binary search in the row's list (assumes ascending ids)",
+    _m(DEF, "assumes-sorted-indices",
+       "a column block is found by binary search in the row's list (assumes ascending ids)",
        (_COLS, "        listed = indices[start:end].long()\n"
                "        j = torch.arange(int(listed.max()) + 1, device=q.device)\n"
                "        pos = torch.searchsorted(listed, j).clamp(max=listed.numel() - 1)\n"

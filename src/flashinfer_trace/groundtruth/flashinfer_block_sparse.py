@@ -18,8 +18,9 @@ Releases (`packaging` specifiers on the adapter, `keywords` / `accepts` for the 
 * run(out=, lse=): >= 0.2.3 (mode `out`: NaN-filled buffers, read back after the call; `api-missing` before);
 * plan(o_data_type=): >= 0.2.6 (passed where the signature has it; before, the output takes q's dtype);
 * 0.7.x adds backends "cake", "cutile" and the CuTe-DSL "vsa_sm100_blk128" / "vsa_sm100_blk64" /
-  "vsa_sm120_blk64" (Blackwell only; cutile has no return_lse): not paths here yet (the definitions declare lse,
-  and this session's GPU is Hopper).
+  "vsa_sm120_blk64" (Blackwell only; cutile has no return_lse): not paths here yet (every definition declares
+  lse, and the matrix's GPUs are Hopper). `VariableBlockSparseAttentionWrapper` (>= 0.2.7: per-head block masks
+  with variable block sizes) has no definitions yet.
 
 Paths: plain (backend="fa2" pinned: "auto" picks fa3 on Hopper), with modes `out`, `fa3` (backend="fa3", sm90 only:
 `arch-unsupported` elsewhere), `plan-reuse` and `graph` (modes.py: plan once, run on other data, then on the
