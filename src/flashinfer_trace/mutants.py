@@ -26,6 +26,7 @@ from .dataset import load_definition
 from .definition import Definition
 from .groundtruth import GroundTruthUnavailable
 from .groundtruth.base import REASON_KINDS
+from .mutants_block_sparse import MUTANTS as BLOCK_SPARSE_MUTANTS
 from .mutants_bmm import MUTANTS as BMM_MUTANTS
 from .mutants_cascade import MUTANTS as CASCADE_MUTANTS
 from .mutants_gemma_norm import MUTANTS as GEMMA_NORM_MUTANTS
@@ -439,7 +440,8 @@ MUTANTS: tuple[Mutant, ...] = (
        "not global token ids", ("topk_indices[b, :k] = slots[best].to(torch.int32)",
                                 "topk_indices[b, :k] = best.to(torch.int32)")),
 ) + (CASCADE_MUTANTS + PAGE_APPEND_MUTANTS + SINGLE_MUTANTS + TOPK_MUTANTS + LAYERNORM_MUTANTS + GEMMA_NORM_MUTANTS
-     + SAMPLERS_MUTANTS + TOPK_SELECT_MUTANTS + BMM_MUTANTS + MOE_ROUTING_MUTANTS + SEGMENT_GEMM_MUTANTS)
+     + SAMPLERS_MUTANTS + TOPK_SELECT_MUTANTS + BMM_MUTANTS + MOE_ROUTING_MUTANTS + SEGMENT_GEMM_MUTANTS
+     + BLOCK_SPARSE_MUTANTS)
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

@@ -983,7 +983,8 @@ def test_unsupported_op_type():
     assert set(supported_op_types()) == {"rmsnorm", "gemm", "gqa_paged", "gqa_ragged", "mla_paged", "mla_ragged",
                                          "moe", "rope", "activation", "sampling", "gdn", "mamba_ssu", "dsa_paged",
                                          "cascade_merge", "page_append", "single_decode", "single_prefill", "layernorm",
-                                         "topk", "bmm_fp8", "bmm_bf16", "moe_routing", "segment_gemm"}
+                                         "topk", "bmm_fp8", "bmm_bf16", "moe_routing", "segment_gemm",
+                                         "block_sparse"}
 
 
 def test_unknown_case_and_size():

@@ -18,6 +18,7 @@ from packaging.version import Version
 from . import (
     fi_api,
     flashinfer,
+    flashinfer_block_sparse,
     flashinfer_bmm,
     flashinfer_cascade,
     flashinfer_dsa,
@@ -36,6 +37,7 @@ from . import (
     sglang_gemma_norm,
     sglang_samplers,
     sglang_topk,
+    torch_block_sparse,
     torch_bmm,
     torch_cascade,
     torch_gemma_norm,
@@ -73,13 +75,15 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_page_append.ADAPTERS + flashinfer_single.ADAPTERS + flashinfer_topk.ADAPTERS
                   + flashinfer_layernorm.ADAPTERS + flashinfer_gemma_norm.ADAPTERS + flashinfer_samplers.ADAPTERS
                   + flashinfer_topk_select.ADAPTERS + flashinfer_bmm.ADAPTERS + flashinfer_moe_routing.ADAPTERS
-                  + flashinfer_segment_gemm.ADAPTERS,
+                  + flashinfer_segment_gemm.ADAPTERS
+                  + flashinfer_block_sparse.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
              + torch_layernorm.ADAPTERS + torch_gemma_norm.ADAPTERS + torch_samplers.ADAPTERS
              + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS
-             + torch_segment_gemm.ADAPTERS,
+             + torch_segment_gemm.ADAPTERS
+             + torch_block_sparse.ADAPTERS,
 }
 
 

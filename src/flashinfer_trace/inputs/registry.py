@@ -9,6 +9,7 @@ from types import ModuleType
 from . import (
     activation,
     attention,
+    block_sparse,
     bmm,
     cascade,
     dsa,
@@ -33,7 +34,7 @@ from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
-                                     segment_gemm)
+                                     segment_gemm, block_sparse)
 
 
 @dataclass(frozen=True)
