@@ -968,3 +968,21 @@ def test_a_bmm_fp8_counts_two_operations_per_multiply_add_over_the_batch():
     bf = load_definition("bmm_bf16_b128_k512_n128")
     y = generate_inputs(bf, "small", 0)
     assert roofline.work(bf, y).flops == 2 * 128 * y.values["A"].shape[1] * 128 * 512
+
+
+def test_block_sparse_flops_count_the_listed_pairs_with_a_short_last_block_row():
+    """40 queries in block rows of 16 (16, 16, 8), listing 2, 0 and 1 column blocks of 16 keys: 16*2*16 + 8*1*16 = 640
+    pairs, each 2 * heads * (128 + 128) FLOPs; the moe_routing model counts every expert of every token."""
+    d = load_definition("block_sparse_r16_c16_h28_kv4_d128")
+    bf16, i32 = torch.bfloat16, torch.int32
+    values = {"q": torch.zeros(40, 28, 128, dtype=bf16), "k": torch.zeros(48, 4, 128, dtype=bf16),
+              "v": torch.zeros(48, 4, 128, dtype=bf16), "indptr": torch.tensor([0, 2, 2, 3], dtype=i32),
+              "indices": torch.tensor([0, 2, 1], dtype=i32), "sm_scale": 128 ** -0.5}
+    axes = {"qo_len": 40, "kv_len": 48, "num_qo_heads": 28, "num_kv_heads": 4, "head_dim": 128, "block_rows": 16,
+            "block_cols": 16, "len_indptr": 4, "nnz": 3}
+    w = roofline.work(d, Inputs(d.name, "small", 0, None, values, axes))
+    assert w.detail["visible_pairs"] == 640 and w.flops == 2 * 28 * 640 * 256
+    r = load_definition("fused_topk_deepseek_e256_k8")
+    x = generate_inputs(r, "small", 0)
+    tokens = x.axes["num_tokens"]
+    assert roofline.work(r, x).flops == tokens * (5 * 256 + 2 * 8 + 3 * 8)

@@ -438,6 +438,33 @@ def _flops_cascade(d: Definition, inputs: Inputs, detail: dict) -> int:
     return states * rows * (2 * v[-1] + 3)
 
 
+def _flops_block_sparse(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """The gqa sum over the (query, key) pairs the BSR layout lists: block row i's rows (R, the last one short) times
+    C keys for each column block it lists."""
+    values = inputs.values
+    qo, heads, dqk = (int(n) for n in values["q"].shape)
+    dvo = int(values["v"].shape[-1])
+    r, c = inputs.axes["block_rows"], inputs.axes["block_cols"]
+    counts = _diffs(_ints(values["indptr"]))
+    pairs = sum(min(r, qo - i * r) * n * c for i, n in enumerate(counts))
+    detail.update(visible_pairs=pairs, listed_blocks=sum(counts))
+    detail["flops_formula"] = (f"2 * heads * listed pairs * (head_dim_qk + head_dim_vo) = 2 * {heads} * {pairs} * "
+                               f"({dqk} + {dvo}) (block rows of {r} queries, column blocks of {c} keys)")
+    return 2 * heads * pairs * (dqk + dvo)
+
+
+def _flops_moe_routing(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """Per token: a sigmoid and the bias added for every expert (about 5), each group's top-2 sum (2 a group), and
+    the chosen experts' weights normalised and scaled (3 each); the selections' comparisons not counted."""
+    tokens, experts = _shape(d, inputs, "scores")
+    groups = int(dict(t.split("=", 1) for t in d.tag_values("param")).get("n_group", 1))
+    out = d.outputs.get("topk_values") or next(iter(d.outputs.values()))
+    topk = int(inputs.axes[out.shape[-1]]) if out.shape else 1
+    detail["flops_formula"] = (f"tokens * (5 * experts + 2 * groups + 3 * topk) = {tokens} * (5 * {experts} + 2 * "
+                               f"{groups} + 3 * {topk})")
+    return tokens * (5 * experts + 2 * groups + 3 * topk)
+
+
 def _flops_page_append(d: Definition, inputs: Inputs, detail: dict) -> int:
     """A copy: no arithmetic on the data. What it computes is each appended token's slot: its page from the
     request's page table (an addition and a division) and the offset in it (a modulo, a multiply-add): 4."""
@@ -496,6 +523,8 @@ _FLOPS = {
     "bmm_fp8": _flops_bmm,
     "bmm_bf16": _flops_bmm,
     "segment_gemm": _flops_segment_gemm,
+    "block_sparse": _flops_block_sparse,
+    "moe_routing": _flops_moe_routing,
     "rope": _flops_rope,
     "activation": _flops_activation,
     "sampling": _flops_sampling,
