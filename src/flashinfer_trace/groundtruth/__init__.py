@@ -21,6 +21,7 @@ from . import (
     flashinfer_block_sparse,
     flashinfer_bmm,
     flashinfer_cascade,
+    flashinfer_cascade_attention,
     flashinfer_dsa,
     flashinfer_gemma_norm,
     flashinfer_layernorm,
@@ -40,6 +41,7 @@ from . import (
     torch_block_sparse,
     torch_bmm,
     torch_cascade,
+    torch_cascade_attention,
     torch_gemma_norm,
     torch_layernorm,
     torch_moe_routing,
@@ -76,14 +78,14 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_layernorm.ADAPTERS + flashinfer_gemma_norm.ADAPTERS + flashinfer_samplers.ADAPTERS
                   + flashinfer_topk_select.ADAPTERS + flashinfer_bmm.ADAPTERS + flashinfer_moe_routing.ADAPTERS
                   + flashinfer_segment_gemm.ADAPTERS
-                  + flashinfer_block_sparse.ADAPTERS,
+                  + flashinfer_block_sparse.ADAPTERS + flashinfer_cascade_attention.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
              + torch_layernorm.ADAPTERS + torch_gemma_norm.ADAPTERS + torch_samplers.ADAPTERS
              + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS
              + torch_segment_gemm.ADAPTERS
-             + torch_block_sparse.ADAPTERS,
+             + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS,
 }
 
 

@@ -12,6 +12,7 @@ from . import (
     block_sparse,
     bmm,
     cascade,
+    cascade_attention,
     dsa,
     gdn,
     gemm,
@@ -34,7 +35,7 @@ from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
-                                     segment_gemm, block_sparse)
+                                     segment_gemm, block_sparse, cascade_attention)
 
 
 @dataclass(frozen=True)
