@@ -22,6 +22,7 @@ from . import (
     moe_routing,
     norm,
     page_append,
+    pod,
     rope,
     samplers,
     sampling,
@@ -34,7 +35,7 @@ from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
-                                     segment_gemm, block_sparse)
+                                     segment_gemm, block_sparse, pod)
 
 
 @dataclass(frozen=True)
