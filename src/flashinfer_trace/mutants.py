@@ -35,6 +35,7 @@ from .mutants_layernorm import MUTANTS as LAYERNORM_MUTANTS
 from .mutants_model import Mutant, _m
 from .mutants_moe_routing import MUTANTS as MOE_ROUTING_MUTANTS
 from .mutants_page_append import MUTANTS as PAGE_APPEND_MUTANTS
+from .mutants_pod import MUTANTS as POD_MUTANTS
 from .mutants_samplers import MUTANTS as SAMPLERS_MUTANTS
 from .mutants_segment_gemm import MUTANTS as SEGMENT_GEMM_MUTANTS
 from .mutants_single import MUTANTS as SINGLE_MUTANTS
@@ -442,7 +443,7 @@ MUTANTS: tuple[Mutant, ...] = (
                                 "topk_indices[b, :k] = best.to(torch.int32)")),
 ) + (CASCADE_MUTANTS + PAGE_APPEND_MUTANTS + SINGLE_MUTANTS + TOPK_MUTANTS + LAYERNORM_MUTANTS + GEMMA_NORM_MUTANTS
      + SAMPLERS_MUTANTS + TOPK_SELECT_MUTANTS + BMM_MUTANTS + MOE_ROUTING_MUTANTS + SEGMENT_GEMM_MUTANTS
-     + BLOCK_SPARSE_MUTANTS + CASCADE_ATTENTION_MUTANTS)
+     + BLOCK_SPARSE_MUTANTS + CASCADE_ATTENTION_MUTANTS + POD_MUTANTS)
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

@@ -986,3 +986,33 @@ def test_block_sparse_flops_count_the_listed_pairs_with_a_short_last_block_row()
     x = generate_inputs(r, "small", 0)
     tokens = x.axes["num_tokens"]
     assert roofline.work(r, x).flops == tokens * (5 * 256 + 2 * 8 + 3 * 8)
+
+
+def test_pod_and_cascade_attention_flops_count_each_half_and_each_level():
+    """POD: a causal prefill of 3 queries over 5 keys (3 + 4 + 5 = 12 pairs) and two decode requests over 2 pages
+    (16 + 4 tokens) and 1 page (16): 48 pairs. Cascade: a shared level of 20 tokens seen by 4 queries unmasked (80), and
+    each request's own level, 2 queries over 3 and 1 over 1 key, causal (2 + 3 + 1 = 6): 86 pairs."""
+    bf16, i32 = torch.bfloat16, torch.int32
+    pod = load_definition("pod_h32_kv8_d128_ps16")
+    values = {"q_p": torch.zeros(3, 32, 128, dtype=bf16), "k_p": torch.zeros(5, 8, 128, dtype=bf16),
+              "v_p": torch.zeros(5, 8, 128, dtype=bf16), "q_d": torch.zeros(2, 32, 128, dtype=bf16),
+              "k_cache": torch.zeros(3, 16, 8, 128, dtype=bf16), "v_cache": torch.zeros(3, 16, 8, 128, dtype=bf16),
+              "kv_indptr": torch.tensor([0, 2, 3], dtype=i32), "kv_indices": torch.tensor([0, 1, 2], dtype=i32),
+              "kv_last_page_len": torch.tensor([4, 16], dtype=i32), "sm_scale": 128 ** -0.5}
+    axes = {"qo_len": 3, "kv_len": 5, "batch_size": 2, "num_pages": 3, "len_indptr": 3, "num_kv_indices": 3,
+            "num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128, "page_size": 16}
+    w = roofline.work(pod, Inputs(pod.name, "small", 0, None, values, axes))
+    assert (w.detail["prefill_pairs"], w.detail["decode_pairs"]) == (12, 36) and w.flops == 2 * 32 * 48 * 2 * 128
+    cas = load_definition("cascade_attention_l2_causal_h32_kv8_d128_ps16")
+    values = {"q": torch.zeros(4, 32, 128, dtype=bf16), "k_cache": torch.zeros(4, 16, 8, 128, dtype=bf16),
+              "v_cache": torch.zeros(4, 16, 8, 128, dtype=bf16),
+              "qo_indptr_0": torch.tensor([0, 4], dtype=i32), "kv_indptr_0": torch.tensor([0, 2], dtype=i32),
+              "kv_indices_0": torch.tensor([0, 1], dtype=i32), "kv_last_page_len_0": torch.tensor([4], dtype=i32),
+              "qo_indptr_1": torch.tensor([0, 2, 3, 4], dtype=i32),
+              "kv_indptr_1": torch.tensor([0, 1, 2, 2], dtype=i32), "kv_indices_1": torch.tensor([2, 3], dtype=i32),
+              "kv_last_page_len_1": torch.tensor([3, 1, 0], dtype=i32), "sm_scale": 128 ** -0.5}
+    axes = {"num_qo": 4, "num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128, "num_pages": 4, "page_size": 16,
+            "len_indptr_0": 2, "nnz_pages_0": 2, "num_segments_0": 1, "len_indptr_1": 4, "nnz_pages_1": 2,
+            "num_segments_1": 3}
+    w = roofline.work(cas, Inputs(cas.name, "small", 0, None, values, axes))
+    assert w.detail["visible_pairs"] == 80 + 6 and w.flops == 2 * 32 * 86 * 2 * 128

@@ -27,6 +27,7 @@ from . import (
     flashinfer_layernorm,
     flashinfer_moe_routing,
     flashinfer_page_append,
+    flashinfer_pod,
     flashinfer_samplers,
     flashinfer_segment_gemm,
     flashinfer_single,
@@ -46,6 +47,7 @@ from . import (
     torch_layernorm,
     torch_moe_routing,
     torch_page_append,
+    torch_pod,
     torch_ref,
     torch_samplers,
     torch_segment_gemm,
@@ -78,14 +80,16 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_layernorm.ADAPTERS + flashinfer_gemma_norm.ADAPTERS + flashinfer_samplers.ADAPTERS
                   + flashinfer_topk_select.ADAPTERS + flashinfer_bmm.ADAPTERS + flashinfer_moe_routing.ADAPTERS
                   + flashinfer_segment_gemm.ADAPTERS
-                  + flashinfer_block_sparse.ADAPTERS + flashinfer_cascade_attention.ADAPTERS,
+                  + flashinfer_block_sparse.ADAPTERS + flashinfer_cascade_attention.ADAPTERS
+                  + flashinfer_pod.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
              + torch_layernorm.ADAPTERS + torch_gemma_norm.ADAPTERS + torch_samplers.ADAPTERS
              + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS
              + torch_segment_gemm.ADAPTERS
-             + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS,
+             + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS
+             + torch_pod.ADAPTERS,
 }
 
 

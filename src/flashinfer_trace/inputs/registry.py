@@ -23,6 +23,7 @@ from . import (
     moe_routing,
     norm,
     page_append,
+    pod,
     rope,
     samplers,
     sampling,
@@ -35,7 +36,8 @@ from .common import Builder, UnsupportedOpType
 
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
-                                     segment_gemm, block_sparse, cascade_attention)
+                                     segment_gemm, block_sparse, cascade_attention,
+                                     pod)
 
 
 @dataclass(frozen=True)

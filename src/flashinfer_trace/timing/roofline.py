@@ -453,6 +453,43 @@ def _flops_block_sparse(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 2 * heads * pairs * (dqk + dvo)
 
 
+def _paged_lengths(values: Mapping[str, Any], page: int, suffix: str = "") -> list[int]:
+    """Per segment of a paged table, its tokens: full pages but the last, which holds kv_last_page_len."""
+    pages = _diffs(_ints(values["kv_indptr" + suffix]))
+    last = _ints(values["kv_last_page_len" + suffix])
+    return [(n - 1) * page + last[b] if n > 0 else 0 for b, n in enumerate(pages)]
+
+
+def _flops_cascade_attention(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """The gqa sum over each level's (query, key) pairs: a level's segments are query ranges over its pages; the
+    causal mask, where the definition has one, on the last level only (the wrapper's plan)."""
+    values, page = inputs.values, _page_size(d)
+    heads, dim = _shape(d, inputs, "q")[-2:]
+    levels = sorted(int(n.rsplit("_", 1)[1]) for n in d.inputs if n.startswith("qo_indptr_"))
+    causal, pairs = _is_causal(d), 0
+    for lvl in levels:
+        qo = _diffs(_ints(values[f"qo_indptr_{lvl}"]))
+        kv = _paged_lengths(values, page, f"_{lvl}")
+        pairs += sum(visible_pairs(q, k, causal and lvl == levels[-1]) for q, k in zip(qo, kv, strict=True))
+    detail.update(levels=len(levels), causal=causal, visible_pairs=pairs)
+    detail["flops_formula"] = (f"2 * heads * pairs over every level * (head_dim_qk + head_dim_vo) = 2 * {heads} * "
+                               f"{pairs} * ({dim} + {dim})")
+    return 2 * heads * pairs * 2 * dim
+
+
+def _flops_pod(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """The causal single-request prefill's pairs and one query per decode request over its pages."""
+    values = inputs.values
+    qo, heads, dim = _shape(d, inputs, "q_p")
+    kv = _shape(d, inputs, "k_p")[0]
+    prefill = visible_pairs(qo, kv, True)
+    decode = sum(_paged_lengths(values, _page_size(d)))
+    detail.update(visible_pairs=prefill + decode, prefill_pairs=prefill, decode_pairs=decode)
+    detail["flops_formula"] = (f"2 * heads * (prefill pairs + decode pairs) * 2 * head_dim = 2 * {heads} * "
+                               f"({prefill} + {decode}) * 2 * {dim}")
+    return 2 * heads * (prefill + decode) * 2 * dim
+
+
 def _flops_moe_routing(d: Definition, inputs: Inputs, detail: dict) -> int:
     """Per token: a sigmoid and the bias added for every expert (about 5), each group's top-2 sum (2 a group), and
     the chosen experts' weights normalised and scaled (3 each); the selections' comparisons not counted."""
@@ -525,6 +562,8 @@ _FLOPS = {
     "segment_gemm": _flops_segment_gemm,
     "block_sparse": _flops_block_sparse,
     "moe_routing": _flops_moe_routing,
+    "cascade_attention": _flops_cascade_attention,
+    "pod": _flops_pod,
     "rope": _flops_rope,
     "activation": _flops_activation,
     "sampling": _flops_sampling,

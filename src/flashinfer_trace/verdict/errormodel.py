@@ -14,7 +14,7 @@ such an element is the sum of the absolute products that made it, per op family:
     segment_gemm                  |x| @ |W[segment]|             every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged / block_sparse /
-    cascade_attention
+    cascade_attention / pod
                                                                   so only V needs its absolute value)
     mamba_ssu                     |C| . (exp(dt A) |S| + dt |x| |B|) `output` and `new_state` (A and dt keep
                                   + |D x|                        their signs: the decay is what it is)
@@ -68,6 +68,7 @@ MODELS: dict[str, ErrorModel] = {
     "block_sparse": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V| over the listed blocks"),
     "cascade_attention": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V| over every level"),
     "mla_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
+    "pod": ErrorModel(("v_p", "v_cache"), ("output_p", "output_d"), "operand scale: softmax(QK^T) . |V|, both halves"),
     # y = C . S' + D x with S' = exp(dt A) S + dt x B: a sum of products over dstate that cancels like a
     # dot product; |S|, |x|, |B|, |C|, |D| (never A or dt: the decay and the step stay what they are) give
     # each element's sum of absolute terms, for the output and the updated state alike
