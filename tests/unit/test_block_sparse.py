@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import assert_caught_by_its_case, assert_family_cases, passes
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
@@ -333,32 +334,16 @@ WRONG_MATH = ("ignores-layout", "indices-one-based", "block-offset-off-by-one", 
 FAMILY = [m for m in MUTANTS if m.definition.startswith("block_sparse_")]
 
 
-def _passes(d, case) -> bool:
-    x = generate_inputs(d, "small", 0, case=case)
-    try:
-        actual = run_reference(d, x)
-    except Exception:  # noqa: BLE001
-        return False
-    return all(r.passed for r in compare_with_model(d, x, actual, _truth(d, x), tolerance_for(d)))
-
-
 def test_every_family_mutant_has_its_case():
-    assert {m.id for m in FAMILY} == set(BOUNDARY) | set(WRONG_MATH)
-    assert all((m.cls == "wrong-math") == (m.id in WRONG_MATH) for m in FAMILY)
+    assert_family_cases(FAMILY, BOUNDARY, WRONG_MATH)
 
 
 @pytest.mark.parametrize("mutant", FAMILY, ids=lambda m: m.id)
 def test_a_planted_bug_is_caught_by_its_case(mutant):
-    d = load_definition(mutant.definition)
-    bad = mutate(d, mutant)
-    case = BOUNDARY.get(mutant.id)
-    assert _passes(d, case), f"the true reference fails {case}"
-    assert not _passes(bad, case), f"{mutant.id} survives {case}"
-    if mutant.id in BOUNDARY:
-        assert _passes(bad, None), f"{mutant.id} is caught on typical inputs already: not a boundary bug"
+    assert_caught_by_its_case(mutant, BOUNDARY)
 
 
 def test_ignoring_the_layout_is_right_on_the_dense_layout():
     (m,) = [m for m in FAMILY if m.id == "ignores-layout"]
     d = load_definition(m.definition)
-    assert _passes(mutate(d, m), "dense") and not _passes(mutate(d, m), None)
+    assert passes(mutate(d, m), "dense") and not passes(mutate(d, m), None)

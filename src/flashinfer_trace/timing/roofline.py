@@ -139,6 +139,15 @@ def _page_size(definition: Definition) -> int:
     return int(definition.const_axes.get("page_size", 1))
 
 
+def _paged_lengths(values: Mapping[str, Any], page: int, suffix: str = "") -> list[int]:
+    """Per segment of a paged table, its tokens: full pages but the last, which holds kv_last_page_len (full
+    where the definition has no such input)."""
+    pages = _diffs(_ints(values["kv_indptr" + suffix]))
+    name = "kv_last_page_len" + suffix
+    last = _ints(values[name]) if name in values else [page] * len(pages)
+    return [(n - 1) * page + last[b] if n > 0 else 0 for b, n in enumerate(pages)]
+
+
 def _kv_lengths(definition: Definition, values: Mapping[str, Any]) -> list[int]:
     """Per request, the kv tokens it attends to: page counts from kv_indptr turned into tokens for
     paged caches (full pages unless a kv_last_page_len input says how full the last one is),
@@ -146,13 +155,7 @@ def _kv_lengths(definition: Definition, values: Mapping[str, Any]) -> list[int]:
     counts = _diffs(_ints(values["kv_indptr"]))
     if not any(n in definition.inputs for n in PAGED_CACHES):
         return counts
-    page = _page_size(definition)
-    last = _ints(values["kv_last_page_len"]) if "kv_last_page_len" in values else None
-    out = []
-    for b, pages in enumerate(counts):
-        fill = page if last is None else last[b]
-        out.append((pages - 1) * page + fill if pages > 0 else 0)
-    return out
+    return _paged_lengths(values, _page_size(definition))
 
 
 def _qo_lengths(values: Mapping[str, Any], batch: int) -> list[int]:
@@ -453,11 +456,6 @@ def _flops_block_sparse(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 2 * heads * pairs * (dqk + dvo)
 
 
-def _paged_lengths(values: Mapping[str, Any], page: int, suffix: str = "") -> list[int]:
-    """Per segment of a paged table, its tokens: full pages but the last, which holds kv_last_page_len."""
-    pages = _diffs(_ints(values["kv_indptr" + suffix]))
-    last = _ints(values["kv_last_page_len" + suffix])
-    return [(n - 1) * page + last[b] if n > 0 else 0 for b, n in enumerate(pages)]
 
 
 def _flops_cascade_attention(d: Definition, inputs: Inputs, detail: dict) -> int:
