@@ -14,7 +14,8 @@ this file makes environments and calls flashinfer_trace.sweep.install / flashinf
     nox -s jit-cuda13 -- -k moe                  only the JIT prebuild, an hour a job (--jit-budget S): what the
                                              references session defers as too long (`not-run: building`); start
                                              it before or beside that one; --resume keeps what it built
-    nox -s references-cuda13 -- --no-mps     without the session's own CUDA MPS daemon (sweep/mps.py)
+    nox -s references-cuda13 -- --mps        with a CUDA MPS daemon of the session's own (sweep/mps.py; off by
+                                             default: a kernel's fatal fault would reach every process)
     nox -s references-cuda13 -- --jit-modules DIR    load the modules another machine built (sweep/prebuilt.py)
     nox -s jit-cuda13 -- --no-ccache         JIT builds without the shared compiler cache (sweep/compiler_cache.py)
     nox -s references-cuda13 -- --fi-trace-op-type rmsnorm   FlashInfer's own definitions (>= 0.7), one op type

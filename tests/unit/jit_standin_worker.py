@@ -1,7 +1,8 @@
 """A stand-in for the JIT prebuild worker (JitConfig.worker_command): the same protocol as jit/worker.py (jobs on
 stdin, one JSON answer a line on the fd it is given), but a job's "build" is a sleep. Its plan (argv[1], JSON):
 definition -> {"seconds": S, "status": "built" | "build-failed" | ..., "until": [FILE, TEXT] (optional: the
-build ends once FILE holds TEXT, at most S seconds; "then": T seconds after that)}, and "_timeline": a file where
+build ends once FILE holds TEXT, at most S seconds; "then": T seconds after that; "retire": why its CUDA context
+broke, after which it answers and ends)}, and "_timeline": a file where
 each job's start, end and CPU priority are appended."""
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ def main(plan_file: str, answer_fd: int) -> int:
         status = spec.get("status", "built")
         answer = {"definition": job["definition"], "source": job["source"], "api": job["api"],
                   "op_type": job["op_type"], "status": status, "modules": [job["definition"]] if status == "built"
-                  else [], "message": spec.get("message"), "uses": [], "libraries": {}, "nice": nice}
+                  else [], "message": spec.get("message"), "uses": [], "libraries": {}, "nice": nice,
+                  "retire": spec.get("retire")}
         out.write((json.dumps(answer) + "\n").encode())
+        if spec.get("retire"):  # a broken CUDA context (worker.broken_context): this process ends here
+            return 0
     return 0
 
 

@@ -276,14 +276,15 @@ def test_dry_run_shows_which_session_on_which_gpu_with_its_cores(tmp_path, fake_
     assert main([*args, "--json", "--per-gpu", "2"]) == 0  # two at once per GPU: four slots, 2 cores each
     shown = json.loads(capsys.readouterr().out)
     assert shown["gpus"] == ["0", "1", "0", "1"] and shown["per_gpu"] == 2 and shown["cores_per_session"] == 2
-    # a shared GPU's reference sessions use the runner's MPS daemon; a benchmark takes turns (--no-mps)
+    assert shown["mps"] == "off"  # the default: every shared session takes turns
     assert shown["plan"][0]["command"] == [fake_nox, "-s", "references-c1", "--", "--cores", "2"]
+    assert main([*args, "--json", "--per-gpu", "2", "--", "--mps"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    # asked for: a shared GPU's reference sessions use the runner's MPS daemon; a benchmark takes turns (--no-mps)
+    assert shown["plan"][0]["command"] == [fake_nox, "-s", "references-c1", "--", "--cores", "2", "--mps"]
     assert shown["mps"] == "runner"
     bench = next(p["command"] for p in shown["plan"] if p["session"] == "bench-c1")
-    assert bench[-1] == "--no-mps"
-    assert main([*args, "--json", "--per-gpu", "2", "--", "--no-mps"]) == 0  # off: every shared session takes turns
-    shown = json.loads(capsys.readouterr().out)
-    assert shown["mps"] == "off" and shown["plan"][0]["command"].count("--no-mps") == 1
+    assert bench[-2:] == ["--no-mps", "--mps"]
     assert not (tmp_path / "results").exists()  # nothing ran
 
 
@@ -338,9 +339,12 @@ def test_sessions_share_a_gpu_per_gpu_at_a_time_without_mps_daemons_of_their_own
     assert summary["per_gpu"] == 2 and summary["cores_per_session"] == 2
     one = host.run(todo[:2], _config(tmp_path / "one", ["0", "1"]))  # one per GPU: not shared
     assert {r["shared"] for r in _ran(tmp_path / "one")} == {"False"} and one["per_gpu"] == 1
-    nox = host.nox_command(["nox"], ["--jobs", "4"])
-    assert nox(todo[0], 3, True) == ["nox", "-s", "s0", "--", "--cores", "3", "--no-mps", "--jobs", "4"]
-    assert nox(todo[0], 3, False) == ["nox", "-s", "s0", "--", "--cores", "3", "--jobs", "4"]
+    nox = host.nox_command(["nox"], ["--jobs", "4"])  # no MPS asked for: nothing to turn off
+    assert nox(todo[0], 3, True) == nox(todo[0], 3, False) == ["nox", "-s", "s0", "--", "--cores", "3", "--jobs", "4"]
+    # asked for: a session on a shared GPU that does not join the runner's daemon is told --no-mps (which wins)
+    nox = host.nox_command(["nox"], ["--mps", "--jobs", "4"])
+    assert nox(todo[0], 3, True) == ["nox", "-s", "s0", "--", "--cores", "3", "--no-mps", "--mps", "--jobs", "4"]
+    assert nox(todo[0], 3, False) == ["nox", "-s", "s0", "--", "--cores", "3", "--mps", "--jobs", "4"]
     with pytest.raises(HostError, match="--per-gpu 0: at least 1"):
         _config(tmp_path, ["0"], per_gpu=0)
 

@@ -223,3 +223,42 @@ def test_a_broken_cuda_context_ends_its_process_after_the_report_and_the_rest_ru
                               ("test_after_two", "passed")]
     logs = sorted((tmp_path / "logs").glob("*.log"))
     assert len(logs) == 2 and "the CUDA context cannot be trusted" in logs[0].read_text()
+
+
+def test_a_collection_the_device_refused_is_tried_again_not_recorded(tmp_path, plant, monkeypatch):
+    """The seventh run: an MPS server recovering from another process's fatal fault refused every new client, and
+    each test file's collection error ("MPS server is not ready") was recorded as the file's result. A collection
+    the device refused is tried again after a wait; a collection error of the file's own is recorded at once."""
+    from flashinfer_trace.sweep import isolation
+
+    monkeypatch.setattr(isolation, "REFUSED_WAITS", (0.1, 0.1, 0.1))
+    tries = tmp_path / "tries"
+    target = plant("test_refused.py", f"""
+        import pathlib
+
+        tries = pathlib.Path({str(tries)!r})
+        tries.write_text(tries.read_text() + "x" if tries.exists() else "x")
+        if len(tries.read_text()) < 3:
+            raise RuntimeError("Unexpected error from cudaGetDeviceCount(). Error 807: MPS server is not ready to "
+                               "accept new MPS client requests")
+
+        def test_after_the_server_recovered():
+            pass
+    """)
+    records = run(tmp_path, [target])
+    assert short(records) == [("test_after_the_server_recovered", "passed")] and tries.read_text() == "xxx"
+    broken = plant("test_broken_import.py", "import no_such_module_here\n\ndef test_x():\n    pass\n")
+    started = time.monotonic()
+    records = run(tmp_path, [broken])
+    assert [r.status for r in records] == ["error"] and "collection error" in records[0].message
+    assert time.monotonic() - started < 20  # not waited on
+    tries.write_text("")  # refused every time: after the waits, recorded as before
+    monkeypatch.setattr(isolation, "REFUSED_WAITS", (0.1,))
+    always = plant("test_always_refused.py", """
+        raise RuntimeError("CUDA error: MPS client terminated")
+
+        def test_never():
+            pass
+    """)
+    records = run(tmp_path, [always])
+    assert [r.status for r in records] == ["error"] and "MPS client terminated" in records[0].message

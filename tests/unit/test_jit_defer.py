@@ -101,6 +101,7 @@ def test_a_job_expected_past_its_budget_is_deferred_at_once_while_the_short_ones
     assert (long.status, long.seconds, long.expected, long.expected_from) == ("deferred", 0.0, 5000.0, "known: planted")
     assert "`nox -s jit-cu130-x -- -k long_a --jit-budget 7500`" in long.message
     assert "5000 s" in long.message and "budget of 30 s" in long.message
+    assert long.covers == []  # no known build shares its module
     assert records["short_a"].status == records["short_b"].status == "built"
     assert records["short_a"].expected == jit.GUESS["activation"]  # every record says what was expected
     assert _ran(tmp_path / "refs") == {"short_a", "short_b"}  # the long one never reached a worker
@@ -480,13 +481,57 @@ def test_a_definition_the_prebuild_did_not_plan_is_building_where_its_api_was_de
     base._check_prebuild(other, d, jit.JitReport.load(report).outcome)  # another API: nothing deferred, it runs
 
 
+def test_every_path_of_a_deferred_definition_and_of_its_known_module_is_building(tmp_path):
+    """The seventh run: top_k_varlen_n65536_k2048's job (flashinfer.top_k_varlen) was deferred, but its ragged and
+    page-table paths (other APIs, the same `topk` module) ran, and each built the module inside its test until the
+    test's 900 s ran out. A deferred definition's paths of that source all wait; another definition's path of an
+    API of the same known module waits too; a failed build still names only its own API."""
+    from flashinfer_trace.dataset import load_definition
+    from flashinfer_trace.groundtruth import GroundTruthUnavailable, base
+
+    d = load_definition("top_k_varlen_n65536_k2048")
+    ragged = base.Adapter("flashinfer", "topk", "flashinfer.topk.top_k_ragged_transform", lambda call: ())
+    report = tmp_path / "jit.jsonl"
+    report.write_text(json.dumps(jit.BuildRecord(
+        d.name, "flashinfer", "deferred", api="flashinfer.top_k_varlen", message="not built here",
+        covers=jit.sharing_apis("flashinfer", "flashinfer.top_k_varlen")).as_dict()) + "\n")
+    with pytest.raises(GroundTruthUnavailable) as e:
+        base._check_prebuild(ragged, d, jit.JitReport.load(report).outcome)
+    assert e.value.kind == "building" and "flashinfer.topk.top_k_ragged_transform" in str(e.value)
+    other = load_definition("top_k_varlen_n8192_k1024_bf16")  # not planned: the known module's deferral covers it
+    for lookup in (jit.JitReport.load(report).outcome, jit.PrebuildWatch(report).outcome):
+        with pytest.raises(GroundTruthUnavailable) as e:
+            base._check_prebuild(ragged, other, lookup)
+        assert e.value.kind == "building" and "flashinfer.top_k_varlen, the same JIT module" in str(e.value)
+    norm = base.Adapter("flashinfer", "rmsnorm", "flashinfer.norm.rmsnorm", lambda call: ())
+    base._check_prebuild(norm, load_definition("rmsnorm_h4096"), jit.JitReport.load(report).outcome)  # runs
+    assert jit.sharing_apis("flashinfer", "flashinfer.top_k_varlen") == [
+        "flashinfer.sampling.top_k_top_p_sampling_from_logits", "flashinfer.topk.top_k",
+        "flashinfer.topk.top_k_page_table_transform", "flashinfer.topk.top_k_ragged_transform"]
+    assert jit.sharing_apis("flashinfer", "flashinfer.norm.rmsnorm") == []
+    assert jit.sharing_apis("sglang", "flashinfer.top_k_varlen") == []
+    failed = tmp_path / "failed.jsonl"
+    failed.write_text(json.dumps(jit.BuildRecord(d.name, "flashinfer", "build-failed", api="flashinfer.top_k_varlen",
+                                                 message="nvcc failed").as_dict()) + "\n")
+    base._check_prebuild(ragged, d, jit.JitReport.load(failed).outcome)  # another API's failed build: it runs
+
+
 @pytest.mark.parametrize("api", ["flashinfer.topk.top_k", "flashinfer.top_k_varlen",
-                                 "flashinfer.sampling.top_k_top_p_sampling_from_logits"])
+                                 "flashinfer.sampling.top_k_top_p_sampling_from_logits",
+                                 "flashinfer.topk.top_k_ragged_transform",
+                                 "flashinfer.topk.top_k_page_table_transform"])
 def test_the_topk_module_behind_three_apis_is_a_known_long_build_of_0_7_2_on_sm90(api):
     """The sixth run: three jobs of three Python modules built FlashInfer's `topk` at once, each past its 600 s, and
     280 cases were skipped; known now, the session defers them to its `jit-` session (not-run: building)."""
     known = jit.known_build("flashinfer", api, "sm90", {"flashinfer-python": "0.7.2.post1"})
     assert known is not None and known.modules == ("topk",) and known.seconds > jit.DEFAULT_BUDGET
+    job = jit.Job("d", "d", "topk", "flashinfer", api, 600.0, expect=known.seconds, known_modules=known.modules)
+    config = jit.JitConfig(device="cpu", defer=True)
+    stamps = SimpleNamespace(fresh=lambda j: None)
+    from flashinfer_trace.sweep.jit.expect import defer
+
+    [record] = defer([job], jit.expectations([job]), config, stamps=stamps, roots=lambda: [])
+    assert record.status == "deferred" and len(record.covers) == 4 and api not in record.covers
     assert jit.known_build("flashinfer", api, "sm90", {"flashinfer-python": "0.6.6"}) is None  # not measured there
     assert jit.known_build("flashinfer", "flashinfer.sampling.top_k_sampling_from_probs", "sm90",
                            {"flashinfer-python": "0.7.2.post1"}) is None  # the sampling module: built in seconds

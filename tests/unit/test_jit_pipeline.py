@@ -111,6 +111,44 @@ def test_a_sibling_is_tried_in_its_own_time_after_a_timeout(tmp_path):
     assert taken["norm_b"] >= taken["norm_a"] + 0.5 and taken["norm_c"] >= t["norm_b"]["end"] - 0.05
 
 
+def test_a_worker_whose_cuda_context_broke_is_replaced_and_the_jobs_after_it_are_their_own(tmp_path):
+    """A warm-up's kernel left a sticky CUDA error: its worker answers and ends, and the next job runs in a new one
+    (on the H200 one illegal address failed every later job of its worker, and 190 of the others under MPS)."""
+    plan = {"a_broken": {"seconds": 0.1, "status": "error", "message": "AcceleratorError: CUDA error: an illegal "
+                         "memory access was encountered", "retire": "AcceleratorError: illegal memory access"},
+            "b_after": {"seconds": 0.1}, "c_after": {"seconds": 0.1}}
+    jobs = [_job("a_broken", api="flashinfer.x.a"), _job("b_after", api="flashinfer.x.b"),
+            _job("c_after", api="flashinfer.x.c")]
+    records = {r.definition: r for r in jit.run(jobs, _config(tmp_path, plan, workers=1))}
+    assert records["a_broken"].status == "error" and "illegal memory access" in records["a_broken"].message
+    assert records["b_after"].status == records["c_after"].status == "built"
+    pids = {name: e["pid"] for name, e in _timeline(tmp_path).items()}
+    assert pids["b_after"] != pids["a_broken"] and pids["c_after"] == pids["b_after"]
+
+
+def test_a_broken_context_is_told_from_a_healthy_one(monkeypatch):
+    """worker.broken_context: None on the CPU, without CUDA, or when the device synchronises; the error's text
+    when a synchronisation raises (a sticky error)."""
+    import types
+
+    from flashinfer_trace.sweep.jit.worker import broken_context
+
+    def fake(initialized, error=None):
+        def synchronize():
+            if error:
+                raise RuntimeError(error)
+        return types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: initialized,
+                                                                synchronize=synchronize))
+
+    monkeypatch.setitem(sys.modules, "torch", fake(True, "CUDA error: an illegal memory access was encountered"))
+    assert broken_context("cpu") is None
+    assert broken_context("cuda:0") == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    monkeypatch.setitem(sys.modules, "torch", fake(True))
+    assert broken_context("cuda") is None
+    monkeypatch.setitem(sys.modules, "torch", fake(False, "never raised: CUDA not initialised"))
+    assert broken_context("cuda") is None
+
+
 def _write(report: Path, *records: jit.BuildRecord) -> None:
     with open(report, "a") as f:
         for r in records:

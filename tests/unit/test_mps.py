@@ -54,7 +54,7 @@ def test_without_the_control_binary_or_when_turned_off(monkeypatch, no_user_daem
     with mps.session() as state:
         assert state == {"used": False, "own": False, "reason": f"{mps.CONTROL} not found"}
     with mps.session(enabled=False) as state:
-        assert not state["used"] and "--no-mps" in state["reason"] and mps.recorded() == state
+        assert not state["used"] and "--mps turns it on" in state["reason"] and mps.recorded() == state
 
 
 def test_the_users_own_daemon_is_used_as_it_is(tmp_path, monkeypatch):
@@ -66,12 +66,18 @@ def test_the_users_own_daemon_is_used_as_it_is(tmp_path, monkeypatch):
     assert not calls.exists()  # neither started nor quit
 
 
-def test_no_mps_is_a_session_flag():
+def test_mps_is_an_opt_in_session_flag():
+    """Off by default (one client's fatal fault reaches every client of the daemon); --mps turns it on, and
+    --no-mps wins wherever it stands."""
     from flashinfer_trace.sweep.install import parse_session_args
 
     opts, rest = parse_session_args(["--no-mps", "-k", "rmsnorm"], environ={})
     assert not opts.mps and rest == ["-k", "rmsnorm"]
-    assert parse_session_args([], environ={})[0].mps
+    assert not parse_session_args([], environ={})[0].mps
+    opts, rest = parse_session_args(["--mps", "-k", "rmsnorm"], environ={})
+    assert opts.mps and rest == ["-k", "rmsnorm"]
+    assert not parse_session_args(["--mps", "--no-mps"], environ={})[0].mps
+    assert not parse_session_args(["--no-mps", "--mps"], environ={})[0].mps
 
 
 def test_clients_name_the_daemons_gpus_from_zero(tmp_path, monkeypatch, no_user_daemon):

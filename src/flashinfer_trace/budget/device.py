@@ -39,10 +39,13 @@ _OOM = re.compile(r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllo
                   r"CUDA_ERROR_OUT_OF_MEMORY|failed to allocate .*(?:device|cuda)|OutOfMemoryError", re.IGNORECASE)
 
 
-# what CUDA says when the device refuses a new process or context (not the case's doing: no verdict)
+# what CUDA says when the device refuses a new process or context (not the case's doing: no verdict); an MPS
+# server recovering from another client's fatal fault refuses every new client until its clients have exited
 _UNAVAILABLE = re.compile(r"busy or unavailable|cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE|"
-                          r"no CUDA-capable device is detected|cudaErrorNoDevice|CUDA driver initialization failed",
-                          re.IGNORECASE)
+                          r"no CUDA-capable device is detected|cudaErrorNoDevice|CUDA driver initialization failed|"
+                          r"MPS server is not ready|cudaErrorMpsServerNotReady|CUDA_ERROR_MPS_SERVER_NOT_READY|"
+                          r"MPS client (?:has been )?terminated|cudaErrorMpsClientTerminated|"
+                          r"cudaErrorMpsConnectionFailed", re.IGNORECASE)
 
 
 def is_device_unavailable(text: str) -> bool:

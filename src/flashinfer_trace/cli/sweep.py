@@ -57,7 +57,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         todo, left = host.sessions(selected, None if args.all_archs else arch, cpu=args.with_cpu)
         config = host.HostConfig(gpus=gpus, command=host.nox_command(nox, posargs), results=results,
                                  log_dir=args.log_dir or results / "host", cores=args.cores or os.cpu_count() or 1,
-                                 per_gpu=args.per_gpu, mps="--no-mps" not in posargs)
+                                 per_gpu=args.per_gpu, mps=host.mps_requested(posargs))
     except host.HostError as e:
         err.print(f"error: {for_rich(str(e))}", style="red", highlight=False)
         return 2

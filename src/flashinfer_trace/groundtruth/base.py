@@ -258,15 +258,19 @@ def availability(adapter: Adapter, definition: Definition, device: str | None, *
 
 def _check_prebuild(adapter: Adapter, definition: Definition, prebuild: PrebuildLookup) -> None:
     """A module the prebuild could not build is not built again inside a test's time; one it left to the
-    combination's `jit-` session (`deferred`) is `building`: its cases are not run here (check.outcome_of), and so
-    are those of a definition the prebuild did not plan whose API it deferred for another."""
+    combination's `jit-` session (`deferred`) is `building`: its cases are not run here (check.outcome_of), on every
+    path of that source (the paths' APIs share the job's modules or may: top_k_varlen's deferred `topk` module was
+    built inside the tests of its ragged and page-table paths for 900 s each on the H200), and so are those of a
+    definition the prebuild did not plan whose API, or an API of the same known module, it deferred for another."""
     record = prebuild(definition.name, adapter.source, api=adapter.api)
-    if record is None or record.api != adapter.api:
+    if record is None:
+        return
+    if record.status == "deferred":
+        raise GroundTruthUnavailable("building", f"{adapter.api}: {record.message or 'left to a jit- session'}")
+    if record.api != adapter.api:
         return
     if record.status in ("build-failed", "build-timeout"):
         raise GroundTruthUnavailable(record.status, f"{adapter.api}: {record.message or record.status}")
-    if record.status == "deferred":
-        raise GroundTruthUnavailable("building", f"{adapter.api}: {record.message or 'left to a jit- session'}")
 
 
 # What FlashInfer 0.7.2.post1's kernels raise on a GPU they are not built for (seen on the H100, sm90):

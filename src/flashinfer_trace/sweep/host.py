@@ -14,9 +14,10 @@ session: GPU, status, wall time; the total wall time), written as JSON.
 builds or its reference workers leaves the GPU idle much of the time, and the sessions of several releases fill
 it. Their device memory needs no split: every session on a GPU takes its cases' memory from that GPU's one
 ledger (budget/). Nor their MPS daemon: a daemon started by one session would be quit when that session ends,
-under the others, so the runner owns one per shared GPU (mps.py), started before the GPU's first session and quit
-after its last; its reference sessions use it, and a session whose GPU has none (the daemon could not start) runs
-with `--no-mps`, its processes then taking turns on the GPU (the summary's `mps` says which).
+under the others, so with `--mps` the runner owns one per shared GPU (mps.py), started before its first session
+and quit after its last; its reference sessions use it, and a session whose GPU has none (the daemon could not
+start) runs with `--no-mps`, its processes then taking turns on the GPU (the summary's `mps` says which). Without
+`--mps` (the default) every process takes turns.
 
 The sessions are selected here, not by nox: nox keeps only the last of several `-s`, ignores `-s` beside `-t`,
 and `nox -l --json` alone lists only the default sessions. So every session is listed once (`-k True`: a
@@ -66,7 +67,7 @@ class HostConfig:
     env: dict[str, str] | None = None  # the sessions' environment (default: this process's)
     cwd: str | None = None
     per_gpu: int = 1  # sessions at once on each GPU
-    mps: bool = True  # one MPS daemon per shared GPU, owned by the runner (False: `--no-mps` among the posargs)
+    mps: bool = False  # one MPS daemon per shared GPU, owned by the runner (`--mps` among the posargs)
 
     def __post_init__(self):
         if not self.gpus:
@@ -228,7 +229,7 @@ def plan(todo: Sequence[HostSession], gpus: Sequence[str], per_gpu: int = 1) -> 
 
 def nox_command(nox: Sequence[str], posargs: Sequence[str]) -> Callable[[HostSession, int, bool], list[str]]:
     """A session's command: nox -s NAME -- --cores N [--no-mps, on a shared GPU] POSARGS."""
-    off = "--no-mps" in posargs
+    off = not mps_requested(posargs)
     return lambda s, cores, shared: [*nox, "-s", s.name, "--", "--cores", str(cores),
                                      *(["--no-mps"] * (shared and not off)), *posargs]
 
@@ -287,6 +288,11 @@ def start_mps(config: HostConfig, gpus: set[str]) -> dict[str, tuple[dict, dict[
 def stop_mps(config: HostConfig, daemons: dict[str, tuple[dict, dict[str, str]]]) -> None:
     for gpu, (state, env) in daemons.items():
         mps.stop(state, env, environ=_base_env(config, gpu))
+
+
+def mps_requested(posargs: Sequence[str]) -> bool:
+    """Whether the sessions' arguments ask for CUDA MPS (`--mps`, and no `--no-mps`)."""
+    return "--mps" in posargs and "--no-mps" not in posargs
 
 
 def uses_runner_mps(config: HostConfig, session: HostSession) -> bool:

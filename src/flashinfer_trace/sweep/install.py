@@ -56,8 +56,8 @@ PTH_EXEC = ("import ", "import\t")  # a .pth line Python runs instead of adding 
 INSTALLED = "flashinfer_trace_install.json"  # in the environment's site-packages: what the last install was
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 SESSION_FLAGS = ("--wheelhouse", "--extra-wheels", "--preinstalled-torch", "--torch-index", "--jobs", "--test-timeout",
-                 "--resume", "--jit-budget", "--no-mps", "--jit-modules", "--no-ccache", "--ccache-dir", "--cores",
-                 "--no-fi-trace", "--fi-trace-op-type")
+                 "--resume", "--jit-budget", "--mps", "--no-mps", "--jit-modules", "--no-ccache", "--ccache-dir",
+                 "--cores", "--no-fi-trace", "--fi-trace-op-type")
 
 
 @dataclass
@@ -74,7 +74,9 @@ class InstallOptions:
     jit_budget: float | None = None  # seconds per JIT prebuild job
     jit_modules: Path | None = None  # another machine's JIT cache root: loaded, not rebuilt (prebuilt.py)
     resume: bool = False  # keep the tests a killed or interrupted run streamed, run the rest
-    mps: bool = True  # GPU sessions: a CUDA MPS daemon of their own where one can start (sweep/mps.py)
+    # GPU sessions: a CUDA MPS daemon of their own where one can start (`--mps`; sweep/mps.py). Off by default: under
+    # MPS one kernel's fatal fault reaches every process on the GPU (docs/matrix-sessions.md, "CUDA MPS")
+    mps: bool = False
     ccache: bool = True  # GPU sessions: ccache in front of FlashInfer's JIT compilers (compiler_cache.py)
     ccache_dir: Path | None = None  # the compiler cache (default ~/.cache/flashinfer-trace/ccache)
     cores: int | None = None  # the cores this session may use (MAX_JOBS, the prebuild's pool): sweep/host.py's share
@@ -128,9 +130,9 @@ def parse_session_args(posargs: Sequence[str], environ: dict[str, str] | None = 
             rest.append(a)
             i += 1
             continue
-        if name in ("--resume", "--no-mps", "--no-ccache", "--no-fi-trace"):
+        if name in ("--resume", "--mps", "--no-mps", "--no-ccache", "--no-fi-trace"):
             opts.resume = opts.resume or name == "--resume"
-            opts.mps = opts.mps and name != "--no-mps"
+            opts.mps = (opts.mps or name == "--mps") and name != "--no-mps" and "--no-mps" not in args
             opts.ccache = opts.ccache and name != "--no-ccache"
             opts.fi_trace = opts.fi_trace and name != "--no-fi-trace"
             i += 1

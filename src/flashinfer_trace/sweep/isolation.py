@@ -157,7 +157,7 @@ def _run_target(target: str, pytest_args: list[str], *, python: str, env: dict[s
     records: dict[str, TestRecord] = {}
     head: list[TestRecord] = []  # collection errors and target-level failures
     first = True
-    restarts = 0
+    restarts = refused = 0
     cases: dict[str, dict[str, Any]] = {}  # nodeid -> its case, over all attempts
 
     def final(record: TestRecord) -> TestRecord:  # a record the supervisor made (crash, timeout): streamed too
@@ -180,6 +180,10 @@ def _run_target(target: str, pytest_args: list[str], *, python: str, env: dict[s
             records[nodeid] = _record(nodeid, e)
             if nodeid not in order:
                 order.append(nodeid)
+        if first and _device_refused(attempt) and refused < len(REFUSED_WAITS) and not stop.is_set():
+            stop.wait(REFUSED_WAITS[refused])  # the device refused the process, not the tests' doing: again, later
+            refused += 1
+            continue
         if first:
             head += [final(TestRecord(nodeid or target, "error", 0.0, f"collection error: {message}"))
                      for nodeid, message in attempt.collect_errors]
@@ -217,6 +221,19 @@ def _run_target(target: str, pytest_args: list[str], *, python: str, env: dict[s
             break
         restarts += 1
     return head + [records.get(n) or final(TestRecord(n, "error", 0.0, "collected but no result")) for n in order]
+
+
+# waits before the next try of a target whose collection the device refused (an MPS server recovering from another
+# client's fatal fault refuses new clients until the faulted ones have exited: minutes where a prebuild worker was one)
+REFUSED_WAITS = (5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+def _device_refused(attempt: _Attempt) -> bool:
+    """Whether a child collected nothing because the device refused it a CUDA context (budget.is_device_unavailable)."""
+    from ..budget.device import is_device_unavailable
+
+    return bool(attempt.collect_errors) and not attempt.collected and all(
+        is_device_unavailable(message) for _, message in attempt.collect_errors)
 
 
 def _run_child(target: str, pytest_args: list[str], *, python: str, env: dict[str, str] | None, cwd: str | None,

@@ -4,6 +4,13 @@ A GPU session runs `jobs` pytest processes, each with a confined reference worke
 on one GPU. Without MPS the GPU time-slices between contexts, and every small kernel or
 synchronisation of one process waits for the others' slices (what MPS saved: docs/evidence/sessions.md).
 
+It is opt-in (`--mps`): under MPS a fatal fault of one client (a kernel's illegal address) is delivered to every
+client on the GPU, and the server takes no new client until all of them have exited. One faulting kernel then
+fails every case running beside it and every process that starts meanwhile, none of them its doing (H200,
+2026-11-29: a prebuild warm-up's illegal address failed 190 other warm-ups and every test file's collection with
+"MPS server is not ready"). Without MPS a fault stays in the process that made it, which ends after that case
+(pytest_plugin.release_cuda_cache). `--mps` suits a run whose kernels are known not to fault, for its speed.
+
 The nox session starts a daemon of its own (`nvidia-cuda-mps-control -d`) with private pipe and
 log directories, exports them to the session process it starts (and so to every test process and
 reference worker), and quits it once that process has exited: no other process on the machine
@@ -85,7 +92,7 @@ def session(enabled: bool = True) -> Iterator[dict]:
     if enabled:
         state, env = start()
     else:
-        state, env = {"used": False, "own": False, "reason": "turned off (--no-mps)"}, {}
+        state, env = {"used": False, "own": False, "reason": "off (the default; --mps turns it on)"}, {}
     env = {**env, STATE_ENV: json.dumps(state)}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

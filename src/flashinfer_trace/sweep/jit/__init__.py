@@ -45,7 +45,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .expect import KNOWN_BUILDS, Expectation, KnownBuild, expectations, fitting_budget, known_build
+from .expect import (
+    KNOWN_BUILDS,
+    Expectation,
+    KnownBuild,
+    expectations,
+    fitting_budget,
+    known_build,
+    sharing_apis,
+)
 from .plan import (
     DEFAULT_BUDGET,
     GUESS,
@@ -98,7 +106,7 @@ __all__ = ["BUILD_FRAMES", "DEFAULT_BUDGET", "GUESS", "KERNEL_SOURCES", "LOG_TAI
            "loaded_libraries", "new_modules", "order", "plan", "read_report", "run", "select_k", "LONG_SECONDS",
            "LONG_SHARE", "PrebuildWatch", "expected", "state_path",
            "summarise", "worker_main", "JIT_SESSION_BUDGET", "KNOWN_BUILDS", "Expectation", "KnownBuild",
-           "expectations", "fitting_budget", "known_build", "module_roots"]
+           "expectations", "fitting_budget", "known_build", "module_roots", "sharing_apis"]
 
 
 def __getattr__(name: str) -> Any:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .plan import JitConfig, Job
 
 __all__ = ["GUESS", "GUESS_DEFAULT", "JIT_SESSION_BUDGET", "KNOWN_BUILDS", "Expectation", "KnownBuild",
-           "build_command", "defer", "expectations", "fitting_budget", "known_build"]
+           "build_command", "defer", "expectations", "fitting_budget", "known_build", "sharing_apis"]
 
 # First guesses of a job's cost (seconds, cold, measured on an H100 with 0.6.6/0.7.2), used to order the jobs and
 # tell the long ones when no earlier report says better.
@@ -74,14 +74,22 @@ KNOWN_BUILDS = (
                "in 25 min; docs/evidence/h100-runs.md); not built in 600 s, twice, on an H200 with 16 cores "
                "(0.5.3, 2026-11-28)"),
     # one JIT module, `topk`, behind three Python modules' APIs (the prebuild's groups are by Python module, so
-    # three jobs built it at once and each ran out of its 600 s)
+    # three jobs built it at once and each ran out of its 600 s); the ragged and page-table transforms load it too
     *(KnownBuild("flashinfer", api, ("sm90",), "flashinfer-python", SpecifierSet(">=0.7.2"), 1400.0,
                  ("topk",), "topk: not built in 600 s three times beside 30 other builds on 16 cores, then built in "
                  "174 s from the objects ninja kept (0.7.2.post1, H200, 2026-11-29; docs/evidence/device-memory.md, "
                  "the sixth run)")
       for api in ("flashinfer.topk.top_k", "flashinfer.top_k_varlen",
-                  "flashinfer.sampling.top_k_top_p_sampling_from_logits")),
+                  "flashinfer.sampling.top_k_top_p_sampling_from_logits", "flashinfer.topk.top_k_ragged_transform",
+                  "flashinfer.topk.top_k_page_table_transform")),
 )
+
+
+def sharing_apis(source: str, api: str) -> list[str]:
+    """The other APIs of `source` that load the JIT modules a known build of `api` makes (KNOWN_BUILDS): a deferral
+    of one is a deferral of them (the deferred record's `covers`)."""
+    modules = {k.modules for k in KNOWN_BUILDS if k.source == source and k.api == api}
+    return sorted({k.api for k in KNOWN_BUILDS if k.source == source and k.modules in modules} - {api})
 
 
 def known_build(source: str, api: str, arch: str | None, versions: dict[str, str | None]) -> KnownBuild | None:
@@ -160,7 +168,7 @@ def defer(jobs: Iterable[Job], expect: dict[tuple[str, str], Expectation], confi
         command = build_command(config.defer_to, [j.definition], e.seconds)
         out.append(BuildRecord(
             j.definition, j.source, "deferred", api=j.api, op_type=j.op_type, budget=j.budget, checked_by="plan",
-            expected=e.seconds, expected_from=e.origin,
+            expected=e.seconds, expected_from=e.origin, covers=sharing_apis(j.source, j.api),
             message=f"not built here: expected {e.seconds:g} s ({e.origin}), more than this session's budget of "
                     f"{j.budget:g} s, and its modules are not in the JIT cache; build it with `{command}` (beside or "
                     f"before this session), then run this session again: its cases run once the module is cached"))

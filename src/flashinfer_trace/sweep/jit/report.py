@@ -48,6 +48,7 @@ class BuildRecord:
     log: str | None = None  # the job's full compiler log, when kept
     expected: float | None = None  # the seconds the plan expected it to take (expect.py) ...
     expected_from: str | None = None  # ... and where that figure came from (report, known build, guess)
+    covers: list[str] = field(default_factory=list)  # deferred: the other APIs that load its known modules (wait too)
     libraries: dict[str, float] | None = field(default=None, repr=False, compare=False)  # for the stamps only
     job: Any = field(default=None, repr=False, compare=False)  # the plan.Job it ran (not imported: a leaf)
 
@@ -142,10 +143,11 @@ def deferred_for(records: Iterable[BuildRecord], api: str, source: str) -> Build
     prebuild's jobs, built that module for 10 minutes inside a test while holding device memory, and a case
     waiting to take the device alone held every other process: H200, 2026-11-29.)"""
     for r in records:
-        if r.status == "deferred" and r.api == api and r.source == source:
+        if r.status == "deferred" and r.source == source and api in (r.api, *r.covers):
+            same = "the same API" if r.api == api else f"{r.api}, the same JIT module"
             return BuildRecord(r.definition, r.source, "deferred", api=api,
                                message=f"{r.message or 'left to a jit- session'} (deferred for {r.definition}, "
-                                       "the same API)")
+                                       f"{same})")
     return None
 
 

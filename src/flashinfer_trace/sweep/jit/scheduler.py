@@ -222,7 +222,7 @@ def _drive(pending: _Schedule, results: queue.Queue, config: JitConfig, max_jobs
             except Exception as e:  # noqa: BLE001 - a worker that cannot start: this job's record; the pool goes on
                 record = BuildRecord(job.definition, job.source, "error", api=job.api, op_type=job.op_type,
                                      budget=job.budget, message=f"the prebuild worker failed: {type(e).__name__}: {e}")
-            if worker is not None and (record.status == "build-timeout" or not worker.alive()):
+            if worker is not None and (record.status == "build-timeout" or not worker.alive() or worker.retiring):
                 worker.kill()
                 worker = None
             elif worker is not None and long:  # its process stays below the others' priority: not for a short job
@@ -255,6 +255,7 @@ class _Worker:
         os.close(write_fd)
         self.answers = os.fdopen(read_fd, "rb", buffering=0)
         self.buffer = b""
+        self.retiring = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -287,6 +288,8 @@ class _Worker:
         try:
             answer = json.loads(line)
             libraries = answer.pop("libraries", None)
+            # a worker whose CUDA context a kernel broke ends after this answer (worker.broken_context)
+            self.retiring = bool(answer.pop("retire", None))
             record = BuildRecord(**{**answer, "seconds": round(time.monotonic() - t0, 2), "budget": job.budget,
                                     "log_tail": _tail(log) if answer.get("status") == "build-failed" else None,
                                     "log": str(log) if config.log_dir else None})

@@ -78,6 +78,20 @@ def _warm_other_paths(source: str, d, device: str, inputs) -> None:
             continue
 
 
+def broken_context(device: str) -> str | None:
+    """Why this process's CUDA context cannot be trusted any more (a warm-up's kernel left a sticky error: an
+    illegal address, a launch failure), else None. Every later job of the process would fail with that error,
+    none of it theirs, so the worker answers this job and ends (`retire`); the scheduler starts a new one."""
+    torch = sys.modules.get("torch")
+    if not device.startswith("cuda") or torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - whatever CUDA raises here is the broken context's
+        return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    return None
+
+
 def worker_main(answer_fd: int, device: str) -> int:
     out = os.fdopen(answer_fd, "wb", buffering=0)
     roots = None
@@ -109,11 +123,14 @@ def worker_main(answer_fd: int, device: str) -> int:
         modules = new_modules(before, used)
         if status == "ok":
             status = "built" if modules else "cached"
+        broken = broken_context(device)
         answer = {"definition": job["definition"], "source": job["source"], "api": job["api"],
                   "op_type": job["op_type"], "status": status, "modules": modules, "message": message,
                   "uses": sorted(Path(p).stem for p in used), "libraries": used,
-                  "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+                  "nice": os.getpriority(os.PRIO_PROCESS, 0), "retire": broken}
         out.write((json.dumps(answer) + "\n").encode())
+        if broken:
+            return 0
     return 0
 
 
