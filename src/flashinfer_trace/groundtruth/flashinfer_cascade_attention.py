@@ -12,7 +12,9 @@ Read from flashinfer/cascade.py in the 0.6.6 and 0.7.2.post1 wheels: one BatchPr
 level; plan() passes `causal` to the last level only (False to the others); run() runs the last level with
 return_lse=True, then each other level, folding it in with merge_state_in_place (base-2 lse). run() returns the
 output only (no lse), what the definitions declare. 0.7.2.post1 adds prewarm_paged_kv_stride_variant() ("call
-before CUDA graph capture"); it is called after plan() where the wrapper has it.
+before CUDA graph capture"), which loads the variant for K and V of different data strides and only for an fa2
+plan: on sm90 the levels' wrappers plan fa3 and it raises (the seventh run). It is called only where k_cache's and
+v_cache's strides differ, the case it exists for (never for the cases here, whose caches have one layout).
 
 Releases: plan() / run() replaced begin_forward() / forward() in 0.2.0 (`VERSIONS`; the old names stay as aliases).
 The wrapper has no backend switch and no arch check of its own (FlashInfer's fa2 prefill: sm80+ as every paged
@@ -61,7 +63,7 @@ def plan(call: Call, buffer: torch.Tensor | None = None):
            q.shape[2], int(d.const_axes["page_size"]), causal=is_causal(d), sm_scale=sem.sm_scale(x, q.shape[-1]),
            **keywords(w.plan, q_data_type=q.dtype, kv_data_type=kc.dtype))
     prewarm = getattr(w, "prewarm_paged_kv_stride_variant", None)
-    if prewarm is not None:
+    if prewarm is not None and kc.stride() != vc.stride():
         prewarm()
     return lambda: w.run(q, (kc, vc))
 
