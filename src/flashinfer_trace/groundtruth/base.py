@@ -259,9 +259,9 @@ def availability(adapter: Adapter, definition: Definition, device: str | None, *
 def _check_prebuild(adapter: Adapter, definition: Definition, prebuild: PrebuildLookup) -> None:
     """A module the prebuild could not build is not built again inside a test's time; one it left to the
     combination's `jit-` session (`deferred`) is `building`: its cases are not run here (check.outcome_of), on every
-    path of that source (the paths' APIs share the job's modules or may: top_k_varlen's deferred `topk` module was
-    built inside the tests of its ragged and page-table paths for 900 s each on the H200), and so are those of a
-    definition the prebuild did not plan whose API, or an API of the same known module, it deferred for another."""
+    path of that source (the paths' APIs share the job's modules or may, and a module built inside a test holds the
+    test past its time), and so are those of a definition the prebuild did not plan whose API, or an API of the same
+    known module, it deferred for another."""
     record = prebuild(definition.name, adapter.source, api=adapter.api)
     if record is None:
         return

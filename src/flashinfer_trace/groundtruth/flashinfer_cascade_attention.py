@@ -13,7 +13,7 @@ level; plan() passes `causal` to the last level only (False to the others); run(
 return_lse=True, then each other level, folding it in with merge_state_in_place (base-2 lse). run() returns the
 output only (no lse), what the definitions declare. 0.7.2.post1 adds prewarm_paged_kv_stride_variant() ("call
 before CUDA graph capture"), which loads the variant for K and V of different data strides and only for an fa2
-plan: on sm90 the levels' wrappers plan fa3 and it raises (the seventh run). It is called only where k_cache's and
+plan: on sm90 the levels' wrappers plan fa3 and it raises. It is called only where k_cache's and
 v_cache's strides differ, the case it exists for (never for the cases here, whose caches have one layout).
 
 Releases: plan() / run() replaced begin_forward() / forward() in 0.2.0 (`VERSIONS`; the old names stay as aliases).

@@ -6,10 +6,9 @@ synchronisation of one process waits for the others' slices (what MPS saved: doc
 
 It is opt-in (`--mps`): under MPS a fatal fault of one client (a kernel's illegal address) is delivered to every
 client on the GPU, and the server takes no new client until all of them have exited. One faulting kernel then
-fails every case running beside it and every process that starts meanwhile, none of them its doing (H200,
-2026-11-29: a prebuild warm-up's illegal address failed 190 other warm-ups and every test file's collection with
-"MPS server is not ready"). Without MPS a fault stays in the process that made it, which ends after that case
-(pytest_plugin.release_cuda_cache). `--mps` suits a run whose kernels are known not to fault, for its speed.
+fails every case running beside it and every process that starts meanwhile, none of them its doing
+(docs/evidence/device-memory.md, "The seventh run"). Without MPS a fault stays in the process that made it, which
+ends after that case (pytest_plugin.release_cuda_cache). `--mps` suits a run whose kernels are known not to fault.
 
 The nox session starts a daemon of its own (`nvidia-cuda-mps-control -d`) with private pipe and
 log directories, exports them to the session process it starts (and so to every test process and
