@@ -32,6 +32,7 @@ from .mutants_cascade import MUTANTS as CASCADE_MUTANTS
 from .mutants_cascade_attention import MUTANTS as CASCADE_ATTENTION_MUTANTS
 from .mutants_gemma_norm import MUTANTS as GEMMA_NORM_MUTANTS
 from .mutants_layernorm import MUTANTS as LAYERNORM_MUTANTS
+from .mutants_mhc import MUTANTS as MHC_MUTANTS
 from .mutants_model import Mutant, _m
 from .mutants_moe_routing import MUTANTS as MOE_ROUTING_MUTANTS
 from .mutants_page_append import MUTANTS as PAGE_APPEND_MUTANTS
@@ -443,7 +444,7 @@ MUTANTS: tuple[Mutant, ...] = (
                                 "topk_indices[b, :k] = best.to(torch.int32)")),
 ) + (CASCADE_MUTANTS + PAGE_APPEND_MUTANTS + SINGLE_MUTANTS + TOPK_MUTANTS + LAYERNORM_MUTANTS + GEMMA_NORM_MUTANTS
      + SAMPLERS_MUTANTS + TOPK_SELECT_MUTANTS + BMM_MUTANTS + MOE_ROUTING_MUTANTS + SEGMENT_GEMM_MUTANTS
-     + BLOCK_SPARSE_MUTANTS + CASCADE_ATTENTION_MUTANTS + POD_MUTANTS)
+     + BLOCK_SPARSE_MUTANTS + CASCADE_ATTENTION_MUTANTS + POD_MUTANTS + MHC_MUTANTS)
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

@@ -1016,3 +1016,9 @@ def test_pod_and_cascade_attention_flops_count_each_half_and_each_level():
             "num_segments_1": 3}
     w = roofline.work(cas, Inputs(cas.name, "small", 0, None, values, axes))
     assert w.detail["visible_pairs"] == 80 + 6 and w.flops == 2 * 32 * 86 * 2 * 128
+
+
+def test_an_mhc_post_counts_nine_operations_per_output_element():
+    d = load_definition("mhc_post_hc4_h4096")
+    x = generate_inputs(d, "small", 0)
+    assert roofline.work(d, x).flops == 9 * x.values["residual"].numel()

@@ -25,6 +25,7 @@ from . import (
     flashinfer_dsa,
     flashinfer_gemma_norm,
     flashinfer_layernorm,
+    flashinfer_mhc,
     flashinfer_moe_routing,
     flashinfer_page_append,
     flashinfer_pod,
@@ -45,6 +46,7 @@ from . import (
     torch_cascade_attention,
     torch_gemma_norm,
     torch_layernorm,
+    torch_mhc,
     torch_moe_routing,
     torch_page_append,
     torch_pod,
@@ -81,7 +83,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_topk_select.ADAPTERS + flashinfer_bmm.ADAPTERS + flashinfer_moe_routing.ADAPTERS
                   + flashinfer_segment_gemm.ADAPTERS
                   + flashinfer_block_sparse.ADAPTERS + flashinfer_cascade_attention.ADAPTERS
-                  + flashinfer_pod.ADAPTERS,
+                  + flashinfer_pod.ADAPTERS + flashinfer_mhc.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
@@ -89,7 +91,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
              + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS
              + torch_segment_gemm.ADAPTERS
              + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS
-             + torch_pod.ADAPTERS,
+             + torch_pod.ADAPTERS + torch_mhc.ADAPTERS,
 }
 
 

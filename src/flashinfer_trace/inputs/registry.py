@@ -19,6 +19,7 @@ from . import (
     gemma_norm,
     layernorm,
     mamba,
+    mhc,
     moe,
     moe_routing,
     norm,
@@ -37,7 +38,7 @@ from .common import Builder, UnsupportedOpType
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
                                      segment_gemm, block_sparse, cascade_attention,
-                                     pod)
+                                     pod, mhc)
 
 
 @dataclass(frozen=True)

@@ -391,6 +391,14 @@ def _flops_topk(d: Definition, inputs: Inputs, detail: dict) -> int:
     return n
 
 
+def _flops_mhc_post(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """Per output element (token, new stream, hidden): x times its post weight (a multiply) and the four old streams
+    times their comb weights, summed (four multiply-adds): 9."""
+    n = math.prod(_shape(d, inputs, "residual"))
+    detail["flops_formula"] = f"9 * tokens * hc * hidden = 9 * {n} (one multiply, four multiply-adds)"
+    return 9 * n
+
+
 def _flops_rope(d: Definition, inputs: Inputs, detail: dict) -> int:
     ax = inputs.axes
     frac = (int(ax["rotary_dim"]) / int(ax["head_dim"])) if "rotary_dim" in ax and "head_dim" in ax else 1.0
@@ -562,6 +570,7 @@ _FLOPS = {
     "moe_routing": _flops_moe_routing,
     "cascade_attention": _flops_cascade_attention,
     "pod": _flops_pod,
+    "mhc_post": _flops_mhc_post,
     "rope": _flops_rope,
     "activation": _flops_activation,
     "sampling": _flops_sampling,

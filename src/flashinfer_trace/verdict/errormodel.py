@@ -12,6 +12,7 @@ such an element is the sum of the absolute products that made it, per op family:
     bmm_fp8                       (|A| a_s) @ (|B| b_s)          every output
     bmm_bf16                      |A| @ |B|                      every output
     segment_gemm                  |x| @ |W[segment]|             every output
+    mhc_post                      |x| |post| + |comb|^T @ |residual|  every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged / block_sparse /
     cascade_attention / pod
@@ -63,6 +64,9 @@ MODELS: dict[str, ErrorModel] = {
     "bmm_fp8": ErrorModel(("A", "B"), None, "operand scale: (|A| A_scale) @ (|B| B_scale)"),
     "bmm_bf16": ErrorModel(("A", "B"), None, "operand scale: |A| @ |B|"),
     "segment_gemm": ErrorModel(("x", "weights"), None, "operand scale: |x| @ |W[segment]|"),
+    # five float32 terms per element (x post_n and the four old streams o times comb[o, n]): |every input| through
+    # the ground truth gives each element's sum of absolute terms
+    "mhc_post": ErrorModel(None, None, "operand scale: |x| |post| + sum_o |residual_o| |comb_o,n|"),
     "gqa_paged": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "gqa_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "block_sparse": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V| over the listed blocks"),
