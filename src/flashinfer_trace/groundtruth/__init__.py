@@ -22,6 +22,7 @@ from . import (
     flashinfer_bmm,
     flashinfer_cascade,
     flashinfer_cascade_attention,
+    flashinfer_dequantize_fp4,
     flashinfer_dsa,
     flashinfer_gemma_norm,
     flashinfer_layernorm,
@@ -44,6 +45,7 @@ from . import (
     torch_bmm,
     torch_cascade,
     torch_cascade_attention,
+    torch_dequantize_fp4,
     torch_gemma_norm,
     torch_layernorm,
     torch_mhc,
@@ -83,7 +85,8 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_topk_select.ADAPTERS + flashinfer_bmm.ADAPTERS + flashinfer_moe_routing.ADAPTERS
                   + flashinfer_segment_gemm.ADAPTERS
                   + flashinfer_block_sparse.ADAPTERS + flashinfer_cascade_attention.ADAPTERS
-                  + flashinfer_pod.ADAPTERS + flashinfer_mhc.ADAPTERS,
+                  + flashinfer_pod.ADAPTERS + flashinfer_mhc.ADAPTERS
+                  + flashinfer_dequantize_fp4.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
@@ -91,7 +94,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
              + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS
              + torch_segment_gemm.ADAPTERS
              + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS
-             + torch_pod.ADAPTERS + torch_mhc.ADAPTERS,
+             + torch_pod.ADAPTERS + torch_mhc.ADAPTERS + torch_dequantize_fp4.ADAPTERS,
 }
 
 

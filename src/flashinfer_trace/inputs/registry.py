@@ -13,6 +13,7 @@ from . import (
     bmm,
     cascade,
     cascade_attention,
+    dequantize_fp4,
     dsa,
     gdn,
     gemm,
@@ -38,7 +39,7 @@ from .common import Builder, UnsupportedOpType
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
                                      segment_gemm, block_sparse, cascade_attention,
-                                     pod, mhc)
+                                     pod, mhc, dequantize_fp4)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 __all__ = ["PEAKS", "Peak", "Work", "element_bytes", "peak_for", "rates", "visible_pairs", "work"]
 
 PAGED_CACHES = ("k_cache", "v_cache", "ckv_cache", "kpe_cache")
+FP4_PAGED = ("paged_k_cache", "paged_v_cache", "k_scales", "v_scales", "output_k", "output_v")
 MOE_WEIGHTS = ("gemm1_weights", "gemm2_weights", "gemm1_weights_scale", "gemm2_weights_scale")
 
 
@@ -220,6 +221,15 @@ def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
             used = _dsa_slots_read(values)
             reads[name] = full * used // slots if slots else 0
             notes.append(f"{name}: {used} token slots read (selected / within seq_lens), of {slots}")
+        elif definition.op_type == "dequantize_fp4" and name in FP4_PAGED and "seq_lens" in values:
+            slots = int(axes["num_pages"]) * int(axes["page_size"])
+            tokens = int(values["seq_lens"].long().sum())
+            if name.startswith("output"):  # written in place, never read: the written rows count as writes
+                reads[name] = 0
+                notes.append(f"{name}: not read (the rows of {tokens} tokens written)")
+            else:
+                reads[name] = math.ceil(tokens * (full / slots if slots else 0.0))
+                notes.append(f"{name}: {tokens} tokens' rows read (of {slots} token slots)")
         elif name in MOE_WEIGHTS and ("routing_logits" in values or "topk_ids" in values):
             num_local = int(axes[spec.shape[0]])
             if moe is None:
@@ -232,6 +242,11 @@ def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
         else:
             reads[name] = full
     writes = {name: _tensor_bytes(spec, axes) for name, spec in definition.outputs.items() if spec.shape is not None}
+    if definition.op_type == "dequantize_fp4" and "seq_lens" in values:  # the rows of the requests' tokens only
+        tokens = int(values["seq_lens"].long().sum())
+        for name, spec in definition.outputs.items():
+            rows = int(axes[spec.shape[0]]) * int(axes[spec.shape[1]])
+            writes[name] = writes[name] * tokens // rows if rows else 0
     if definition.op_type == "mamba_ssu" and "state" in reads:  # the updated state: the live rows only
         cache_shape = definition.inputs["state"].shape
         for name, spec in definition.outputs.items():
@@ -516,6 +531,16 @@ def _flops_page_append(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 4 * tokens
 
 
+def _flops_dequantize_fp4(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """Per element written: the e2m1 value times its block scale, times the global scale (2); the nibble and
+    table lookups and the page arithmetic not counted."""
+    tokens = int(inputs.values["seq_lens"].long().sum())
+    heads = int(inputs.axes["num_kv_heads"])
+    dims = int(inputs.axes["k_head_dim"]) + int(inputs.axes["v_head_dim"])
+    detail["flops_formula"] = (f"2 * tokens * heads * (k_head_dim + v_head_dim) = 2 * {tokens} * {heads} * {dims}")
+    return 2 * tokens * heads * dims
+
+
 def _tensor_numel(d: Definition, inputs: Inputs, spec: TensorSpec) -> int:
     return _numel(spec, inputs.axes) if spec.shape is not None else 0
 
@@ -576,6 +601,7 @@ _FLOPS = {
     "sampling": _flops_sampling,
     "cascade_merge": _flops_cascade,
     "page_append": _flops_page_append,
+    "dequantize_fp4": _flops_dequantize_fp4,
     "topk": _flops_topk,
 }
 

@@ -93,6 +93,8 @@ MODELS: dict[str, ErrorModel] = {
     # MoE keeps its fp8 tolerance (matched_ratio, the cosine floor): its kernels round operands to fp8
     "moe": ErrorModel(None, None, "operand scale: sum_e w_e |silu(gate) up| . |W2_e|",
                       compute=lambda d, x: _moe_scales(d, x), applies=lambda d: not _fp8_moe(d)),
+    # dequantize_fp4 has no entry: every output element is one product (e2m1 x e4m3 x global) rounded once, no sum
+    # that cancels, so |expected| is its scale (one ulp of the output dtype: definitions/tolerances.toml).
     # dsa_paged has no entry. Sparse attention: ckv is both key and value (absorbed MLA), so |ckv| through
     # the ground truth would change the softmax too, not bound the sum; like mla_paged it keeps |expected|
     # (a softmax-weighted mean of bf16 latents: bf16's own tolerance holds it). The indexer's output is an
