@@ -31,6 +31,7 @@ from . import (
     flashinfer_samplers,
     flashinfer_segment_gemm,
     flashinfer_single,
+    flashinfer_speculative,
     flashinfer_topk,
     flashinfer_topk_select,
     modes,
@@ -51,6 +52,7 @@ from . import (
     torch_ref,
     torch_samplers,
     torch_segment_gemm,
+    torch_speculative,
     torch_topk,
     torch_topk_select,
 )
@@ -81,7 +83,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_topk_select.ADAPTERS + flashinfer_bmm.ADAPTERS + flashinfer_moe_routing.ADAPTERS
                   + flashinfer_segment_gemm.ADAPTERS
                   + flashinfer_block_sparse.ADAPTERS + flashinfer_cascade_attention.ADAPTERS
-                  + flashinfer_pod.ADAPTERS,
+                  + flashinfer_pod.ADAPTERS + flashinfer_speculative.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
@@ -89,7 +91,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
              + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS
              + torch_segment_gemm.ADAPTERS
              + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS
-             + torch_pod.ADAPTERS,
+             + torch_pod.ADAPTERS + torch_speculative.ADAPTERS,
 }
 
 
