@@ -2,7 +2,7 @@
 (op_type `sampling`; FlashInfer's fi_trace files it as `chain_speculative_sampling_v32000`).
 
 Read in flashinfer/sampling.py (python/flashinfer/sampling.py before v0.2.0) and include/flashinfer/sampling.cuh:
-* v0.1.0-v0.1.3: (draft_probs, draft_token_ids, uniform_samples, target_probs), the uniforms the caller's; v0.1.4
+* v0.1.0-v0.1.5: (draft_probs, draft_token_ids, uniform_samples, target_probs), the uniforms the caller's; v0.1.4
   adds `deterministic`; v0.1.6-v0.2.2 `maybe_output_accepted_token_num`, `maybe_output_emitted_token_num`. Not
   called here (the uniforms are an input no definition has): api-missing before 0.2.3.
 * v0.2.3: (draft_probs, draft_token_ids, target_probs, maybe_output_accepted_token_num=None,
