@@ -41,6 +41,7 @@ from .mutants_pod import MUTANTS as POD_MUTANTS
 from .mutants_samplers import MUTANTS as SAMPLERS_MUTANTS
 from .mutants_segment_gemm import MUTANTS as SEGMENT_GEMM_MUTANTS
 from .mutants_single import MUTANTS as SINGLE_MUTANTS
+from .mutants_speculative import MUTANTS as SPECULATIVE_MUTANTS
 from .mutants_topk import MUTANTS as TOPK_MUTANTS
 from .mutants_topk_select import MUTANTS as TOPK_SELECT_MUTANTS
 
@@ -446,7 +447,7 @@ MUTANTS: tuple[Mutant, ...] = (
 ) + (CASCADE_MUTANTS + PAGE_APPEND_MUTANTS + SINGLE_MUTANTS + TOPK_MUTANTS + LAYERNORM_MUTANTS + GEMMA_NORM_MUTANTS
      + SAMPLERS_MUTANTS + TOPK_SELECT_MUTANTS + BMM_MUTANTS + MOE_ROUTING_MUTANTS + SEGMENT_GEMM_MUTANTS
      + BLOCK_SPARSE_MUTANTS + CASCADE_ATTENTION_MUTANTS + POD_MUTANTS + MHC_MUTANTS
-     + DEQUANTIZE_FP4_MUTANTS)
+     + DEQUANTIZE_FP4_MUTANTS + SPECULATIVE_MUTANTS)
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

@@ -1022,3 +1022,30 @@ def test_an_mhc_post_counts_nine_operations_per_output_element():
     d = load_definition("mhc_post_hc4_h4096")
     x = generate_inputs(d, "small", 0)
     assert roofline.work(d, x).flops == 9 * x.values["residual"].numel()
+
+
+def test_chain_speculative_sampling_counts_the_stop_row_and_is_timed_as_one_call():
+    from flashinfer_trace.groundtruth import flashinfer_speculative as fspec
+
+    d = load_definition("chain_speculative_sampling_v32000")
+    x = generate_inputs(d, "small", 0)
+    batch, n, vocab = x.values["draft_probs"].shape
+    w = roofline.work(d, x)
+    assert w.flops == batch * (2 * n + 6 * vocab)
+    # one draft row and one target row per request, the ids and the three outputs
+    assert w.bytes == 4 * batch * vocab * 2 + 4 * batch * n + 4 * batch * (n + 1) + 2 * 4 * batch
+    calls: list = []
+
+    def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, maybe_output_accepted_token_num=None,
+                                   maybe_output_emitted_draft_token_num=None, deterministic=True, generator=None):
+        calls.append((draft_probs, deterministic, generator))
+        return torch.zeros(draft_probs.shape[0], n + 1, dtype=torch.int32), None, None
+
+    sampling = types.SimpleNamespace(chain_speculative_sampling=chain_speculative_sampling)
+    module = types.SimpleNamespace(sampling=sampling)
+    call = _sampling_call("chain_speculative_sampling_v32000", module)
+    fn, setup, note = kernels.PREPARERS[fspec.run](call)
+    fn()
+    fn()
+    assert setup is None and len(calls) == 2 and calls[0][0] is call.inputs.values["draft_probs"]
+    assert calls[0][1] is True and calls[1][2] is calls[0][2] and "whole batch" in note

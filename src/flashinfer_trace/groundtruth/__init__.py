@@ -33,6 +33,7 @@ from . import (
     flashinfer_samplers,
     flashinfer_segment_gemm,
     flashinfer_single,
+    flashinfer_speculative,
     flashinfer_topk,
     flashinfer_topk_select,
     modes,
@@ -55,6 +56,7 @@ from . import (
     torch_ref,
     torch_samplers,
     torch_segment_gemm,
+    torch_speculative,
     torch_topk,
     torch_topk_select,
 )
@@ -86,7 +88,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_segment_gemm.ADAPTERS
                   + flashinfer_block_sparse.ADAPTERS + flashinfer_cascade_attention.ADAPTERS
                   + flashinfer_pod.ADAPTERS + flashinfer_mhc.ADAPTERS
-                  + flashinfer_dequantize_fp4.ADAPTERS,
+                  + flashinfer_dequantize_fp4.ADAPTERS + flashinfer_speculative.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
@@ -94,7 +96,8 @@ ADAPTERS: dict[str, list[Adapter]] = {
              + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS
              + torch_segment_gemm.ADAPTERS
              + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS
-             + torch_pod.ADAPTERS + torch_mhc.ADAPTERS + torch_dequantize_fp4.ADAPTERS,
+             + torch_pod.ADAPTERS + torch_mhc.ADAPTERS + torch_dequantize_fp4.ADAPTERS
+             + torch_speculative.ADAPTERS,
 }
 
 

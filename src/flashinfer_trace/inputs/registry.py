@@ -31,6 +31,7 @@ from . import (
     sampling,
     segment_gemm,
     single_attention,
+    speculative,
     topk,
     topk_select,
 )
@@ -55,8 +56,9 @@ FAMILIES: dict[str, Family] = {
 # Generators that share an op type with a family above and take the definitions their `claims` accepts:
 # FlashInfer files the deterministic filters (top_k_renorm_probs, ...) under `sampling`, beside the samplers, and
 # the Gemma norms (gemma_rmsnorm, gemma_fused_add_rmsnorm) under `rmsnorm`, beside the plain ones; samplers.py
-# takes the samplers other than top-k / top-p over probabilities (min-p, plain, from logits).
-_CLAIMING: tuple[ModuleType, ...] = (topk, gemma_norm, samplers)
+# takes the samplers other than top-k / top-p over probabilities (min-p, plain, from logits), speculative.py chain
+# speculative sampling (draft and target probabilities, draft token ids).
+_CLAIMING: tuple[ModuleType, ...] = (topk, gemma_norm, samplers, speculative)
 
 
 def supported_op_types() -> list[str]:

@@ -279,8 +279,9 @@ def _put_per_row(b: Builder, name: str, values: torch.Tensor) -> None:
 
 # -- sampler calls: the inputs a sampler is drawn from, rows repeated ----------------------------
 def distribution_input(definition: Definition) -> str:
-    """The input a sampler draws from: `probs`, else `logits` (fi_trace's `sampling_from_logits`)."""
-    for name in ("probs", "logits"):
+    """The input a sampler draws from: `probs`, else `logits` (fi_trace's `sampling_from_logits`), else
+    `target_probs` (chain speculative sampling: its batch axis is the first)."""
+    for name in ("probs", "logits", "target_probs"):
         if name in definition.inputs:
             return name
     raise KeyError(f"{definition.name}: a sampler needs a probs or logits input, it has {', '.join(definition.inputs)}")

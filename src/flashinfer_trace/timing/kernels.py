@@ -213,10 +213,20 @@ def _prep_fi_samplers(launch: Callable[[Call], Callable[[], Any]]):
     return prep
 
 
+def _prep_fi_chain(call: Call):
+    """chain_speculative_sampling (flashinfer_speculative.py): one call on the whole batch, the plain form
+    (deterministic, a seeded generator), one chain per request."""
+    from ..groundtruth import flashinfer_speculative as fspec
+
+    shape = list(call.inputs.values["target_probs"].shape)
+    return fspec.plan_batch(call), None, f"one call on the whole batch (target_probs {shape}), one chain per request"
+
+
 def _preparers() -> dict[Callable, Preparer]:
     from ..groundtruth import flashinfer as fgt
     from ..groundtruth import flashinfer_gemma_norm as fgemma
     from ..groundtruth import flashinfer_samplers as fsm
+    from ..groundtruth import flashinfer_speculative as fspec
     from ..groundtruth import sglang as sgt
     from ..groundtruth import sglang_gemma_norm as sgemma
 
@@ -225,6 +235,7 @@ def _preparers() -> dict[Callable, Preparer]:
     return {
         **direct,
         **samplers,
+        fspec.run: _prep_fi_chain,
         fgt.segment_gemm: _planned(fgt.plan_segment_gemm),
         fgt.gqa_decode: _planned(fgt.plan_gqa_decode),
         fgt.gqa_decode_tc: _planned(fgt.plan_gqa_decode_tc),

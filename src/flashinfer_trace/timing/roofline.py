@@ -50,7 +50,10 @@ FLOPs (multiply and add count as two), per op_type:
   written) and the intermediate-state buffer when the definition has one;
 * sampling: a rough 1 + 2 * filters per probability (one pass to draw, a compare and an
   accumulate per top-k / top-p / min-p filter), and 2 more for a sampler of logits (the softmax's exp and
-  sum); sorting and rejection rounds are not modelled.
+  sum); sorting and rejection rounds are not modelled. Chain speculative sampling: 2 per draft token (the
+  test's multiply and compare) and 6 per element of the one target row (and draft row) at the stop, in the
+  kernel's two passes over it (subtract, relu, accumulate: the residual's sum, then the draw); bytes: that row of
+  each per request (its draft / target tensors counted 1 / n and 1 / (n + 1)), the token ids and the outputs.
 
 Every formula used, with its numbers, is in `Work.detail`.
 """
@@ -68,6 +71,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PEAKS", "Peak", "Work", "element_bytes", "peak_for", "rates", "visible_pairs", "work"]
 
+CHAIN_INPUTS = frozenset({"draft_probs", "draft_token_ids", "target_probs"})  # chain speculative sampling
+CHAIN_ROWS = ("draft_probs", "target_probs")  # read at the stop's row only
 PAGED_CACHES = ("k_cache", "v_cache", "ckv_cache", "kpe_cache")
 FP4_PAGED = ("paged_k_cache", "paged_v_cache", "k_scales", "v_scales", "output_k", "output_v")
 MOE_WEIGHTS = ("gemm1_weights", "gemm2_weights", "gemm1_weights_scale", "gemm2_weights_scale")
@@ -239,6 +244,10 @@ def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
             active = moe[0]
             reads[name] = full * active // num_local if num_local else 0
             notes.append(f"{name}: {active} of {num_local} local experts receive tokens")
+        elif definition.op_type == "sampling" and name in CHAIN_ROWS and CHAIN_INPUTS <= set(definition.inputs):
+            per_request = int(axes[spec.shape[1]])
+            reads[name] = full // per_request if per_request else 0
+            notes.append(f"{name}: the row at the stop, 1 of {per_request} per request")
         else:
             reads[name] = full
     writes = {name: _tensor_bytes(spec, axes) for name, spec in definition.outputs.items() if spec.shape is not None}
@@ -429,7 +438,16 @@ def _flops_activation(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 5 * n
 
 
+def _flops_chain(d: Definition, inputs: Inputs, detail: dict) -> int:
+    batch, n, vocab = _shape(d, inputs, "draft_probs")
+    detail["flops_formula"] = (f"batch * (2 * n + 6 * vocab) = {batch} * (2 * {n} + 6 * {vocab}) (the n tests; "
+                               "two passes of subtract, relu, accumulate over the stop's row)")
+    return batch * (2 * n + 6 * vocab)
+
+
 def _flops_sampling(d: Definition, inputs: Inputs, detail: dict) -> int:
+    if CHAIN_INPUTS <= set(d.inputs):
+        return _flops_chain(d, inputs, detail)
     name = next((n for n in ("probs", "logits") if n in d.inputs), None)
     n = math.prod(_shape(d, inputs, name)) if name else 0
     filters = sum(1 for f in ("top_k", "top_p", "min_p") if f in d.inputs)

@@ -3,6 +3,7 @@
     compare.py     tolerances, the element-wise diff report, assert_close
     errormodel.py  per-element error scales of sums of products (gemm, attention, mamba, GDN, bf16 MoE)
     samples.py     samplers, statistically (support, and frequencies against the float64 distribution)
+    speculative.py chain speculative sampling: each call's (stop, token, count) against its exact law
     topk.py        index sets judged by the scores they select
     contract.py    what kernel APIs do not promise (contract.toml): a failure there, explained by it, is info
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .compare import DiffReport, Mismatch, Tolerance
 from .errormodel import compare_with_model
 from .samples import SampleReport, SamplingSettings, check_sampler
+from .speculative import check_chain  # noqa: F401 - registers its check with samples.check_sampler
 
 if TYPE_CHECKING:
     from ..definition import Definition

@@ -29,6 +29,7 @@ bound memory; with fixed seeds they replay exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
@@ -496,11 +497,20 @@ def plan_for(definition: Definition, inputs: Inputs, settings: SamplingSettings,
     return settings.plan(rows, vocab, filtering)
 
 
+# (applies, check): samplers whose one call is more than a token per row register a check of their own here
+# (speculative.py, imported with the package, registers chain speculative sampling's)
+OWN_CHECKS: list[tuple[Callable[[Definition], bool], Callable[..., SampleReport]]] = []
+
+
 def check_sampler(definition: Definition, inputs: Inputs, ground_truth: GroundTruth,
                   settings: SamplingSettings, seed: int, cache: dict | None = None,
                   store: DrawStore | None = None) -> SampleReport:
     """`cache` keeps the reference's draws for the other ground truths of the same case (they cost the most);
-    `store` keeps them on disk for later runs of the same reference, inputs, torch and device (drawstore.py)."""
+    `store` keeps them on disk for later runs of the same reference, inputs, torch and device (drawstore.py).
+    A sampler with a check of its own (OWN_CHECKS: chain speculative sampling, speculative.py) gets that one."""
+    for applies, own in OWN_CHECKS:
+        if applies(definition):
+            return own(definition, inputs, ground_truth, settings, seed, cache, store)
     t = target(definition, inputs, settings.top_p_slack)
     plan = plan_for(definition, inputs, settings, t)
     key = ("reference-draws", plan.row_draws, seed)
