@@ -1016,3 +1016,9 @@ def test_pod_and_cascade_attention_flops_count_each_half_and_each_level():
             "num_segments_1": 3}
     w = roofline.work(cas, Inputs(cas.name, "small", 0, None, values, axes))
     assert w.detail["visible_pairs"] == 80 + 6 and w.flops == 2 * 32 * 86 * 2 * 128
+
+
+def test_a_block_scaled_fp8_gemm_counts_two_operations_per_multiply_add():
+    d = load_definition("fp8_blockscale_gemm_sm90_n320_k384")
+    x = generate_inputs(d, "small", 0)
+    assert roofline.work(d, x).flops == 2 * x.values["input"].shape[0] * 320 * 384

@@ -11,6 +11,8 @@ such an element is the sum of the absolute products that made it, per op family:
     gemm                          F.linear(|A|, |B|)             every output
     bmm_fp8                       (|A| a_s) @ (|B| b_s)          every output
     bmm_bf16                      |A| @ |B|                      every output
+    gemm_fp8                      (|input| s_in) @ (|weight| s_w)^T,  every output
+                                  each code by its block's scale
     segment_gemm                  |x| @ |W[segment]|             every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged / block_sparse /
@@ -63,6 +65,10 @@ MODELS: dict[str, ErrorModel] = {
     "bmm_fp8": ErrorModel(("A", "B"), None, "operand scale: (|A| A_scale) @ (|B| B_scale)"),
     "bmm_bf16": ErrorModel(("A", "B"), None, "operand scale: |A| @ |B|"),
     "segment_gemm": ErrorModel(("x", "weights"), None, "operand scale: |x| @ |W[segment]|"),
+    # block-scaled fp8: the same, each code with its own block's scale (>= 0): |input|, |weight| through the ground
+    # truth give each element's sum of absolute products over every block
+    "gemm_fp8": ErrorModel(("input", "weight"), None,
+                           "operand scale: (|input| input_scale) @ (|weight| weight_scale)^T, per block"),
     "gqa_paged": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "gqa_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "block_sparse": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V| over the listed blocks"),
