@@ -1049,3 +1049,9 @@ def test_chain_speculative_sampling_counts_the_stop_row_and_is_timed_as_one_call
     fn()
     assert setup is None and len(calls) == 2 and calls[0][0] is call.inputs.values["draft_probs"]
     assert calls[0][1] is True and calls[1][2] is calls[0][2] and "whole batch" in note
+
+
+def test_a_block_scaled_fp8_gemm_counts_two_operations_per_multiply_add():
+    d = load_definition("fp8_blockscale_gemm_sm90_n320_k384")
+    x = generate_inputs(d, "small", 0)
+    assert roofline.work(d, x).flops == 2 * x.values["input"].shape[0] * 320 * 384

@@ -17,6 +17,7 @@ from . import (
     dsa,
     gdn,
     gemm,
+    gemm_fp8,
     gemma_norm,
     layernorm,
     mamba,
@@ -40,7 +41,8 @@ from .common import Builder, UnsupportedOpType
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
                                      segment_gemm, block_sparse, cascade_attention,
-                                     pod, mhc, dequantize_fp4)
+                                     pod, mhc, dequantize_fp4,
+                                     gemm_fp8)
 
 
 @dataclass(frozen=True)

@@ -320,6 +320,15 @@ def _flops_segment_gemm(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 2 * rows * k * n
 
 
+def _flops_gemm_fp8(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """input [M, K] @ weight [N, K]^T: a multiply-add per (m, n, k); the block scales (two multiplies and an add per
+    output per 128-wide K block) are left out."""
+    m, k = _shape(d, inputs, "input")
+    n = _shape(d, inputs, "weight")[0]
+    detail["flops_formula"] = f"2 * M * N * K = 2 * {m} * {n} * {k}"
+    return 2 * m * n * k
+
+
 def _attention_pairs(d: Definition, inputs: Inputs, detail: dict) -> int:
     values = inputs.values
     kv = _kv_lengths(d, values)
@@ -607,6 +616,7 @@ _FLOPS = {
     "rmsnorm": _flops_rmsnorm,
     "layernorm": _flops_layernorm,
     "bmm_fp8": _flops_bmm,
+    "gemm_fp8": _flops_gemm_fp8,
     "bmm_bf16": _flops_bmm,
     "segment_gemm": _flops_segment_gemm,
     "block_sparse": _flops_block_sparse,

@@ -11,6 +11,8 @@ such an element is the sum of the absolute products that made it, per op family:
     gemm                          F.linear(|A|, |B|)             every output
     bmm_fp8                       (|A| a_s) @ (|B| b_s)          every output
     bmm_bf16                      |A| @ |B|                      every output
+    gemm_fp8                      (|input| s_in) @ (|weight| s_w)^T,  every output
+                                  each code by its block's scale
     segment_gemm                  |x| @ |W[segment]|             every output
     mhc_post                      |x| |post| + |comb|^T @ |residual|  every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
@@ -67,6 +69,10 @@ MODELS: dict[str, ErrorModel] = {
     # five float32 terms per element (x post_n and the four old streams o times comb[o, n]): |every input| through
     # the ground truth gives each element's sum of absolute terms
     "mhc_post": ErrorModel(None, None, "operand scale: |x| |post| + sum_o |residual_o| |comb_o,n|"),
+    # block-scaled fp8: as bmm_fp8, each code with its own block's scale (>= 0): |input|, |weight| through the ground
+    # truth give each element's sum of absolute products over every block
+    "gemm_fp8": ErrorModel(("input", "weight"), None,
+                           "operand scale: (|input| input_scale) @ (|weight| weight_scale)^T, per block"),
     "gqa_paged": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "gqa_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "block_sparse": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V| over the listed blocks"),
