@@ -30,6 +30,7 @@ from .mutants_block_sparse import MUTANTS as BLOCK_SPARSE_MUTANTS
 from .mutants_bmm import MUTANTS as BMM_MUTANTS
 from .mutants_cascade import MUTANTS as CASCADE_MUTANTS
 from .mutants_cascade_attention import MUTANTS as CASCADE_ATTENTION_MUTANTS
+from .mutants_gemm_bf16 import MUTANTS as GEMM_BF16_MUTANTS
 from .mutants_gemma_norm import MUTANTS as GEMMA_NORM_MUTANTS
 from .mutants_layernorm import MUTANTS as LAYERNORM_MUTANTS
 from .mutants_model import Mutant, _m
@@ -443,7 +444,7 @@ MUTANTS: tuple[Mutant, ...] = (
                                 "topk_indices[b, :k] = best.to(torch.int32)")),
 ) + (CASCADE_MUTANTS + PAGE_APPEND_MUTANTS + SINGLE_MUTANTS + TOPK_MUTANTS + LAYERNORM_MUTANTS + GEMMA_NORM_MUTANTS
      + SAMPLERS_MUTANTS + TOPK_SELECT_MUTANTS + BMM_MUTANTS + MOE_ROUTING_MUTANTS + SEGMENT_GEMM_MUTANTS
-     + BLOCK_SPARSE_MUTANTS + CASCADE_ATTENTION_MUTANTS + POD_MUTANTS)
+     + BLOCK_SPARSE_MUTANTS + CASCADE_ATTENTION_MUTANTS + POD_MUTANTS + GEMM_BF16_MUTANTS)
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

@@ -1016,3 +1016,13 @@ def test_pod_and_cascade_attention_flops_count_each_half_and_each_level():
             "num_segments_1": 3}
     w = roofline.work(cas, Inputs(cas.name, "small", 0, None, values, axes))
     assert w.detail["visible_pairs"] == 80 + 6 and w.flops == 2 * 32 * 86 * 2 * 128
+
+
+def test_a_gemm_bf16_counts_two_operations_per_multiply_add_in_every_form():
+    for name, act in (("gemm_bf16_n72_k200", "A"), ("tinygemm_bf16_n128_k2880", "input"),
+                      ("router_gemm_m16_k6144_n256", "mat_a")):
+        d = load_definition(name)
+        x = generate_inputs(d, "small", 0)
+        m, k = x.values[act].shape
+        n = d.const_axes["N"]
+        assert roofline.work(d, x).flops == 2 * m * n * k

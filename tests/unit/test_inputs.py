@@ -984,7 +984,7 @@ def test_unsupported_op_type():
                                          "moe", "rope", "activation", "sampling", "gdn", "mamba_ssu", "dsa_paged",
                                          "cascade_merge", "page_append", "single_decode", "single_prefill", "layernorm",
                                          "topk", "bmm_fp8", "bmm_bf16", "moe_routing", "segment_gemm",
-                                         "block_sparse", "cascade_attention", "pod"}
+                                         "block_sparse", "cascade_attention", "pod", "gemm_bf16"}
 
 
 def test_unknown_case_and_size():

@@ -23,6 +23,7 @@ from . import (
     flashinfer_cascade,
     flashinfer_cascade_attention,
     flashinfer_dsa,
+    flashinfer_gemm_bf16,
     flashinfer_gemma_norm,
     flashinfer_layernorm,
     flashinfer_moe_routing,
@@ -43,6 +44,7 @@ from . import (
     torch_bmm,
     torch_cascade,
     torch_cascade_attention,
+    torch_gemm_bf16,
     torch_gemma_norm,
     torch_layernorm,
     torch_moe_routing,
@@ -81,7 +83,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_topk_select.ADAPTERS + flashinfer_bmm.ADAPTERS + flashinfer_moe_routing.ADAPTERS
                   + flashinfer_segment_gemm.ADAPTERS
                   + flashinfer_block_sparse.ADAPTERS + flashinfer_cascade_attention.ADAPTERS
-                  + flashinfer_pod.ADAPTERS,
+                  + flashinfer_pod.ADAPTERS + flashinfer_gemm_bf16.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
@@ -89,7 +91,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
              + torch_topk_select.ADAPTERS + torch_bmm.ADAPTERS + torch_moe_routing.ADAPTERS
              + torch_segment_gemm.ADAPTERS
              + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS
-             + torch_pod.ADAPTERS,
+             + torch_pod.ADAPTERS + torch_gemm_bf16.ADAPTERS,
 }
 
 

@@ -16,6 +16,7 @@ from . import (
     dsa,
     gdn,
     gemm,
+    gemm_bf16,
     gemma_norm,
     layernorm,
     mamba,
@@ -37,7 +38,7 @@ from .common import Builder, UnsupportedOpType
 _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation, sampling, gdn, mamba, dsa, cascade,
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
                                      segment_gemm, block_sparse, cascade_attention,
-                                     pod)
+                                     pod, gemm_bf16)
 
 
 @dataclass(frozen=True)

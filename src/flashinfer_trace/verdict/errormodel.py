@@ -11,6 +11,7 @@ such an element is the sum of the absolute products that made it, per op family:
     gemm                          F.linear(|A|, |B|)             every output
     bmm_fp8                       (|A| a_s) @ (|B| b_s)          every output
     bmm_bf16                      |A| @ |B|                      every output
+    gemm_bf16                     |act| @ |W| (+ |bias|)         every output
     segment_gemm                  |x| @ |W[segment]|             every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged / block_sparse /
@@ -62,6 +63,9 @@ MODELS: dict[str, ErrorModel] = {
     # scales are >= 0) give each element's sum of absolute products
     "bmm_fp8": ErrorModel(("A", "B"), None, "operand scale: (|A| A_scale) @ (|B| B_scale)"),
     "bmm_bf16": ErrorModel(("A", "B"), None, "operand scale: |A| @ |B|"),
+    # mm_bf16 (A, B), tinygemm_bf16 (input, weight, bias), the router GEMMs (mat_a, mat_b): every float input's
+    # absolute value through the float64 truth, so the bias enters as |bias|
+    "gemm_bf16": ErrorModel(None, None, "operand scale: |act| @ |W| (+ |bias|)"),
     "segment_gemm": ErrorModel(("x", "weights"), None, "operand scale: |x| @ |W[segment]|"),
     "gqa_paged": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "gqa_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
