@@ -2,7 +2,8 @@
 
 Read from the wheels' flashinfer/gemm/gemm_base.py and routergemm.py (routergemm_dsv3.py before 0.6.5), 0.6.0 to
 0.7.2.post1 (line numbers of 0.7.2.post1), and FlashInfer's tests (github:flashinfer-ai/flashinfer,
-tests/gemm/). Three APIs, one definition form each (inputs/gemm_bf16.py):
+tests/gemm/test_mm_bf16.py calls `mm_bf16(input, mat2.T, ...)` with mat2 [n, k]). Three APIs, one definition
+form each (inputs/gemm_bf16.py):
 
 * `mm_bf16(a, b, bias=None, pdl=False, out=None, out_dtype=torch.bfloat16, backend="cudnn") -> Tensor`
   (gemm_base.py:677; also `flashinfer.mm_bf16`): a [m, k] row-major bf16, b [k, n] bf16 column-major (the
