@@ -31,6 +31,7 @@ from .mutants_bmm import MUTANTS as BMM_MUTANTS
 from .mutants_cascade import MUTANTS as CASCADE_MUTANTS
 from .mutants_cascade_attention import MUTANTS as CASCADE_ATTENTION_MUTANTS
 from .mutants_dequantize_fp4 import MUTANTS as DEQUANTIZE_FP4_MUTANTS
+from .mutants_gemm_bf16 import MUTANTS as GEMM_BF16_MUTANTS
 from .mutants_gemm_fp8 import MUTANTS as GEMM_FP8_MUTANTS
 from .mutants_gemma_norm import MUTANTS as GEMMA_NORM_MUTANTS
 from .mutants_layernorm import MUTANTS as LAYERNORM_MUTANTS
@@ -448,7 +449,8 @@ MUTANTS: tuple[Mutant, ...] = (
 ) + (CASCADE_MUTANTS + PAGE_APPEND_MUTANTS + SINGLE_MUTANTS + TOPK_MUTANTS + LAYERNORM_MUTANTS + GEMMA_NORM_MUTANTS
      + SAMPLERS_MUTANTS + TOPK_SELECT_MUTANTS + BMM_MUTANTS + MOE_ROUTING_MUTANTS + SEGMENT_GEMM_MUTANTS
      + BLOCK_SPARSE_MUTANTS + CASCADE_ATTENTION_MUTANTS + POD_MUTANTS + MHC_MUTANTS
-     + DEQUANTIZE_FP4_MUTANTS + SPECULATIVE_MUTANTS + GEMM_FP8_MUTANTS)
+     + DEQUANTIZE_FP4_MUTANTS + SPECULATIVE_MUTANTS + GEMM_FP8_MUTANTS
+     + GEMM_BF16_MUTANTS)
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

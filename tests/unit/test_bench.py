@@ -1055,3 +1055,13 @@ def test_a_block_scaled_fp8_gemm_counts_two_operations_per_multiply_add():
     d = load_definition("fp8_blockscale_gemm_sm90_n320_k384")
     x = generate_inputs(d, "small", 0)
     assert roofline.work(d, x).flops == 2 * x.values["input"].shape[0] * 320 * 384
+
+
+def test_a_gemm_bf16_counts_two_operations_per_multiply_add_in_every_form():
+    for name, act in (("gemm_bf16_n72_k200", "A"), ("tinygemm_bf16_n128_k2880", "input"),
+                      ("router_gemm_m16_k6144_n256", "mat_a")):
+        d = load_definition(name)
+        x = generate_inputs(d, "small", 0)
+        m, k = x.values[act].shape
+        n = d.const_axes["N"]
+        assert roofline.work(d, x).flops == 2 * m * n * k

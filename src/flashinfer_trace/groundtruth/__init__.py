@@ -24,6 +24,7 @@ from . import (
     flashinfer_cascade_attention,
     flashinfer_dequantize_fp4,
     flashinfer_dsa,
+    flashinfer_gemm_bf16,
     flashinfer_gemm_fp8,
     flashinfer_gemma_norm,
     flashinfer_layernorm,
@@ -48,6 +49,7 @@ from . import (
     torch_cascade,
     torch_cascade_attention,
     torch_dequantize_fp4,
+    torch_gemm_bf16,
     torch_gemm_fp8,
     torch_gemma_norm,
     torch_layernorm,
@@ -91,7 +93,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_block_sparse.ADAPTERS + flashinfer_cascade_attention.ADAPTERS
                   + flashinfer_pod.ADAPTERS + flashinfer_mhc.ADAPTERS
                   + flashinfer_dequantize_fp4.ADAPTERS + flashinfer_speculative.ADAPTERS
-                  + flashinfer_gemm_fp8.ADAPTERS,
+                  + flashinfer_gemm_fp8.ADAPTERS + flashinfer_gemm_bf16.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
@@ -100,7 +102,8 @@ ADAPTERS: dict[str, list[Adapter]] = {
              + torch_segment_gemm.ADAPTERS
              + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS
              + torch_pod.ADAPTERS + torch_mhc.ADAPTERS + torch_dequantize_fp4.ADAPTERS
-             + torch_speculative.ADAPTERS + torch_gemm_fp8.ADAPTERS,
+             + torch_speculative.ADAPTERS + torch_gemm_fp8.ADAPTERS
+             + torch_gemm_bf16.ADAPTERS,
 }
 
 

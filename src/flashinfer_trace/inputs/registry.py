@@ -17,6 +17,7 @@ from . import (
     dsa,
     gdn,
     gemm,
+    gemm_bf16,
     gemm_fp8,
     gemma_norm,
     layernorm,
@@ -42,7 +43,7 @@ _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
                                      segment_gemm, block_sparse, cascade_attention,
                                      pod, mhc, dequantize_fp4,
-                                     gemm_fp8)
+                                     gemm_fp8, gemm_bf16)
 
 
 @dataclass(frozen=True)

@@ -604,6 +604,7 @@ def _flops_dsa(d: Definition, inputs: Inputs, detail: dict) -> int:
 _FLOPS = {
     "dsa_paged": _flops_dsa,
     "gemm": _flops_gemm,
+    "gemm_bf16": _flops_gemm,  # every form has M, N, K axes; tinygemm's bias add (M * N) left out
     "gdn": _flops_gdn,
     "gqa_paged": _flops_gqa,
     "gqa_ragged": _flops_gqa,

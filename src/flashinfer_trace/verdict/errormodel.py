@@ -13,6 +13,7 @@ such an element is the sum of the absolute products that made it, per op family:
     bmm_bf16                      |A| @ |B|                      every output
     gemm_fp8                      (|input| s_in) @ (|weight| s_w)^T,  every output
                                   each code by its block's scale
+    gemm_bf16                     |act| @ |W| (+ |bias|)         every output
     segment_gemm                  |x| @ |W[segment]|             every output
     mhc_post                      |x| |post| + |comb|^T @ |residual|  every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
@@ -65,6 +66,9 @@ MODELS: dict[str, ErrorModel] = {
     # scales are >= 0) give each element's sum of absolute products
     "bmm_fp8": ErrorModel(("A", "B"), None, "operand scale: (|A| A_scale) @ (|B| B_scale)"),
     "bmm_bf16": ErrorModel(("A", "B"), None, "operand scale: |A| @ |B|"),
+    # mm_bf16 (A, B), tinygemm_bf16 (input, weight, bias), the router GEMMs (mat_a, mat_b): every float input's
+    # absolute value through the float64 truth, so the bias enters as |bias|
+    "gemm_bf16": ErrorModel(None, None, "operand scale: |act| @ |W| (+ |bias|)"),
     "segment_gemm": ErrorModel(("x", "weights"), None, "operand scale: |x| @ |W[segment]|"),
     # five float32 terms per element (x post_n and the four old streams o times comb[o, n]): |every input| through
     # the ground truth gives each element's sum of absolute terms
