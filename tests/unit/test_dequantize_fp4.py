@@ -306,7 +306,7 @@ def test_every_mode_passes_the_layout_through(monkeypatch, path, mode):
     assert all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
     assert bool((got[0][0, x.values["seq_lens"][0]:] == gen.SENTINEL).all())  # the rows past the length
     (call,) = CALLS
-    hnd = (path != NHD) != (mode == "other-layout")
+    hnd = (path != NHD) != (mode == "other-kv-layout")
     assert call["layout"] == ("HND" if hnd else "NHD") and call["tuple"] == (mode != "stacked")
     assert call["table"] == (torch.int64 if mode == "int64-table" else torch.int32)
     assert call["scales"] == (torch.uint8 if mode == "uint8-scales" else torch.float8_e4m3fn)

@@ -701,3 +701,14 @@ def test_asking_a_method_its_keywords_keeps_no_object_alive():
     del w
     gc.collect()
     assert gone() is None
+
+
+def test_no_name_is_both_a_path_and_a_call_mode():
+    """split_path reads a path named like a call mode as that mode of the plain path, so a family's mode named like
+    another family's path hides that path (dequantize_fp4's mode `other-layout` made segment_gemm's `other-layout`
+    path unsupported). Every path name and every mode name stay apart."""
+    from flashinfer_trace.groundtruth import _ALL_MODES, ADAPTERS, modes, split_path
+
+    named = {a.path for adapters in ADAPTERS.values() for a in adapters if a.path}
+    assert not named & (_ALL_MODES | set(modes.GENERIC)), named & (_ALL_MODES | set(modes.GENERIC))
+    assert all(split_path(p) == (p, None) for p in named)

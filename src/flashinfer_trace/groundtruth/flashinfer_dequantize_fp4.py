@@ -21,7 +21,7 @@ flashinfer/data/csrc/fp4_kv_dequantization.cu) and the 0.6.14 one (absent there)
   docstring "Requires SM80+"; the JIT module is built for majors 8-12: sm80+.
 
 Paths (call modes): the plain call passes the (k, v) tuples in the definition's layout with float8 scales and the
-int32 table; `stacked` one 5-D tensor each for the cache and the scales; `other-layout` the caches and scales
+int32 table; `stacked` one 5-D tensor each for the cache and the scales; `other-kv-layout` the caches and scales
 transposed to the other layout (HND for an NHD definition and back) with kv_layout to match, so both index paths
 run on every definition; `int64-table` the block table as int64 (the kernel's other IdType); `uint8-scales` the
 scale bytes as uint8; `graph` the plain call captured in a CUDA graph (modes.py: replayed on the scales and outputs
@@ -38,7 +38,7 @@ from .flashinfer import PACKAGE
 from .torch_dequantize_fp4 import applies, hnd
 
 API = "flashinfer.quantization.nvfp4_kv_dequantize_paged"
-MODES = ("stacked", "other-layout", "int64-table", "uint8-scales")
+MODES = ("stacked", "other-kv-layout", "int64-table", "uint8-scales")
 DTYPES = frozenset({"float8_e4m3fn", "float32", "bfloat16", "float16"})
 VERSIONS = SpecifierSet(">=0.6.15")
 
@@ -54,7 +54,7 @@ def arguments(call: Call, outputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[t
     layout_hnd = hnd(call.definition)
     caches = [x["paged_k_cache"], x["paged_v_cache"]]
     scales = [x["k_scales"], x["v_scales"]]
-    if mode == "other-layout":
+    if mode == "other-kv-layout":
         caches, scales = [_other(t) for t in caches], [_other(t) for t in scales]
         layout_hnd = not layout_hnd
     if mode == "uint8-scales":
