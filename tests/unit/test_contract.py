@@ -178,6 +178,29 @@ def test_inputs_without_the_property_stay_red():
     assert r.status is Status.FAIL and "outside the contract" not in r.detail and "not explained" not in r.detail
 
 
+ROUTER = "router_gemm_m16_k6144_n256"  # bf16 subnormal activations times weights near 2**122: outputs ~85
+
+
+def _flushing_off_by_one(fn):
+    """Flushes, and adds 1 to its output: wrong where flushing gives zeros (x 1.5 would not show)."""
+    def kernel(call):
+        out = _flushing(fn)(call)
+        return (out[0] + 1, *out[1:])
+    return kernel
+
+
+@pytest.mark.parametrize("api, wrap, state", [
+    ("flashinfer.gemm.mm_M1_16_K6144_N256", _flushing, Status.INFO),  # built with -use_fast_math: the H200's zeros
+    ("flashinfer.gemm.mm_M1_16_K6144_N256", _flushing_off_by_one, Status.FAIL),
+    ("flashinfer.gemm.mm_bf16", _flushing, Status.FAIL),  # cuBLAS / cuDNN: no build flag of FlashInfer's
+])
+def test_the_router_gemms_flush_subnormal_activations_outside_their_contract(api, wrap, state):
+    d = load_definition(ROUTER)
+    (r,) = _edge(d, _planted(d, wrap, api=api, version="0.7.2.post1"), case="subnormal")
+    assert r.status is state, r.detail
+    assert ("outside the contract (flashinfer-jit-fast-math-ftz" in r.detail) == (state is Status.INFO)
+
+
 def test_the_contract_never_applies_to_random_cases(decode):
     config = CheckConfig(sources=("flashinfer",), sizes=("small",), seeds=(0,), cases=(), device="cpu",
                          resolve=_planted(decode, _wrong_too), paths=False)
