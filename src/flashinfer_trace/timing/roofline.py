@@ -29,6 +29,8 @@ FLOPs (multiply and add count as two), per op_type:
   causal prefill (a definition of stage prefill with "causal" in its name) the bottom-right
   aligned triangle: query i of q (at position kv_len - q + i) sees keys 0..kv_len - q + i, so
   pairs = q * (kv_len - q) + q * (q + 1) / 2 when q <= kv_len;
+* trtllm_paged: the same sum per request, pairs from cum_seq_lens_q and seq_lens (causal bottom-right; ragged:
+  a square of each request's tokens; decode: seq_lens), the caches' bytes those of the seq_lens tokens;
 * single_decode, single_prefill: the same sum for their one request (q [heads, dim] is one query; k
   and v [kv_len, kv_heads, dim]);
 * mla_paged: 2 * heads * pairs * (ckv_dim + kpe_dim) for the scores plus 2 * heads * pairs * ckv_dim
