@@ -29,6 +29,8 @@ FLOPs (multiply and add count as two), per op_type:
   causal prefill (a definition of stage prefill with "causal" in its name) the bottom-right
   aligned triangle: query i of q (at position kv_len - q + i) sees keys 0..kv_len - q + i, so
   pairs = q * (kv_len - q) + q * (q + 1) / 2 when q <= kv_len;
+* trtllm_paged: the same sum per request, pairs from cum_seq_lens_q and seq_lens (causal bottom-right; ragged:
+  a square of each request's tokens; decode: seq_lens), the caches' bytes those of the seq_lens tokens;
 * single_decode, single_prefill: the same sum for their one request (q [heads, dim] is one query; k
   and v [kv_len, kv_heads, dim]);
 * mla_paged: 2 * heads * pairs * (ckv_dim + kpe_dim) for the scores plus 2 * heads * pairs * ckv_dim
@@ -216,6 +218,12 @@ def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
             reads[name] = math.ceil(kv_tokens * per_token)
             notes.append(f"{name}: {kv_tokens} referenced tokens * {per_token:g} B/token "
                          f"(of {slots} token slots, {full} B allocated)")
+        elif definition.op_type == "trtllm_paged" and name in PAGED_CACHES and "seq_lens" in values:
+            tokens = sum(_ints(values["seq_lens"]))
+            slots = int(axes["num_pages"]) * int(axes["page_size"])
+            reads[name] = math.ceil(tokens * (full / slots if slots else 0.0))
+            detail["kv_tokens_read"] = tokens
+            notes.append(f"{name}: {tokens} tokens of seq_lens read (of {slots} token slots)")
         elif definition.op_type == "mamba_ssu" and name == "state" and spec.shape:
             live, rows = _mamba_rows(values, int(axes[spec.shape[0]]))
             reads[name] = full * live // rows if rows else 0
@@ -538,6 +546,23 @@ def _flops_pod(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 2 * heads * (prefill + decode) * 2 * dim
 
 
+def _flops_trtllm_paged(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """The gqa sum over each request's pairs: causal bottom-right prefill (qo_len of its cum_seq_lens_q over its
+    seq_lens keys; ragged: a square of its tokens) or one query per decode request over its seq_lens keys."""
+    values = inputs.values
+    _, heads, dim = _shape(d, inputs, "query")
+    if "cum_seq_lens" in values:  # ragged: fresh prompts
+        pairs = sum(visible_pairs(n, n, True) for n in _diffs(_ints(values["cum_seq_lens"])))
+    elif "cum_seq_lens_q" in values:
+        qo = _diffs(_ints(values["cum_seq_lens_q"]))
+        pairs = sum(visible_pairs(q, k, True) for q, k in zip(qo, _ints(values["seq_lens"]), strict=True))
+    else:
+        pairs = sum(_ints(values["seq_lens"]))
+    detail.update(visible_pairs=pairs)
+    detail["flops_formula"] = f"2 * heads * pairs * 2 * head_dim = 2 * {heads} * {pairs} * 2 * {dim}"
+    return 2 * heads * pairs * 2 * dim
+
+
 def _flops_moe_routing(d: Definition, inputs: Inputs, detail: dict) -> int:
     """Per token: a sigmoid and the bias added for every expert (about 5), each group's top-2 sum (2 a group), and
     the chosen experts' weights normalised and scaled (3 each); the selections' comparisons not counted."""
@@ -631,6 +656,7 @@ _FLOPS = {
     "cascade_merge": _flops_cascade,
     "page_append": _flops_page_append,
     "dequantize_fp4": _flops_dequantize_fp4,
+    "trtllm_paged": _flops_trtllm_paged,
     "topk": _flops_topk,
 }
 

@@ -18,7 +18,8 @@ such an element is the sum of the absolute products that made it, per op family:
     mhc_post                      |x| |post| + |comb|^T @ |residual|  every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged / block_sparse /
-    cascade_attention / pod
+    cascade_attention / pod /
+    trtllm_paged
                                                                   so only V needs its absolute value)
     mamba_ssu                     |C| . (exp(dt A) |S| + dt |x| |B|) `output` and `new_state` (A and dt keep
                                   + |D x|                        their signs: the decay is what it is)
@@ -83,6 +84,10 @@ MODELS: dict[str, ErrorModel] = {
     "cascade_attention": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V| over every level"),
     "mla_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "pod": ErrorModel(("v_p", "v_cache"), ("output_p", "output_d"), "operand scale: softmax(QK^T) . |V|, both halves"),
+    # paged (v_cache) or ragged (value): whichever the definition has
+    "trtllm_paged": ErrorModel(None, ("output",), "operand scale: softmax(QK^T) . |V|",
+                               compute=lambda d, x: _absolute_scales(d, x, tuple(n for n in ("v_cache", "value")
+                                                                                 if n in d.inputs), ("output",))),
     # y = C . S' + D x with S' = exp(dt A) S + dt x B: a sum of products over dstate that cancels like a
     # dot product; |S|, |x|, |B|, |C|, |D| (never A or dt: the decay and the step stay what they are) give
     # each element's sum of absolute terms, for the output and the updated state alike
@@ -196,10 +201,17 @@ def error_scales(definition: Definition, inputs: Inputs) -> list[torch.Tensor | 
         return none
     if model.compute is not None:
         return model.compute(definition, inputs)
-    from ..groundtruth import GroundTruthUnavailable, get_ground_truth
-
     names = model.absolute_inputs or tuple(n for n, v in inputs.values.items()
                                            if isinstance(v, torch.Tensor) and v.is_floating_point())
+    return _absolute_scales(definition, inputs, names, model.outputs)
+
+
+def _absolute_scales(definition: Definition, inputs: Inputs, names: tuple[str, ...], outputs: tuple[str, ...] | None
+                     ) -> list[torch.Tensor | None]:
+    """|outputs| of the torch ground truth on the inputs `names` made absolute (None where not modelled)."""
+    from ..groundtruth import GroundTruthUnavailable, get_ground_truth
+
+    none: list[torch.Tensor | None] = [None] * len(definition.outputs)
     values = {k: magnitude(v) if k in names and isinstance(v, torch.Tensor) else v for k, v in inputs.values.items()}
     absolute = Inputs(inputs.definition, inputs.size, inputs.seed, inputs.case, values, dict(inputs.axes),
                       inputs.ignored)
@@ -208,5 +220,5 @@ def error_scales(definition: Definition, inputs: Inputs) -> list[torch.Tensor | 
     except GroundTruthUnavailable:
         return none
     outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-    return [o.abs() if isinstance(o, torch.Tensor) and (model.outputs is None or name in model.outputs) else None
+    return [o.abs() if isinstance(o, torch.Tensor) and (outputs is None or name in outputs) else None
             for name, o in zip(definition.outputs, outs, strict=True)]
