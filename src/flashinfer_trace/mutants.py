@@ -36,7 +36,7 @@ from .mutants_gemm_fp8 import MUTANTS as GEMM_FP8_MUTANTS
 from .mutants_gemma_norm import MUTANTS as GEMMA_NORM_MUTANTS
 from .mutants_layernorm import MUTANTS as LAYERNORM_MUTANTS
 from .mutants_mhc import MUTANTS as MHC_MUTANTS
-from .mutants_model import Mutant, _m
+from .mutants_model import Mutant, _m, _writes
 from .mutants_moe_routing import MUTANTS as MOE_ROUTING_MUTANTS
 from .mutants_page_append import MUTANTS as PAGE_APPEND_MUTANTS
 from .mutants_pod import MUTANTS as POD_MUTANTS
@@ -73,10 +73,9 @@ MUTANTS: tuple[Mutant, ...] = (
     # (eps is declared by the definition: a param:eps tag (rmsnorm_h4096, the public contract) or an input
     # (the fp16 variants); the ground truths read it there, never from the reference, so a reference that
     # brings another EPS, or a literal, computes another function and is caught)
-    _m("rmsnorm_h4096", "writes-weight", "right output, but the weight is halved in place afterwards (the caller's "
-       "tensor: a ground truth reusing it would compute on the changed weight)",
-       ("    return y.to(hidden_states.dtype)",
-        "    out = y.to(hidden_states.dtype)\n    weight.mul_(0.5)\n    return out"), cls="mutates-inputs"),
+    _writes("rmsnorm_h4096", "writes-weight", "right output, but the weight is halved in place afterwards (the "
+            "caller's tensor: a ground truth reusing it would compute on the changed weight)",
+            "    return y.to(hidden_states.dtype)", "weight.mul_(0.5)"),
     _m("rmsnorm_h4096", "eps", "a literal eps 1e-6 in the expression, not the declared 1e-5 (param:eps)",
        ("keepdim=True) + EPS)", "keepdim=True) + 1e-6)")),
     _m("rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the declared 1e-5 (a ground truth that read EPS "

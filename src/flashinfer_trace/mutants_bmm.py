@@ -4,12 +4,17 @@ case its comment names; the plain ones are caught everywhere."""
 
 from __future__ import annotations
 
-from .mutants_model import Mutant, _m
+from .mutants_model import FP16_EPILOGUE, GEMM_ACC, GEMM_OUT, Mutant, _m, _writes, flushed_a, squeezed_a
 
 DEF = "bmm_fp8_b128_k512_n128"  # DeepSeek-V3's absorbed W_UV: the cheapest model-tagged definition per case
 ODD = "bmm_fp8_b16_k144_n80"  # K = 144: the last K tile of 64 is partial
-_ACC = "    acc = torch.matmul(A.to(torch.float32), B.to(torch.float32))\n"
+_ACC = GEMM_ACC
 _SCALE = "    scale = A_scale.to(torch.float32) * B_scale.to(torch.float32)\n"
+# the edits both forms (fp8 here, bf16 below) plant in their common accumulation line
+_SQUEEZE_BATCH = (_ACC, "    acc = torch.matmul(A.to(torch.float32).squeeze(0), B.to(torch.float32).squeeze(0))\n")
+_K_TAIL = (_ACC, "    kk = A.shape[-1] - A.shape[-1] % 64\n"
+                 "    acc = torch.matmul(A[..., :kk].to(torch.float32), B[:, :kk].to(torch.float32))\n")
+_FIRST_BATCH = (_ACC, "    acc = torch.matmul(A.to(torch.float32), B[:1].to(torch.float32))\n")
 
 MUTANTS: tuple[Mutant, ...] = (
     # saturated: codes decoded with e4m3fnuz's limit (240) clip every +-448 operand
@@ -18,8 +23,7 @@ MUTANTS: tuple[Mutant, ...] = (
        cls="boundary-magnitude"),
     # subnormal: operands below e4m3's smallest normal (2^-6) flushed to zero: the whole output is 0
     _m(DEF, "subnormals-flushed", "fp8 subnormal operands (|x| < 2^-6) flushed to zero",
-       (_ACC, "    a = A.to(torch.float32)\n    a = torch.where(a.abs() < 2 ** -6, 0.0, a)\n"
-              "    acc = torch.matmul(a, B.to(torch.float32))\n"), cls="boundary-magnitude"),
+       flushed_a(-6), cls="boundary-magnitude"),
     # zero_scale: a 0-d scale read with Python truthiness: 0 is taken as "no scale", 1
     _m(DEF, "zero-scale-as-absent", "A_scale read as `A_scale or 1.0`: a zero scale taken as absent",
        (_SCALE, "    scale = (A_scale or 1.0) * B_scale.to(torch.float32)\n"), cls="boundary-structure"),
@@ -28,51 +32,39 @@ MUTANTS: tuple[Mutant, ...] = (
        (_ACC, "    acc = torch.matmul(A.to(torch.float32) * A_scale, B.to(torch.float32) * B_scale)\n"),
        (_SCALE, "    scale = 1.0\n"), cls="boundary-magnitude"),
     # single_token: the token axis squeezed away (M = 1): A [b, k] broadcasts against B, C is [b, b, n]
-    _m(DEF, "token-axis-squeezed", "A's token axis squeezed (a decode path that drops M = 1)",
-       (_ACC, "    acc = torch.matmul(A.to(torch.float32).squeeze(1), B.to(torch.float32))\n"),
+    _m(DEF, "token-axis-squeezed", "A's token axis squeezed (a decode path that drops M = 1)", squeezed_a(1),
        cls="boundary-structure"),
     # single_batch: the batch axis squeezed (batch 1): C comes back [M, N], not [1, M, N]
     _m(ODD, "batch-axis-squeezed", "the batch axis squeezed (a path that treats batch 1 as a plain GEMM)",
-       (_ACC, "    acc = torch.matmul(A.to(torch.float32).squeeze(0), B.to(torch.float32).squeeze(0))\n"),
-       cls="boundary-structure"),
+       _SQUEEZE_BATCH, cls="boundary-structure"),
     _m(DEF, "b-scale-dropped", "B_scale never applied",
        (_SCALE, "    scale = A_scale.to(torch.float32)\n")),
     _m(DEF, "reciprocal-scale", "the scales taken as quantisation scales: divided by, not multiplied",
        (_SCALE, "    scale = 1.0 / (A_scale.to(torch.float32) * B_scale.to(torch.float32))\n")),
-    _m(DEF, "first-batch-weights", "every batch multiplied by B[0] (the batch stride of B taken as 0)",
-       (_ACC, "    acc = torch.matmul(A.to(torch.float32), B[:1].to(torch.float32))\n")),
+    _m(DEF, "first-batch-weights", "every batch multiplied by B[0] (the batch stride of B taken as 0)", _FIRST_BATCH),
     # the partial K tile: only ODD has one (144 = 2 * 64 + 16)
     _m(ODD, "k-tail-dropped", "the sum over K stops at the last whole 64-wide tile (the 16-wide tail dropped)",
-       (_ACC, "    kk = A.shape[-1] - A.shape[-1] % 64\n"
-              "    acc = torch.matmul(A[..., :kk].to(torch.float32), B[:, :kk].to(torch.float32))\n")),
-    _m(DEF, "writes-scale", "right output, but A_scale is set to 1 in place afterwards (the caller's tensor)",
-       ("    return (acc * scale).to(torch.bfloat16)",
-        "    out = (acc * scale).to(torch.bfloat16)\n    A_scale.fill_(1.0)\n    return out"),
-       cls="mutates-inputs"),
+       _K_TAIL),
+    _writes(DEF, "writes-scale", "right output, but A_scale is set to 1 in place afterwards (the caller's tensor)",
+            "    return (acc * scale).to(torch.bfloat16)", "A_scale.fill_(1.0)"),
 )
 
 BF = "bmm_bf16_b128_k512_n128"
 BF_ODD = "bmm_bf16_b16_k144_n80"
-_BF_ACC = "    acc = torch.matmul(A.to(torch.float32), B.to(torch.float32))\n"
-_BF_OUT = "    return acc.to(torch.bfloat16)"
 
 MUTANTS += (
     # beyond_fp16: outputs ~2^16 go through a float16 epilogue: inf past 65504
     _m(BF, "fp16-epilogue", "the float32 sum rounded to float16 before bf16 (a float16 epilogue)",
-       (_BF_OUT, "    return acc.to(torch.float16).to(torch.bfloat16)"), cls="boundary-magnitude"),
+       FP16_EPILOGUE, cls="boundary-magnitude"),
     # single_token: M = 1 squeezed away
-    _m(BF, "token-axis-squeezed", "A's token axis squeezed (a decode path that drops M = 1)",
-       (_BF_ACC, "    acc = torch.matmul(A.to(torch.float32).squeeze(1), B.to(torch.float32))\n"),
+    _m(BF, "token-axis-squeezed", "A's token axis squeezed (a decode path that drops M = 1)", squeezed_a(1),
        cls="boundary-structure"),
     # single_batch: batch 1 squeezed away
-    _m(BF_ODD, "batch-axis-squeezed", "the batch axis squeezed (batch 1 treated as a plain GEMM)",
-       (_BF_ACC, "    acc = torch.matmul(A.to(torch.float32).squeeze(0), B.to(torch.float32).squeeze(0))\n"),
+    _m(BF_ODD, "batch-axis-squeezed", "the batch axis squeezed (batch 1 treated as a plain GEMM)", _SQUEEZE_BATCH,
        cls="boundary-structure"),
     _m(BF_ODD, "k-tail-dropped", "the sum over K stops at the last whole 64-wide tile (the 16-wide tail dropped)",
-       (_BF_ACC, "    kk = A.shape[-1] - A.shape[-1] % 64\n"
-                 "    acc = torch.matmul(A[..., :kk].to(torch.float32), B[:, :kk].to(torch.float32))\n")),
-    _m(BF, "first-batch-weights", "every batch multiplied by B[0] (the batch stride of B taken as 0)",
-       (_BF_ACC, "    acc = torch.matmul(A.to(torch.float32), B[:1].to(torch.float32))\n")),
-    _m(BF, "writes-b", "right output, but B is zeroed in place afterwards (the caller's tensor)",
-       (_BF_OUT, "    out = acc.to(torch.bfloat16)\n    B.zero_()\n    return out"), cls="mutates-inputs"),
+       _K_TAIL),
+    _m(BF, "first-batch-weights", "every batch multiplied by B[0] (the batch stride of B taken as 0)", _FIRST_BATCH),
+    _writes(BF, "writes-b", "right output, but B is zeroed in place afterwards (the caller's tensor)", GEMM_OUT,
+            "B.zero_()"),
 )

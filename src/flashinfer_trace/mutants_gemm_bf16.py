@@ -5,13 +5,12 @@ caught by the case its comment names; the plain ones are caught everywhere. They
 
 from __future__ import annotations
 
-from .mutants_model import Mutant, _m
+from .mutants_model import FP16_EPILOGUE, GEMM_ACC, GEMM_OUT, Mutant, _m, _writes, flushed_a, squeezed_a
 
 ODD = "gemm_bf16_n72_k200"  # mm_bf16's form; K = 3 * 64 + 8, N = 64 + 8
 ROUTER = "router_gemm_m16_k7168_n256"  # DeepSeek-V3's router: K 7168, float32 logits, M 1 .. 16
 TINY = "tinygemm_bf16_n128_k2880"  # gpt-oss-120b's router through tinygemm_bf16: with a bias
-_ACC = "    acc = torch.matmul(A.to(torch.float32), B.to(torch.float32))\n"
-_OUT = "    return acc.to(torch.bfloat16)"
+_ACC, _OUT = GEMM_ACC, GEMM_OUT  # mm_bf16's accumulation and return lines
 _R_ACC = "    out = torch.matmul(mat_a.to(torch.float32), mat_b.to(torch.float32))\n"
 _R_OUT = "    return out"
 
@@ -24,14 +23,12 @@ MUTANTS: tuple[Mutant, ...] = (
                 "    out = acc.to(torch.float32)\n"), cls="boundary-magnitude"),
     # near_bf16_max: outputs ~2^118 through a float16 epilogue: inf past 65504
     _m(ODD, "fp16-epilogue", "the float32 sum rounded to float16 before bfloat16 (a float16 epilogue)",
-       (_OUT, "    return acc.to(torch.float16).to(torch.bfloat16)"), cls="boundary-magnitude"),
+       FP16_EPILOGUE, cls="boundary-magnitude"),
     # subnormal: bfloat16 subnormal activations (below 2^-126) flushed to zero: the output is 0
     _m(ODD, "subnormals-flushed", "subnormal activations (|a| < 2^-126) flushed to zero (FTZ on the inputs)",
-       (_ACC, "    a = A.to(torch.float32)\n    a = torch.where(a.abs() < 2 ** -126, 0.0, a)\n"
-              "    acc = torch.matmul(a, B.to(torch.float32))\n"), cls="boundary-magnitude"),
+       flushed_a(-126), cls="boundary-magnitude"),
     # single_token: M = 1 squeezed away (a GEMV path): C comes back [N], not [1, N]
-    _m(ODD, "token-axis-squeezed", "A's token axis squeezed (a decode path that drops M = 1)",
-       (_ACC, "    acc = torch.matmul(A.to(torch.float32).squeeze(0), B.to(torch.float32))\n"),
+    _m(ODD, "token-axis-squeezed", "A's token axis squeezed (a decode path that drops M = 1)", squeezed_a(0),
        cls="boundary-structure"),
     # max_tokens: only the first 8-row tile written (tinygemm-style TILE_N 8): rows 8 .. 15 are 0
     _m(ROUTER, "rows-past-8-dropped", "only the first 8 tokens computed (one 8-row tile); later rows left 0",
@@ -50,6 +47,6 @@ MUTANTS: tuple[Mutant, ...] = (
        ("    acc = acc + bias.to(torch.float32)\n", "")),
     _m(TINY, "bias-twice", "the bias added twice (once in the epilogue, once by the caller)",
        ("    acc = acc + bias.to(torch.float32)\n", "    acc = acc + 2 * bias.to(torch.float32)\n")),
-    _m(ROUTER, "writes-a", "right logits, but mat_a is zeroed in place afterwards (the caller's hidden states)",
-       (_R_OUT, "    mat_a.zero_()\n    return out"), cls="mutates-inputs"),
+    _writes(ROUTER, "writes-a", "right logits, but mat_a is zeroed in place afterwards (the caller's hidden states)",
+            _R_OUT, "mat_a.zero_()", result=None),
 )

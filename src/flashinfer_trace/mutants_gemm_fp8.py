@@ -5,7 +5,7 @@ caught on typical operands."""
 
 from __future__ import annotations
 
-from .mutants_model import Mutant, _m
+from .mutants_model import Mutant, _m, _writes
 
 DEF = "fp8_blockscale_gemm_sm90_n3072_k1536"  # DeepSeek-V3's q_b_proj (tp 8): the cheapest model-tagged definition
 ODD = "fp8_blockscale_gemm_sm90_n320_k384"  # N = 2.5 x 128: the last weight-scale block covers 64 rows
@@ -54,7 +54,6 @@ MUTANTS: tuple[Mutant, ...] = (
        (_S, "    scale = input_scale.to(torch.float32).reshape(blocks, M)[:, :, None] * w_scale.t()[:, None, :]\n")),
     _m(DEF, "first-block-scale-only", "each token's first K-block scale applied to every block",
        (_S, "    scale = input_scale.to(torch.float32)[:, :1].t()[:, :, None] * w_scale.t()[:, None, :]\n")),
-    _m(DEF, "writes-scale", "right output, but input_scale is set to 1 in place afterwards (the caller's tensor)",
-       (_OUT, "    out = (partial * scale).sum(dim=0).to(torch.bfloat16)\n    input_scale.fill_(1.0)\n    return out"),
-       cls="mutates-inputs"),
+    _writes(DEF, "writes-scale", "right output, but input_scale is set to 1 in place afterwards (the caller's "
+            "tensor)", _OUT, "input_scale.fill_(1.0)"),
 )

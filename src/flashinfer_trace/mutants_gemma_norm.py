@@ -4,7 +4,7 @@ and is caught by the case its comment names; the plain ones are caught everywher
 
 from __future__ import annotations
 
-from .mutants_model import Mutant, _m
+from .mutants_model import Mutant, _m, _writes
 
 DEF = "gemma_rmsnorm_h4608"  # Gemma-2-27B (bf16, param:eps=1e-6): FlashInfer's template default
 FP16 = "gemma_rmsnorm_h4608_fp16"  # float16, eps an input
@@ -40,9 +40,8 @@ MUTANTS: tuple[Mutant, ...] = (
        survives="1 + w rounded to bf16 is off by at most 2^-8 of the scale, inside the bf16 tolerance (1e-2) by "
                 "design, and exact wherever the scale is small (Sterbenz: w in [-1, -0.5]); only a kernel-specific "
                 "check could see it"),
-    _m(DEF, "writes-weight", "right output, but the weight is zeroed in place afterwards (the caller's tensor: a "
-       "ground truth reusing it would compute on the changed weight)",
-       (_RETURN, "    out = y.to(hidden_states.dtype)\n    weight.zero_()\n    return out"), cls="mutates-inputs"),
+    _writes(DEF, "writes-weight", "right output, but the weight is zeroed in place afterwards (the caller's tensor: "
+            "a ground truth reusing it would compute on the changed weight)", _RETURN, "weight.zero_()"),
     # dominant_element / near_max: a float16 square overflows past |x| = 256 (1e4^2 = 1e8): inf, then an output 0
     _m(FP16, "squares-in-input-dtype", "x^2 taken in float16 before the float32 mean",
        (_MEAN_SQ, "hidden_states.pow(2).to(torch.float32).mean(dim=-1, keepdim=True)"), cls="boundary-magnitude"),

@@ -4,7 +4,7 @@ caught by the case its comment names; the plain ones are caught everywhere."""
 
 from __future__ import annotations
 
-from .mutants_model import Mutant, _m
+from .mutants_model import Mutant, _m, _writes
 
 DEF = "layernorm_h128"  # DeepSeek-V3.2's indexer k_norm: the cheapest model-tagged definition
 WIDE = "layernorm_h768"  # a hidden size that is no power of two: the row's float32 mean is inexact
@@ -63,9 +63,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m(DEF, "tokens-axis", "mean and variance over the tokens (dim 0), not the hidden dimension",
        (_MEAN, "    mean = x.mean(dim=0, keepdim=True)\n"),
        (_VAR, "    var = centered.pow(2).mean(dim=0, keepdim=True)\n")),
-    _m(DEF, "writes-bias", "right output, but the bias is zeroed in place afterwards (the caller's tensor: a ground "
-       "truth reusing it would compute on the changed bias)",
-       ("    return y.to(hidden_states.dtype)",
-        "    out = y.to(hidden_states.dtype)\n    bias.zero_()\n    return out"),
-       cls="mutates-inputs"),
+    _writes(DEF, "writes-bias", "right output, but the bias is zeroed in place afterwards (the caller's tensor: a "
+            "ground truth reusing it would compute on the changed bias)", "    return y.to(hidden_states.dtype)",
+            "bias.zero_()"),
 )

@@ -4,7 +4,7 @@ doubly stochastic comb_res_mix) and is caught by the case its comment names; the
 
 from __future__ import annotations
 
-from .mutants_model import Mutant, _m
+from .mutants_model import Mutant, _m, _writes
 
 DEF = "mhc_post_hc4_h4096"  # DeepSeek-V4-Flash: the cheapest model-tagged definition
 ODD = "mhc_post_hc4_h127"  # the odd hidden size: no 8-element vector divides its rows
@@ -53,8 +53,7 @@ MUTANTS: tuple[Mutant, ...] = (
        (_MIX, '    mix = torch.einsum("toh,ton->tnh", rf, comb_res_mix)\n'
               "    mix[..., x.shape[-1] - x.shape[-1] % 8:] = 0\n"
               "    out = out + mix\n")),
-    _m(DEF, "writes-residual", "right output, but the residual streams are zeroed in place afterwards (the caller's "
-       "tensor: a ground truth reusing it would compute on the changed residual)",
-       (_RET, "    result = out.to(residual.dtype)\n    residual.zero_()\n    return result"),
-       cls="mutates-inputs"),
+    _writes(DEF, "writes-residual", "right output, but the residual streams are zeroed in place afterwards (the "
+            "caller's tensor: a ground truth reusing it would compute on the changed residual)", _RET,
+            "residual.zero_()", result="result"),
 )

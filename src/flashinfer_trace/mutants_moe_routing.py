@@ -5,7 +5,7 @@ everywhere. mutants.py appends them to its MUTANTS; tests/unit/test_moe_routing.
 
 from __future__ import annotations
 
-from .mutants_model import Mutant, _m
+from .mutants_model import Mutant, _m, _writes
 
 DS = "fused_topk_deepseek_e256_k8"
 BF16 = "fused_topk_deepseek_e256_k8_bf16"
@@ -74,6 +74,6 @@ MUTANTS: tuple[Mutant, ...] = (
        (_NORM, "    topk_values = w / s.sum(dim=-1, keepdim=True) * routed_scaling_factor\n")),
     _m(BF16, "softmax-scores", "scores from a softmax over the experts (Mixtral's gate), not a sigmoid",
        (_S, "    s = torch.softmax(scores.to(torch.float32), dim=-1)\n")),
-    _m(DS, "writes-bias", "right outputs, but the caller's bias zeroed in place afterwards",
-       (_RET, "    bias.zero_()\n" + _RET), cls="mutates-inputs"),
+    _writes(DS, "writes-bias", "right outputs, but the caller's bias zeroed in place afterwards", _RET, "bias.zero_()",
+            result=None),
 )

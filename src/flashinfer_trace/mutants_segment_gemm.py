@@ -4,7 +4,7 @@ activations) and is caught by the case its comment names; the plain ones are cau
 
 from __future__ import annotations
 
-from .mutants_model import Mutant, _m
+from .mutants_model import Mutant, _m, _writes
 
 SHRINK = "segment_gemm_lora_shrink_h4096_r16"  # column-major, bf16, weight_indices
 EXPAND = "segment_gemm_lora_expand_h4096_r16"  # column-major, K = 16
@@ -70,6 +70,6 @@ MUTANTS: tuple[Mutant, ...] = (
        (_ROW, "        out[start:end - 1] = x[start:end - 1].to(torch.float32) @ w\n")),
     _m(ODD, "k-tail-dropped", "the sum over K stops at the last whole 64-wide tile (the 8-wide tail dropped)",
        (_ROW, "        out[start:end] = x[start:end, :192].to(torch.float32) @ w[:192]\n")),
-    _m(EXPAND, "writes-indptr", "right output, but seg_indptr is rewritten in place afterwards (lengths to 0)",
-       ("    return out.to(x.dtype)", "    seg_indptr.zero_()\n    return out.to(x.dtype)"), cls="mutates-inputs"),
+    _writes(EXPAND, "writes-indptr", "right output, but seg_indptr is rewritten in place afterwards (lengths to 0)",
+            "    return out.to(x.dtype)", "seg_indptr.zero_()", result=None),
 )

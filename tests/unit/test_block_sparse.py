@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
-from planted import assert_caught_by_its_case, assert_family_cases, passes
+from planted import assert_caught_by_its_case, assert_family_cases, passes, truth
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
@@ -34,10 +34,6 @@ DEFS = sorted((ROOT / "block_sparse").glob("*.json"))
 SMALL = "block_sparse_r16_c16_h28_kv4_d128"
 BIG = "block_sparse_r64_c64_h32_kv8_d128"
 SINGLE = "single_prefill_causal_h32_kv8_d128"
-
-
-def _truth(d, x):
-    return get_ground_truth("torch", d, device="cpu")(x)
 
 
 def _rows(x, R):
@@ -135,7 +131,7 @@ def test_dense_layout_is_full_attention():
     given only the last query sees every key, so its one row is that query's full attention."""
     d = load_definition(BIG)
     x = generate_inputs(d, "small", 0, case="dense")
-    out, lse = _truth(d, x)
+    out, lse = truth(d, x)
     q, k, v = x.values["q"], x.values["k"], x.values["v"]
     s = load_definition(SINGLE)
     one = dataclasses.replace(x, values={"q": q[-1:], "k": k, "v": v, "sm_scale": x.values["sm_scale"]})
@@ -147,7 +143,7 @@ def test_dense_layout_is_full_attention():
 def test_a_row_with_no_blocks_is_zero_with_lse_minus_inf_and_the_others_are_not():
     d = load_definition(SMALL)
     x = generate_inputs(d, "small", 0, case="empty_row")
-    out, lse = _truth(d, x)
+    out, lse = truth(d, x)
     rows = _rows(x, 16)
     empty = rows.index([])
     sl = slice(empty * 16, (empty + 1) * 16)
@@ -161,13 +157,13 @@ def test_the_order_of_the_listed_blocks_changes_nothing():
     p, idx = x.values["indptr"].tolist(), x.values["indices"].tolist()
     srt = torch.tensor([c for i in range(len(p) - 1) for c in sorted(idx[p[i]:p[i + 1]])], dtype=torch.int32)
     y = dataclasses.replace(x, values={**x.values, "indices": srt})
-    assert all(torch.equal(a, b) for a, b in zip(_truth(d, x), _truth(d, y), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(truth(d, x), truth(d, y), strict=True))
 
 
 def test_zero_query_weights_the_listed_keys_uniformly():
     d = load_definition(SMALL)
     x = generate_inputs(d, "small", 0, case="zero_query")
-    _, lse = _truth(d, x)
+    _, lse = truth(d, x)
     for i, r in enumerate(_rows(x, 16)):
         assert torch.allclose(lse[i * 16:(i + 1) * 16], torch.full_like(lse[:16], math.log2(16 * len(r))))
 
@@ -176,7 +172,7 @@ def test_zero_query_weights_the_listed_keys_uniformly():
 def test_the_reference_agrees_with_the_truth(case):
     d = load_definition(SMALL)
     x = generate_inputs(d, "small", 0, case=case)
-    got, want = run_reference(d, x), _truth(d, x)
+    got, want = run_reference(d, x), truth(d, x)
     assert all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
 
 
@@ -264,7 +260,7 @@ def test_plan_and_run_pass_the_layout_block_shape_backend_and_lse(monkeypatch, m
     d = load_definition(SMALL)
     x = generate_inputs(d, "small", 0, case=case)
     got = fbs.ADAPTERS[0].fn(Call(d, x, fi, Version("0.6.6"), mode=mode))
-    want = _truth(d, x)
+    want = truth(d, x)
     assert len(got) == 2 and _close(got, want)
     plan, run = CALLS
     assert (plan["backend"], plan["R"], plan["C"], plan["heads"]) == (backend, 16, 16, (28, 4, 128))
@@ -292,7 +288,7 @@ def test_release_gates(monkeypatch):
     with pytest.raises(GroundTruthUnavailable, match=r"api-missing: .*no out= / lse= \(needs >=0.2.3\)"):
         fbs.ADAPTERS[0].fn(Call(d, x, fi, Version("0.2.2"), mode="out"))
     got = fbs.ADAPTERS[0].fn(Call(d, x, fi, Version("0.2.2")))  # before o_data_type: not passed
-    assert _close(got, _truth(d, x)) and "o_dtype" not in CALLS[0]
+    assert _close(got, truth(d, x)) and "o_dtype" not in CALLS[0]
 
 
 @pytest.mark.parametrize("mode", ["plan-reuse"])
@@ -301,7 +297,7 @@ def test_the_plan_launches_on_the_live_tensors(monkeypatch, mode):
     d = load_definition(SMALL)
     x = generate_inputs(d, "small", 0, case="empty_row")
     got = modes.run(fbs.ADAPTERS[0], Call(d, x, fi, Version("0.7.2.post1"), mode=mode))
-    assert _close(got, _truth(d, x))
+    assert _close(got, truth(d, x))
     assert [c.get("run", False) for c in CALLS] == [False, True, True]  # one plan, two runs
 
 

@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug, assert_killed, mutant_named
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, flashinfer_bmm, get_ground_truth, paths
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
 from flashinfer_trace.inputs import bmm as bmm_inputs
 from flashinfer_trace.inputs.common import Builder, GeneratorMismatch
-from flashinfer_trace.mutants import MUTANTS, kill, mutate
+from flashinfer_trace.mutants import MUTANTS
 from flashinfer_trace.testing import run_reference
 from flashinfer_trace.verdict.compare import tolerance_for
-from flashinfer_trace.verdict.errormodel import compare_with_model, error_models
+from flashinfer_trace.verdict.errormodel import error_models
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "bmm_fp8"
 BF_DEFS = DEFS.parent / "bmm_bf16"
@@ -190,11 +191,6 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_bmm: boo
     return module
 
 
-def _agrees(d, x, got) -> bool:
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    return all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
-
-
 def _on_cpu(d, path=None):
     return dataclasses.replace(get_ground_truth("flashinfer", d, device="cuda", path=path), device="cpu")
 
@@ -215,7 +211,7 @@ def test_flashinfer_calls_bmm_fp8_with_b_column_major(monkeypatch, case, path, b
     before = {k: v.clone() for k, v in x.values.items()}
     got = _on_cpu(d, path)(x)
     assert calls == [dict(a=E4M3, b_col=True, dtype=torch.bfloat16, out=out, backend=backend, scales=(1, 1))]
-    assert _agrees(d, x, got)
+    assert agrees(d, x, got)
     assert all(torch.equal(before[k].view(torch.uint8) if before[k].dtype == E4M3 else before[k],
                            v.view(torch.uint8) if v.dtype == E4M3 else v) for k, v in x.values.items())
 
@@ -288,14 +284,6 @@ BOUNDARY_MUTANTS = {  # mutant -> the case that catches it (typical operands pas
 FAMILY = [m for m in MUTANTS if m.definition.startswith(("bmm_fp8_", "bmm_bf16_"))]
 
 
-def passes(d, case: str | None, size: str = "small") -> bool:
-    x = generate_inputs(d, size, 0, case=case)
-    try:
-        return _agrees(d, x, run_reference(d, x))
-    except Exception:  # noqa: BLE001 - a wrong shape fails the comparison outright
-        return False
-
-
 def test_every_boundary_class_has_a_mutant():
     for prefix in ("bmm_fp8_", "bmm_bf16_"):
         classes = {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS and m.definition.startswith(prefix)}
@@ -305,20 +293,12 @@ def test_every_boundary_class_has_a_mutant():
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_MUTANTS))
 def test_a_boundary_bug_passes_typical_operands_and_is_caught_by_its_case(name):
-    [mutant] = [m for m in FAMILY if m.name == name]
-    d = shipped(mutant.definition)
-    bad = mutate(d, mutant)
-    case = BOUNDARY_MUTANTS[name]
-    assert passes(d, case), f"the true reference fails {case}"
-    assert not passes(bad, case), f"{name} survives {case}"
-    assert passes(bad, None), f"{name} is caught on typical operands already: not a boundary bug"
+    assert_boundary_bug(mutant_named(FAMILY, name), [BOUNDARY_MUTANTS[name]])
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY])
 def test_planted_bmm_bugs_are_caught(mutant):
-    [m] = [m for m in FAMILY if m.name == mutant]
-    k = kill(m, "torch", sizes=("small",), seeds=(0,))
-    assert k.killed is True, k.how
+    assert_killed(mutant_named(FAMILY, mutant))
 
 
 # -- bmm_bf16 ------------------------------------------------------------------------------------------
@@ -369,7 +349,7 @@ def test_bf16_flashinfer_calls_bmm_bf16_with_b_column_major(monkeypatch, path, o
     x = generate_inputs(d, "small", 0, case=case)
     got = _on_cpu(d, path)(x)
     assert calls == [dict(a=torch.bfloat16, b_col=True, dtype=torch.bfloat16, out=out, backend="cudnn")]
-    assert _agrees(d, x, got)
+    assert agrees(d, x, got)
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])

@@ -14,16 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, paths
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
 from flashinfer_trace.inputs import cascade as cascade_inputs
 from flashinfer_trace.inputs.common import Builder, GeneratorMismatch, InputGenerationError
-from flashinfer_trace.mutants import MUTANTS, kill, mutate
+from flashinfer_trace.mutants import MUTANTS
 from flashinfer_trace.testing import run_reference
-from flashinfer_trace.verdict.compare import tolerance_for
-from flashinfer_trace.verdict.errormodel import compare_with_model
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "cascade_merge"
 PAIR, IN_PLACE, MULTI = "merge_state_h32_d128", "merge_state_in_place_h32_d128", "merge_states_h32_d128"
@@ -222,11 +221,6 @@ def _cascade(calls: list, *, with_mask: bool = True) -> types.SimpleNamespace:
                                  merge_state_in_place=in_place if with_mask else old_in_place)
 
 
-def _agrees(d, x, got) -> bool:
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    return all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
-
-
 def test_flashinfer_paths_per_form():
     assert paths("flashinfer", shipped(PAIR)) == [None, "in-place", "merge-states", "graph"]
     assert paths("flashinfer", shipped(IN_PLACE)) == [None, "no-mask", "graph"]
@@ -256,7 +250,7 @@ def test_flashinfer_calls_each_api_and_leaves_the_case_untouched(monkeypatch, na
     gt = dataclasses.replace(get_ground_truth("flashinfer", d, device="cuda", path=path), device="cpu")
     got = gt(x)
     assert calls == expected
-    assert _agrees(d, x, got)
+    assert agrees(d, x, got)
     assert all(torch.equal(before[k], v) for k, v in x.values.items())  # in-place kernels got clones
 
 
@@ -268,7 +262,7 @@ def test_flashinfer_mask_keyword_is_gated_by_signature(monkeypatch):
         gt(generate_inputs(d, "small", 0))
     no_mask = dataclasses.replace(get_ground_truth("flashinfer", d, device="cuda", path="no-mask"), device="cpu")
     x = generate_inputs(d, "small", 0, case="masked_rows")
-    assert _agrees(d, x, no_mask(x))  # the unmasked kernel on the masked rows still runs
+    assert agrees(d, x, no_mask(x))  # the unmasked kernel on the masked rows still runs
 
 
 def test_flashinfer_without_cascade_is_api_missing(monkeypatch):
@@ -303,7 +297,7 @@ def test_sglang_merge_state_v2_gets_natural_logs_and_gives_base_2_back(monkeypat
         x = generate_inputs(d, "small", 0, case=case)
         for path in (None, "out", "v2", "v2+out"):
             gt = dataclasses.replace(get_ground_truth("sglang", d, device="cuda", path=path), device="cpu")
-            assert _agrees(d, x, gt(x)), (case, path)
+            assert agrees(d, x, gt(x)), (case, path)
     assert seen == {"v1_out": True, "v2_out": True}
     with pytest.raises(GroundTruthUnavailable, match="unsupported: sgl_kernel.merge_state: merges two states"):
         get_ground_truth("sglang", shipped(MULTI), device="cuda")
@@ -330,30 +324,15 @@ BOUNDARY_MUTANTS = {  # mutant -> the case that catches it (typical states pass)
 FAMILY = [m for m in MUTANTS if m.definition in (PAIR, IN_PLACE, MULTI)]
 
 
-def passes(d, case: str | None) -> bool:
-    x = generate_inputs(d, "small", 0, case=case)
-    return _agrees(d, x, run_reference(d, x))
-
-
 def test_every_boundary_class_has_a_mutant():
-    classes = {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS}
-    assert classes == {"boundary-magnitude", "boundary-structure", "boundary-ties"}
-    assert set(BOUNDARY_MUTANTS) == {m.name for m in FAMILY if m.cls.startswith("boundary-")}
+    assert_boundary_classes(FAMILY, BOUNDARY_MUTANTS, {"boundary-magnitude", "boundary-structure", "boundary-ties"})
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_MUTANTS))
 def test_a_boundary_bug_passes_typical_states_and_is_caught_by_its_case(name):
-    [mutant] = [m for m in FAMILY if m.name == name]
-    d = shipped(mutant.definition)
-    bad = mutate(d, mutant)
-    case = BOUNDARY_MUTANTS[name]
-    assert passes(d, case), f"the true reference fails {case}"
-    assert passes(bad, None), f"{name} is caught on typical states already: not a boundary bug"
-    assert not passes(bad, case), f"{name} survives {case}"
+    assert_boundary_bug(mutant_named(FAMILY, name), [BOUNDARY_MUTANTS[name]], crash_fails=False)
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY])
 def test_planted_cascade_bugs_are_caught(mutant):
-    [m] = [m for m in FAMILY if m.name == mutant]
-    k = kill(m, "torch", sizes=("small",), seeds=(0,))
-    assert k.killed is True, k.how
+    assert_killed(mutant_named(FAMILY, mutant))

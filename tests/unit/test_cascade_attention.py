@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
-from planted import assert_caught_by_its_case, assert_family_cases, passes
+from planted import assert_caught_by_its_case, assert_family_cases, passes, truth
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
@@ -31,10 +31,6 @@ ROOT = Path(__file__).resolve().parents[2] / "definitions"
 DEFS = sorted((ROOT / "cascade_attention").glob("*.json"))
 L2 = "cascade_attention_l2_causal_h32_kv8_d128_ps16"
 L3 = "cascade_attention_l3_h32_kv8_d128_ps16"
-
-
-def _truth(d, x):
-    return get_ground_truth("torch", d, device="cpu")(x)
 
 
 def _kv_lens(x, lv):
@@ -124,7 +120,7 @@ def _tokens(x, lv, s):
 def test_a_query_attends_to_its_levels_concatenated_causal_on_the_last_only():
     d = load_definition(L2)
     x = generate_inputs(d, "small", 1, case=None)
-    (out,) = _truth(d, x)
+    (out,) = truth(d, x)
     qo = x.values["qo_indptr_1"].tolist()
     shared = _tokens(x, 0, 0)
     for r in range(len(qo) - 1):
@@ -137,7 +133,7 @@ def test_a_query_attends_to_its_levels_concatenated_causal_on_the_last_only():
 def test_three_levels_without_mask_read_every_key_of_each_segment():
     d = load_definition(L3)
     x = generate_inputs(d, "small", 2, case=None)
-    (out,) = _truth(d, x)
+    (out,) = truth(d, x)
     q1, q2 = x.values["qo_indptr_1"].tolist(), x.values["qo_indptr_2"].tolist()
     for r in range(len(q2) - 1):
         g = max(s for s in range(len(q1) - 1) if q1[s] <= q2[r])
@@ -156,7 +152,7 @@ def test_an_empty_shared_level_changes_nothing_and_a_query_without_keys_is_zero(
     x.values["kv_indptr_0"] = torch.tensor([0, 0], dtype=torch.int32)
     x.values["kv_last_page_len_0"] = torch.tensor([0], dtype=torch.int32)
     x.values["kv_indices_0"] = x.values["kv_indices_0"][:0]
-    (out,) = _truth(d, x)
+    (out,) = truth(d, x)
     assert not out[qo[r]:qo[r + 1]].any() and out[qo[-2]:].abs().sum() > 0
 
 
@@ -165,7 +161,7 @@ def test_an_empty_shared_level_changes_nothing_and_a_query_without_keys_is_zero(
 def test_the_reference_agrees_with_the_truth(name, case):
     d = load_definition(name)
     x = generate_inputs(d, "small", 0, case=case)
-    got, want = run_reference(d, x), _truth(d, x)
+    got, want = run_reference(d, x), truth(d, x)
     assert all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
 
 
@@ -252,7 +248,7 @@ def test_plan_and_run_pass_every_level_causal_and_dtypes(monkeypatch, name, caus
     d = load_definition(name)
     x = generate_inputs(d, "small", 0, case=case)
     got = fca.ADAPTERS[0].fn(Call(d, x, fi, Version("0.6.6")))
-    assert len(got) == 1 and _close(got, _truth(d, x))
+    assert len(got) == 1 and _close(got, truth(d, x))
     init, plan, run = CALLS
     assert init["init"] == (gen.num_levels(d), "NHD") and run == dict(run=True)
     assert (plan["heads"], plan["page_size"], plan["causal"], plan["dtypes"]) == ((32, 8, 128), 16, causal, True)
@@ -267,7 +263,7 @@ def test_release_gates_and_keywords(monkeypatch):
     d = load_definition(L2)
     x = generate_inputs(d, "small", 0)
     got = fca.ADAPTERS[0].fn(Call(d, x, fi, Version("0.2.0")))  # a plan() without q/kv_data_type: not passed
-    assert _close(got, _truth(d, x)) and "q_dtype" not in CALLS[1]
+    assert _close(got, truth(d, x)) and "q_dtype" not in CALLS[1]
     # the K/V-stride variant's prewarm: only for caches of different strides, its purpose (on sm90 the wrapper plans
     # fa3, whose wrappers refuse it: "requires a standard FA2 plan", the seventh run)
     fi = _fake(monkeypatch, "0.7.2.post1", prewarm=True)
@@ -278,7 +274,7 @@ def test_release_gates_and_keywords(monkeypatch):
     strided = dict(x.values, v_cache=v.transpose(0, 1).contiguous().transpose(0, 1))  # one layout, other strides
     assert strided["v_cache"].stride() != x.values["k_cache"].stride() and torch.equal(strided["v_cache"], v)
     got = fca.ADAPTERS[0].fn(Call(d, type(x)(**{**vars(x), "values": strided}), fi, Version("0.7.2.post1")))
-    assert [list(c)[0] for c in CALLS] == ["init", "heads", "prewarm", "run"] and _close(got, _truth(d, x))
+    assert [list(c)[0] for c in CALLS] == ["init", "heads", "prewarm", "run"] and _close(got, truth(d, x))
 
 
 def test_the_plan_launches_on_the_live_tensors(monkeypatch):
@@ -286,7 +282,7 @@ def test_the_plan_launches_on_the_live_tensors(monkeypatch):
     d = load_definition(L3)
     x = generate_inputs(d, "small", 0, case="no_own_kv")
     got = modes.run(fca.ADAPTERS[0], Call(d, x, fi, Version("0.7.2.post1"), mode="plan-reuse"))
-    assert _close(got, _truth(d, x))
+    assert _close(got, truth(d, x))
     assert [c.get("run", False) for c in CALLS] == [False, False, True, True]  # init, one plan, two runs
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
@@ -23,7 +24,7 @@ from flashinfer_trace.groundtruth import torch_dequantize_fp4 as tdq
 from flashinfer_trace.groundtruth.base import Call
 from flashinfer_trace.inputs import dequantize_fp4 as gen
 from flashinfer_trace.inputs import edge_cases, generate_inputs
-from flashinfer_trace.mutants import MUTANTS, mutate
+from flashinfer_trace.mutants import MUTANTS
 from flashinfer_trace.testing import run_reference
 from flashinfer_trace.timing.roofline import work
 from flashinfer_trace.verdict.compare import tolerance_for
@@ -329,8 +330,7 @@ def test_the_plan_launches_on_the_live_tensors(monkeypatch):
     x = generate_inputs(d, "small", 0)
     (adapter,) = fdq.ADAPTERS
     got = modes.run(adapter, Call(d, x, fi, Version("0.6.15"), mode="plan-reuse"))
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    assert all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
+    assert agrees(d, x, got)
 
 
 # -- planted bugs ---------------------------------------------------------------------------------------------------
@@ -354,16 +354,6 @@ PASS_TYPICAL = ("zero-global-scale-as-one", "empty-request-one-row", "overflow-s
 FAMILY = [m for m in MUTANTS if m.definition.startswith("nvfp4_kv_dequantize_paged")]
 
 
-def _passes(d, case) -> bool:
-    x = generate_inputs(d, "small", 0, case=case)
-    expected = get_ground_truth("torch", d, device="cpu")(x)
-    try:
-        actual = run_reference(d, x)
-    except Exception:  # noqa: BLE001 - a reference that indexes out of range is caught as well
-        return False
-    return all(r.passed for r in compare_with_model(d, x, actual, expected, tolerance_for(d)))
-
-
 def test_every_family_mutant_has_its_case():
     assert {m.id for m in FAMILY} == set(BOUNDARY) and not [m for m in FAMILY if m.gpu_only or m.survives]
 
@@ -371,10 +361,4 @@ def test_every_family_mutant_has_its_case():
 @pytest.mark.parametrize("name", sorted(BOUNDARY))
 def test_a_planted_bug_is_caught_by_its_case(name):
     (mutant,) = [m for m in FAMILY if m.id == name]
-    d = _d(DEFS / f"{mutant.definition}.json")
-    bad = mutate(d, mutant)
-    case = BOUNDARY[name]
-    assert _passes(d, case), f"the true reference fails {case}"
-    assert not _passes(bad, case), f"{name} survives {case}"
-    if mutant.id in PASS_TYPICAL:
-        assert _passes(bad, None), f"{name} is caught on typical inputs already: not a boundary bug"
+    assert_boundary_bug(mutant, [BOUNDARY[name]], sizes=("small",) if name in PASS_TYPICAL else ())

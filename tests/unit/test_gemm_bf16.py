@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import (
@@ -27,11 +28,11 @@ from flashinfer_trace.groundtruth import (
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
 from flashinfer_trace.inputs import gemm_bf16 as gb
 from flashinfer_trace.inputs.common import Builder, GeneratorMismatch
-from flashinfer_trace.mutants import MUTANTS, kill, mutate
+from flashinfer_trace.mutants import MUTANTS
 from flashinfer_trace.testing import run_reference
 from flashinfer_trace.timing import roofline
 from flashinfer_trace.verdict.compare import tolerance_for
-from flashinfer_trace.verdict.errormodel import compare_with_model, error_models
+from flashinfer_trace.verdict.errormodel import error_models
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "gemm_bf16"
 MM, ODD = "gemm_bf16_n4096_k4096", "gemm_bf16_n72_k200"
@@ -221,11 +222,6 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, apis=("mm_bf1
     return module
 
 
-def _agrees(d, x, got) -> bool:
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    return all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
-
-
 def _on_cpu(d, path=None):
     return dataclasses.replace(get_ground_truth("flashinfer", d, device="cuda", path=path), device="cpu")
 
@@ -250,7 +246,7 @@ def test_mm_bf16_is_called_with_b_column_major(monkeypatch, path, want, case):
     x = generate_inputs(d, "small", 0, case=case)
     got = _on_cpu(d, path)(x)
     assert calls == [dict(api="mm_bf16", b_col=True, dtype=torch.bfloat16, bias=False, **want)]
-    assert _agrees(d, x, got)
+    assert agrees(d, x, got)
 
 
 @pytest.mark.parametrize("path, want", [
@@ -263,7 +259,7 @@ def test_tinygemm_is_called_with_the_bias(monkeypatch, path, want):
     d = shipped(TINY)
     x = generate_inputs(d, "small", 0, case="zero_rows")
     got = _on_cpu(d, path)(x)
-    assert calls == [want] and _agrees(d, x, got)
+    assert calls == [want] and agrees(d, x, got)
 
 
 @pytest.mark.parametrize("name, api", [(R7168, "mm_M1_16_K7168_N256"), (R6144, "mm_M1_16_K6144_N256")])
@@ -274,7 +270,7 @@ def test_router_gemm_is_called_with_its_own_api_and_float32_out(monkeypatch, nam
     d = shipped(name)
     x = generate_inputs(d, "small", 0, case="max_tokens")
     got = _on_cpu(d, path)(x)
-    assert calls == [dict(api=api, b_col=True, pdl=pdl, out=torch.float32)] and _agrees(d, x, got)
+    assert calls == [dict(api=api, b_col=True, pdl=pdl, out=torch.float32)] and agrees(d, x, got)
 
 
 def test_flashinfer_release_gates(monkeypatch):
@@ -335,33 +331,16 @@ BOUNDARY_MUTANTS = {  # mutant -> the case that catches it (typical operands pas
 FAMILY = [m for m in MUTANTS if m.definition.startswith(("gemm_bf16_", "tinygemm_bf16_", "router_gemm_"))]
 
 
-def passes(d, case: str | None, size: str = "small") -> bool:
-    x = generate_inputs(d, size, 0, case=case)
-    try:
-        return _agrees(d, x, run_reference(d, x))
-    except Exception:  # noqa: BLE001 - a wrong shape fails the comparison outright
-        return False
-
-
 def test_every_boundary_class_has_a_mutant():
-    assert {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS} == {"boundary-magnitude", "boundary-structure"}
-    assert set(BOUNDARY_MUTANTS) == {m.name for m in FAMILY if m.cls.startswith("boundary-")}
+    assert_boundary_classes(FAMILY, BOUNDARY_MUTANTS, {"boundary-magnitude", "boundary-structure"})
     assert set(BOUNDARY_MUTANTS.values()) == set(gb.ROUTER_CASES)
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_MUTANTS))
 def test_a_boundary_bug_passes_typical_operands_and_is_caught_by_its_case(name):
-    [mutant] = [m for m in FAMILY if m.name == name]
-    d = shipped(mutant.definition)
-    bad = mutate(d, mutant)
-    case = BOUNDARY_MUTANTS[name]
-    assert passes(d, case), f"the true reference fails {case}"
-    assert not passes(bad, case), f"{name} survives {case}"
-    assert passes(bad, None), f"{name} is caught on typical operands already: not a boundary bug"
+    assert_boundary_bug(mutant_named(FAMILY, name), [BOUNDARY_MUTANTS[name]])
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY])
 def test_planted_gemm_bf16_bugs_are_caught(mutant):
-    [m] = [m for m in FAMILY if m.name == mutant]
-    k = kill(m, "torch", sizes=("small",), seeds=(0,))
-    assert k.killed is True, k.how
+    assert_killed(mutant_named(FAMILY, mutant))

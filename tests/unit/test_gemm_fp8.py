@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
-from planted import assert_caught_by_its_case, assert_family_cases, passes
+from planted import agrees, assert_caught_by_its_case, assert_family_cases, passes
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, paths
@@ -27,7 +27,7 @@ from flashinfer_trace.inputs.common import Builder, GeneratorMismatch
 from flashinfer_trace.mutants import MUTANTS, kill, mutate
 from flashinfer_trace.testing import run_reference
 from flashinfer_trace.verdict.compare import tolerance_for
-from flashinfer_trace.verdict.errormodel import compare_with_model, error_models
+from flashinfer_trace.verdict.errormodel import error_models
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "gemm_fp8"
 QA, QB, OPROJ, ODD = (f"fp8_blockscale_gemm_sm90_{s}"
@@ -174,11 +174,6 @@ def _on_cpu(d, path=None):
     return dataclasses.replace(get_ground_truth("flashinfer", d, device="cuda", path=path), device="cpu")
 
 
-def _agrees(d, x, got) -> bool:
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    return all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
-
-
 def test_flashinfer_paths():
     assert paths("flashinfer", shipped(QB)) == [None, "out", "graph", "per-token-weight-scale", "legacy-kernel"]
 
@@ -197,7 +192,7 @@ def test_flashinfer_calls_the_api_as_documented(monkeypatch, path, case):
     assert c["sw_shape"] == ((320, 3) if path == "per-token-weight-scale" else (3, 3))
     assert c["out"] == (path == "out") and c["dg"] == ("0" if path == "legacy-kernel" else None)
     assert fgemm.DG_ENV not in os.environ
-    assert _agrees(d, x, got)
+    assert agrees(d, x, got)
     assert all(torch.equal(before[k].float(), v.float()) for k, v in x.values.items())
 
 
@@ -246,7 +241,7 @@ def test_the_reference_runs_every_case_of_the_odd_shape():
     d = shipped(ODD)
     for case in [None, *gen.CASES]:
         x = generate_inputs(d, "small", 0, case=case)
-        assert _agrees(d, x, run_reference(d, x)), case
+        assert agrees(d, x, run_reference(d, x)), case
 
 
 # -- planted bugs ----------------------------------------------------------------------------------------------

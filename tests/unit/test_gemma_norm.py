@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named, passes
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.definition import Definition
@@ -25,10 +26,8 @@ from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
 from flashinfer_trace.inputs import gemma_norm as gn
 from flashinfer_trace.inputs.common import Builder, GeneratorMismatch, InputGenerationError
 from flashinfer_trace.inputs.registry import family_for
-from flashinfer_trace.mutants import MUTANTS, kill, mutate
+from flashinfer_trace.mutants import MUTANTS, mutate
 from flashinfer_trace.testing import run_reference
-from flashinfer_trace.verdict.compare import tolerance_for
-from flashinfer_trace.verdict.errormodel import compare_with_model
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "rmsnorm"
 PLAIN, FUSED = "gemma_rmsnorm_h4608", "gemma_fused_add_rmsnorm_h4608"
@@ -247,11 +246,6 @@ def _fake_flashinfer(monkeypatch, version: str, calls: list | None = None, *, pd
     return module
 
 
-def _agrees(d, x, got) -> bool:
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    return all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
-
-
 def _on_cpu(source: str, d, path: str | None = None):
     return dataclasses.replace(get_ground_truth(source, d, device="cuda", path=path), device="cpu")
 
@@ -284,7 +278,7 @@ def test_flashinfer_gemma_rmsnorm_gets_the_declared_eps_in_every_mode(monkeypatc
         dtype = x.values["hidden_states"].dtype
         want_eps = x.values["eps"] if eps is None else eps
         assert calls == [("gemma_rmsnorm", dtype, dtype, want_eps, path == "out", True if path == "pdl" else None)]
-        assert _agrees(d, x, got) and _unchanged(before, x.values)
+        assert agrees(d, x, got) and _unchanged(before, x.values)
 
 
 @pytest.mark.parametrize("case", [None, "zero_rows", "residual_overflow"])
@@ -296,7 +290,7 @@ def test_flashinfer_fused_runs_on_clones_and_reads_both_outputs_back(monkeypatch
     before = _snapshot(x)
     for path in (None, "pdl"):
         got = _on_cpu("flashinfer", d, path)(x)
-        assert len(got) == 2 and _agrees(d, x, got) and _unchanged(before, x.values)
+        assert len(got) == 2 and agrees(d, x, got) and _unchanged(before, x.values)
     assert [c[-1] for c in calls] == [None, True]
 
 
@@ -308,7 +302,7 @@ def test_flashinfer_before_0_2_is_api_missing_and_pdl_before_0_2_3(monkeypatch):
             get_ground_truth("flashinfer", shipped(name), device="cuda")
     _fake_flashinfer(monkeypatch, "0.2.0", pdl=False)
     x = generate_inputs(shipped(PLAIN), "small", 0)
-    assert _agrees(shipped(PLAIN), x, _on_cpu("flashinfer", shipped(PLAIN), "out")(x))
+    assert agrees(shipped(PLAIN), x, _on_cpu("flashinfer", shipped(PLAIN), "out")(x))
     for name in (PLAIN, FUSED):
         with pytest.raises(GroundTruthUnavailable, match="api-missing: flashinfer 0.2.0 .* has no enable_pdl"):
             _on_cpu("flashinfer", shipped(name), "pdl")(generate_inputs(shipped(name), "small", 0))
@@ -363,7 +357,7 @@ def test_flashinfer_adapters_are_planned_for_the_graph_mode(monkeypatch):
     for n in ("hidden_states", "residual", "weight"):  # new data into the planned tensors
         x.values[n].copy_(other.values[n])
     got = fgn.finish_fused(Call(d, x, module, None), launch())
-    assert _agrees(d, other, got)
+    assert agrees(d, other, got)
 
 
 # -- the SGLang adapter (a fake sgl_kernel) --------------------------------------------------------------
@@ -388,7 +382,7 @@ def test_sglang_calls_both_gemma_kernels_with_the_declared_eps(monkeypatch):
             x = generate_inputs(d, "small", 0, case=case)
             before = _snapshot(x)
             got = _on_cpu("sglang", d)(x)
-            assert _agrees(d, x, got) and _unchanged(before, x.values), (name, case)
+            assert agrees(d, x, got) and _unchanged(before, x.values), (name, case)
 
 
 def test_sglang_without_the_gemma_kernels_is_api_missing(monkeypatch):
@@ -412,30 +406,15 @@ ALSO = {f"{PLAIN}:eps-outside-sqrt": "eps_max", f"{PLAIN16}:squares-in-input-dty
 FAMILY = [m for m in MUTANTS if m.definition.startswith("gemma_")]
 
 
-def passes(d, case: str | None, size: str = "small") -> bool:
-    x = generate_inputs(d, size, 0, case=case)
-    return _agrees(d, x, run_reference(d, x))
-
-
 def test_every_boundary_class_has_a_mutant():
-    classes = {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS}
-    assert classes == {"boundary-magnitude", "boundary-structure"}
-    assert set(BOUNDARY_MUTANTS) == {m.name for m in FAMILY if m.cls.startswith("boundary-")}
+    assert_boundary_classes(FAMILY, BOUNDARY_MUTANTS, {"boundary-magnitude", "boundary-structure"})
     assert {m.cls for m in FAMILY} >= {"wrong-math", "mutates-inputs", "steers-verdict"}
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_MUTANTS))
 def test_a_boundary_bug_passes_typical_rows_and_is_caught_by_its_case(name):
-    [mutant] = [m for m in FAMILY if m.name == name]
-    d = shipped(mutant.definition)
-    bad = mutate(d, mutant)
-    for case in (BOUNDARY_MUTANTS[name], ALSO.get(name)):
-        if case is None:
-            continue
-        assert passes(d, case), f"the true reference fails {case}"
-        assert not passes(bad, case), f"{name} survives {case}"
-    assert passes(bad, None), f"{name} is caught on typical rows already: not a boundary bug"
-    assert passes(bad, None, "medium"), f"{name} is caught on typical medium rows already"
+    cases = [BOUNDARY_MUTANTS[name], ALSO[name]] if name in ALSO else [BOUNDARY_MUTANTS[name]]
+    assert_boundary_bug(mutant_named(FAMILY, name), cases, sizes=("small", "medium"), crash_fails=False)
 
 
 def test_the_weight_dtype_scale_is_a_known_gap_inside_the_bf16_tolerance():
@@ -446,9 +425,7 @@ def test_the_weight_dtype_scale_is_a_known_gap_inside_the_bf16_tolerance():
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY if m.survives is None])
 def test_planted_gemma_norm_bugs_are_caught(mutant):
-    [m] = [m for m in FAMILY if m.name == mutant]
-    k = kill(m, "torch", sizes=("small",), seeds=(0,))
-    assert k.killed is True, k.how
+    assert_killed(mutant_named(FAMILY, mutant))
 
 
 def test_the_fused_in_place_write_is_what_the_stale_residual_mutant_misses():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named, passes
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.definition import Definition
@@ -23,10 +24,8 @@ from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_groun
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
 from flashinfer_trace.inputs import layernorm as ln_inputs
 from flashinfer_trace.inputs.common import Builder, GeneratorMismatch
-from flashinfer_trace.mutants import MUTANTS, kill, mutate
+from flashinfer_trace.mutants import MUTANTS, mutate
 from flashinfer_trace.testing import run_reference
-from flashinfer_trace.verdict.compare import tolerance_for
-from flashinfer_trace.verdict.errormodel import compare_with_model
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "layernorm"
 H128, H129, H768 = "layernorm_h128", "layernorm_h129", "layernorm_h768"
@@ -185,11 +184,6 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_layernor
     return module
 
 
-def _agrees(d, x, got) -> bool:
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    return all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
-
-
 def test_flashinfer_paths():
     assert paths("flashinfer", shipped(H128)) == [None, "graph"]
     assert paths("sglang", shipped(H128)) == [None]
@@ -205,7 +199,7 @@ def test_flashinfer_calls_layernorm_positionally_with_the_call_s_eps(monkeypatch
     gt = dataclasses.replace(get_ground_truth("flashinfer", d, device="cuda"), device="cpu")
     got = gt(x)
     assert calls == [(torch.bfloat16, torch.float32, torch.float32, x.values["eps"])]
-    assert _agrees(d, x, got)
+    assert agrees(d, x, got)
     assert all(torch.equal(before[k], v) if isinstance(v, torch.Tensor) else before[k] == v
                for k, v in x.values.items())
 
@@ -263,29 +257,14 @@ ALSO = {f"{H768}:diff-of-squares": "near_max"}  # a second case that catches it 
 FAMILY = [m for m in MUTANTS if m.definition.startswith("layernorm_")]
 
 
-def passes(d, case: str | None, size: str = "small") -> bool:
-    x = generate_inputs(d, size, 0, case=case)
-    return _agrees(d, x, run_reference(d, x))
-
-
 def test_every_boundary_class_has_a_mutant():
-    classes = {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS}
-    assert classes == {"boundary-magnitude", "boundary-structure"}
-    assert set(BOUNDARY_MUTANTS) == {m.name for m in FAMILY if m.cls.startswith("boundary-")}
+    assert_boundary_classes(FAMILY, BOUNDARY_MUTANTS, {"boundary-magnitude", "boundary-structure"})
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_MUTANTS))
 def test_a_boundary_bug_passes_typical_rows_and_is_caught_by_its_case(name):
-    [mutant] = [m for m in FAMILY if m.name == name]
-    d = shipped(mutant.definition)
-    bad = mutate(d, mutant)
-    for case in (BOUNDARY_MUTANTS[name], ALSO.get(name)):
-        if case is None:
-            continue
-        assert passes(d, case), f"the true reference fails {case}"
-        assert not passes(bad, case), f"{name} survives {case}"
-    assert passes(bad, None), f"{name} is caught on typical rows already: not a boundary bug"
-    assert passes(bad, None, "medium"), f"{name} is caught on typical medium rows already"
+    cases = [BOUNDARY_MUTANTS[name], ALSO[name]] if name in ALSO else [BOUNDARY_MUTANTS[name]]
+    assert_boundary_bug(mutant_named(FAMILY, name), cases, sizes=("small", "medium"), crash_fails=False)
 
 
 def test_diff_of_squares_survives_at_h128_where_float32_keeps_the_terms_exact():
@@ -294,14 +273,12 @@ def test_diff_of_squares_survives_at_h128_where_float32_keeps_the_terms_exact():
     [m] = [m for m in FAMILY if m.id == "diff-of-squares"]
     narrow = mutate(shipped(H128), m)
     assert passes(narrow, "large_mean")
-    assert not passes(narrow, "near_max")  # the overflow of x^2 catches it at any width
+    assert not passes(narrow, "near_max", crash_fails=False)  # the overflow of x^2 catches it at any width
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY])
 def test_planted_layernorm_bugs_are_caught(mutant):
-    [m] = [m for m in FAMILY if m.name == mutant]
-    k = kill(m, "torch", sizes=("small",), seeds=(0,))
-    assert k.killed is True, k.how
+    assert_killed(mutant_named(FAMILY, mutant))
 
 
 def test_every_constant_row_output_is_exactly_the_bias_at_every_width():

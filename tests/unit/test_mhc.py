@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named, passes
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.dtypes import DType
@@ -20,10 +21,10 @@ from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, flashinfe
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
 from flashinfer_trace.inputs import mhc as mhc_inputs
 from flashinfer_trace.inputs.common import Builder, GeneratorMismatch
-from flashinfer_trace.mutants import MUTANTS, kill, mutate
+from flashinfer_trace.mutants import MUTANTS, mutate
 from flashinfer_trace.testing import run_reference
 from flashinfer_trace.verdict.compare import tolerance_for
-from flashinfer_trace.verdict.errormodel import compare_with_model, error_models
+from flashinfer_trace.verdict.errormodel import error_models
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "mhc_post"
 H4096, H7168, H127, H16392 = "mhc_post_hc4_h4096", "mhc_post_hc4_h7168", "mhc_post_hc4_h127", "mhc_post_hc4_h16392"
@@ -201,11 +202,6 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_mhc: boo
     return module
 
 
-def _agrees(d, x, got) -> bool:
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    return all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
-
-
 def test_flashinfer_paths():
     assert paths("flashinfer", shipped(H4096)) == [None, "post-3d", "outer-dims", "strided", "graph"]
     assert paths("sglang", shipped(H4096)) == [None]
@@ -230,7 +226,7 @@ def test_flashinfer_calls_mhc_post_in_each_mode(monkeypatch, mode, case):
     gt = dataclasses.replace(get_ground_truth("flashinfer", d, device="cuda", path=mode), device="cpu")
     got = gt(x)
     assert calls == [SHAPES[mode]]
-    assert got[0].shape == (4, 4, 127) and _agrees(d, x, got)
+    assert got[0].shape == (4, 4, 127) and agrees(d, x, got)
     assert all(torch.equal(before[k], v) for k, v in x.values.items())
 
 
@@ -298,40 +294,23 @@ ALSO = {f"{H4096}:half-accumulator": "tiny_values", f"{H4096}:half-output": "lar
 FAMILY = [m for m in MUTANTS if m.definition.startswith("mhc_post_")]
 
 
-def passes(d, case: str | None, size: str = "small") -> bool:
-    x = generate_inputs(d, size, 0, case=case)
-    return _agrees(d, x, run_reference(d, x))
-
-
 def test_every_boundary_class_has_a_mutant():
-    classes = {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS}
-    assert classes == {"boundary-magnitude", "boundary-structure"}
-    assert set(BOUNDARY_MUTANTS) == {m.name for m in FAMILY if m.cls.startswith("boundary-")}
+    assert_boundary_classes(FAMILY, BOUNDARY_MUTANTS, {"boundary-magnitude", "boundary-structure"})
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_MUTANTS))
 def test_a_boundary_bug_passes_typical_tokens_and_is_caught_by_its_case(name):
-    [mutant] = [m for m in FAMILY if m.name == name]
-    d = shipped(mutant.definition)
-    bad = mutate(d, mutant)
-    for case in (BOUNDARY_MUTANTS[name], ALSO.get(name)):
-        if case is None:
-            continue
-        assert passes(d, case), f"the true reference fails {case}"
-        assert not passes(bad, case), f"{name} survives {case}"
-    assert passes(bad, None), f"{name} is caught on typical tokens already: not a boundary bug"
-    assert passes(bad, None, "medium"), f"{name} is caught on typical medium tokens already"
+    cases = [BOUNDARY_MUTANTS[name], ALSO[name]] if name in ALSO else [BOUNDARY_MUTANTS[name]]
+    assert_boundary_bug(mutant_named(FAMILY, name), cases, sizes=("small", "medium"), crash_fails=False)
 
 
 def test_the_remainder_bug_is_planted_where_a_remainder_exists():
     [m] = [m for m in FAMILY if m.id == "remainder-unmixed"]
     assert m.definition == H127
     assert passes(mutate(shipped(H4096), m), None)  # 4096 % 8 == 0: nothing to drop
-    assert not passes(mutate(shipped(H127), m), None)
+    assert not passes(mutate(shipped(H127), m), None, crash_fails=False)
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY])
 def test_planted_mhc_post_bugs_are_caught(mutant):
-    [m] = [m for m in FAMILY if m.name == mutant]
-    k = kill(m, "torch", sizes=("small",), seeds=(0,))
-    assert k.killed is True, k.how
+    assert_killed(mutant_named(FAMILY, mutant))

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named, passes, truth
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, paths
 from flashinfer_trace.groundtruth.flashinfer_moe_routing import applies as fi_applies
 from flashinfer_trace.groundtruth.torch_ref import deepseek_routing
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
-from flashinfer_trace.mutants import MUTANTS, kill, mutate
-from flashinfer_trace.testing import run_reference
+from flashinfer_trace.mutants import MUTANTS, mutate
 from flashinfer_trace.verdict.compare import tolerance_for
 from flashinfer_trace.verdict.errormodel import compare_with_model
 
@@ -37,16 +37,8 @@ def gen(name: str, case: str | None = None, size: str = "small") -> Inputs:
     return generate_inputs(shipped(name), size, 0, case=case)
 
 
-def truth(d, x):
-    return get_ground_truth("torch", d, device="cpu")(x)
-
-
 def reports(d, x, got):
     return compare_with_model(d, x, got, truth(d, x), tolerance_for(d))
-
-
-def agrees(d, x, got) -> bool:
-    return all(r.passed for r in reports(d, x, got))
 
 
 # -- definitions and generator ------------------------------------------------------------------------------
@@ -305,37 +297,22 @@ ALSO = {f"{DS}:bias-ignored": "bias_flips", f"{DS}:weights-from-biased": "bias_c
 FAMILY = [m for m in MUTANTS if m.definition in ALL]
 
 
-def passes(d, case: str | None, size: str = "small") -> bool:
-    x = generate_inputs(d, size, 0, case=case)
-    return agrees(d, x, run_reference(d, x))
-
-
 def test_every_boundary_class_has_a_mutant():
-    classes = {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS}
-    assert classes == {"boundary-ties", "boundary-magnitude", "boundary-structure"}
-    assert set(BOUNDARY_MUTANTS) == {m.name for m in FAMILY if m.cls.startswith("boundary-")}
+    assert_boundary_classes(FAMILY, BOUNDARY_MUTANTS, {"boundary-ties", "boundary-magnitude", "boundary-structure"})
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_MUTANTS))
 def test_a_boundary_bug_passes_typical_rows_and_is_caught_by_its_case(name):
-    [mutant] = [m for m in FAMILY if m.name == name]
-    d = shipped(mutant.definition)
-    bad = mutate(d, mutant)
-    case = BOUNDARY_MUTANTS[name]
-    assert passes(d, case), f"the true reference fails {case}"
-    assert not passes(bad, case), f"{name} survives {case}"
-    assert passes(bad, None), f"{name} is caught on typical rows already: not a boundary bug"
-    assert passes(bad, None, "medium"), f"{name} is caught on typical medium rows already"
+    assert_boundary_bug(mutant_named(FAMILY, name), [BOUNDARY_MUTANTS[name]], sizes=("small", "medium"),
+                        crash_fails=False)
 
 
 @pytest.mark.parametrize("name", sorted(ALSO))
 def test_plain_bugs_are_caught_by_the_case_built_against_them(name):
     [mutant] = [m for m in FAMILY if m.name == name]
-    assert not passes(mutate(shipped(mutant.definition), mutant), ALSO[name])
+    assert not passes(mutate(shipped(mutant.definition), mutant), ALSO[name], crash_fails=False)
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY])
 def test_planted_moe_routing_bugs_are_caught(mutant):
-    [m] = [m for m in FAMILY if m.name == mutant]
-    k = kill(m, "torch", sizes=("small",), seeds=(0,))
-    assert k.killed is True, k.how
+    assert_killed(mutant_named(FAMILY, mutant))

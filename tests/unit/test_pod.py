@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
-from planted import assert_caught_by_its_case, assert_family_cases
+from planted import assert_caught_by_its_case, assert_family_cases, truth
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
@@ -31,10 +31,6 @@ ROOT = Path(__file__).resolve().parents[2] / "definitions"
 DEFS = sorted((ROOT / "pod").glob("*.json"))
 GQA = "pod_h32_kv8_d128_ps16"
 MHA = "pod_h32_kv32_d128_ps16"
-
-
-def _truth(d, x):
-    return get_ground_truth("torch", d, device="cpu")(x)
 
 
 def _pages(x):
@@ -131,7 +127,7 @@ def test_the_prefill_mask_is_bottom_right():
 def test_the_reference_agrees_with_the_truth(name, case):
     d = load_definition(name)
     x = generate_inputs(d, "small", 0, case=case)
-    got, want = run_reference(d, x), _truth(d, x)
+    got, want = run_reference(d, x), truth(d, x)
     assert all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
 
 
@@ -222,7 +218,7 @@ def test_plan_and_run_pass_the_pages_heads_scale_and_causal_prefill(monkeypatch,
     d = load_definition(GQA)
     x = generate_inputs(d, "small", 0, case=case)
     got = fpod.ADAPTERS[0].fn(Call(d, x, fi, Version("0.7.2.post1"), mode=mode))
-    assert len(got) == 2 and _close(got, _truth(d, x))
+    assert len(got) == 2 and _close(got, truth(d, x))
     plan, run = CALLS
     assert plan["heads"] == (32, 8, 128) and plan["page_size"] == 16
     assert plan["q_dtype"] == torch.bfloat16 and plan["kv_dtype"] == torch.bfloat16
@@ -241,7 +237,7 @@ def test_release_gates(monkeypatch):
         fpod.ADAPTERS[0].fn(Call(d, x, fi, Version("0.2.3")))
     fi = _fake(monkeypatch, "0.2.3", plan_scale=False)  # the default scale needs no sm_scale=
     got = fpod.ADAPTERS[0].fn(Call(d, x, fi, Version("0.2.3")))
-    assert _close(got, _truth(d, x)) and "sm_scale" not in CALLS[0]
+    assert _close(got, truth(d, x)) and "sm_scale" not in CALLS[0]
     x.values["sm_scale"] = 0.5 * x.values["sm_scale"]
     with pytest.raises(GroundTruthUnavailable, match=r"api-missing: .*plan has no sm_scale"):
         fpod.ADAPTERS[0].fn(Call(d, x, fi, Version("0.2.3")))
@@ -252,7 +248,7 @@ def test_the_plan_launches_on_the_live_tensors(monkeypatch):
     d = load_definition(MHA)
     x = generate_inputs(d, "small", 0, case="decode_one_key")
     got = modes.run(fpod.ADAPTERS[0], Call(d, x, fi, Version("0.6.6"), mode="plan-reuse"))
-    assert _close(got, _truth(d, x))
+    assert _close(got, truth(d, x))
     assert [c.get("run", False) for c in CALLS] == [False, True, True]  # one plan, two runs
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import (
@@ -26,11 +27,11 @@ from flashinfer_trace.groundtruth import (
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
 from flashinfer_trace.inputs import segment_gemm as sg_inputs
 from flashinfer_trace.inputs.common import Builder, GeneratorMismatch
-from flashinfer_trace.mutants import MUTANTS, kill, mutate
+from flashinfer_trace.mutants import MUTANTS
 from flashinfer_trace.testing import run_reference
 from flashinfer_trace.timing import roofline
 from flashinfer_trace.verdict.compare import tolerance_for
-from flashinfer_trace.verdict.errormodel import compare_with_model, error_models
+from flashinfer_trace.verdict.errormodel import error_models
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "segment_gemm"
 SHRINK, EXPAND = "segment_gemm_lora_shrink_h4096_r16", "segment_gemm_lora_expand_h4096_r16"
@@ -200,11 +201,6 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_class: b
     return module
 
 
-def _agrees(d, x, got) -> bool:
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    return all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
-
-
 def _on_cpu(d, path=None):
     return dataclasses.replace(get_ground_truth("flashinfer", d, device="cuda", path=path), device="cpu")
 
@@ -236,7 +232,7 @@ def test_flashinfer_calls_run_as_documented(monkeypatch, name, path, want):
     assert {k: c[k] for k in want} == want and c["batch"] == x.values["seg_indptr"].shape[0] - 1
     assert c["col"] == (not col if path == "other-layout" else col)
     assert c["indices"] == (x.values["weight_indices"].tolist() if "weight_indices" in x.values else None)
-    assert _agrees(d, x, got)
+    assert agrees(d, x, got)
     assert all(torch.equal(before[k], v) for k, v in x.values.items())
 
 
@@ -245,7 +241,7 @@ def test_identity_indices_path_passes_arange(monkeypatch):
     _fake(monkeypatch, "0.7.2.post1", calls)
     d = shipped(MOE)
     x = generate_inputs(d, "small", 0)
-    assert _agrees(d, x, _on_cpu(d, "identity-indices")(x))
+    assert agrees(d, x, _on_cpu(d, "identity-indices")(x))
     assert calls[0]["indices"] == list(range(8))
     with pytest.raises(GroundTruthUnavailable, match="has weight_indices"):
         get_ground_truth("flashinfer", shipped(SHRINK), device="cuda", path="identity-indices")
@@ -255,8 +251,8 @@ def test_the_seg_lens_path_fails_long_segments_as_flashinfer_s_run_computes_them
     _fake(monkeypatch, "0.6.6")
     d = shipped(SHRINK)
     x = generate_inputs(d, "small", 0, case="long_segment")
-    assert _agrees(d, x, _on_cpu(d)(x))
-    assert not _agrees(d, x, _on_cpu(d, "seg-lens")(x))  # 2049 -> 2048 through bfloat16
+    assert agrees(d, x, _on_cpu(d)(x))
+    assert not agrees(d, x, _on_cpu(d, "seg-lens")(x))  # 2049 -> 2048 through bfloat16
 
 
 def test_flashinfer_release_gates(monkeypatch):
@@ -323,33 +319,16 @@ BOUNDARY_MUTANTS = {  # mutant -> the case that catches it (typical operands pas
 FAMILY = [m for m in MUTANTS if m.definition.startswith("segment_gemm_")]
 
 
-def passes(d, case: str | None, size: str = "small") -> bool:
-    x = generate_inputs(d, size, 0, case=case)
-    try:
-        return _agrees(d, x, run_reference(d, x))
-    except Exception:  # noqa: BLE001 - a wrong shape fails the comparison outright
-        return False
-
-
 def test_every_boundary_class_has_a_mutant():
-    assert {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS} == {"boundary-magnitude", "boundary-structure"}
-    assert set(BOUNDARY_MUTANTS) == {m.name for m in FAMILY if m.cls.startswith("boundary-")}
+    assert_boundary_classes(FAMILY, BOUNDARY_MUTANTS, {"boundary-magnitude", "boundary-structure"})
     assert set(BOUNDARY_MUTANTS.values()) == set(sg_inputs.CASES)
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_MUTANTS))
 def test_a_boundary_bug_passes_typical_operands_and_is_caught_by_its_case(name):
-    [mutant] = [m for m in FAMILY if m.name == name]
-    d = shipped(mutant.definition)
-    bad = mutate(d, mutant)
-    case = BOUNDARY_MUTANTS[name]
-    assert passes(d, case), f"the true reference fails {case}"
-    assert not passes(bad, case), f"{name} survives {case}"
-    assert passes(bad, None), f"{name} is caught on typical operands already: not a boundary bug"
+    assert_boundary_bug(mutant_named(FAMILY, name), [BOUNDARY_MUTANTS[name]])
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY])
 def test_planted_segment_gemm_bugs_are_caught(mutant):
-    [m] = [m for m in FAMILY if m.name == mutant]
-    k = kill(m, "torch", sizes=("small",), seeds=(0,))
-    assert k.killed is True, k.how
+    assert_killed(mutant_named(FAMILY, mutant))

@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.version import Version
+from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, paths
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
-from flashinfer_trace.mutants import MUTANTS, kill, mutate
+from flashinfer_trace.mutants import MUTANTS
 from flashinfer_trace.testing import run_reference
-from flashinfer_trace.verdict.compare import tolerance_for
-from flashinfer_trace.verdict.errormodel import compare_with_model
 
 DEFS = Path(__file__).resolve().parents[2] / "definitions" / "topk"
 F32, BF16, K1, KN = "top_k_v128256_k50", "top_k_v151936_k20_bf16", "top_k_v32000_k1_fp16", "top_k_v2048_k2048"
@@ -33,11 +32,6 @@ def shipped(name: str):
 
 def gen(name: str, case: str | None = None, size: str = "small") -> Inputs:
     return generate_inputs(shipped(name), size, 0, case=case)
-
-
-def agrees(d, x, got) -> bool:
-    want = get_ground_truth("torch", d, device="cpu")(x)
-    return all(r.passed for r in compare_with_model(d, x, got, want, tolerance_for(d)))
 
 
 # -- definitions and generator ------------------------------------------------------------------------------
@@ -264,36 +258,20 @@ ALSO = {f"{F32}:tie-slot-repeated": "all_equal"}
 FAMILY = [m for m in MUTANTS if m.definition in ALL]
 
 
-def passes(d, case: str | None, size: str = "small") -> bool:
-    x = generate_inputs(d, size, 0, case=case)
-    return agrees(d, x, run_reference(d, x))
-
-
 def test_every_boundary_class_has_a_mutant():
-    classes = {m.cls for m in FAMILY if m.name in BOUNDARY_MUTANTS}
-    assert classes == {"boundary-ties", "boundary-magnitude", "boundary-structure", "boundary-parameter"}
-    assert set(BOUNDARY_MUTANTS) == {m.name for m in FAMILY if m.cls.startswith("boundary-")}
+    assert_boundary_classes(FAMILY, BOUNDARY_MUTANTS,
+                            {"boundary-ties", "boundary-magnitude", "boundary-structure", "boundary-parameter"})
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY_MUTANTS))
 def test_a_boundary_bug_passes_typical_rows_and_is_caught_by_its_case(name):
-    [mutant] = [m for m in FAMILY if m.name == name]
-    d = shipped(mutant.definition)
-    bad = mutate(d, mutant)
-    for case in (BOUNDARY_MUTANTS[name], ALSO.get(name)):
-        if case is None:
-            continue
-        assert passes(d, case), f"the true reference fails {case}"
-        assert not passes(bad, case), f"{name} survives {case}"
-    assert passes(bad, None), f"{name} is caught on typical rows already: not a boundary bug"
-    assert passes(bad, None, "medium"), f"{name} is caught on typical medium rows already"
+    cases = [BOUNDARY_MUTANTS[name], ALSO[name]] if name in ALSO else [BOUNDARY_MUTANTS[name]]
+    assert_boundary_bug(mutant_named(FAMILY, name), cases, sizes=("small", "medium"), crash_fails=False)
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in FAMILY])
 def test_planted_topk_bugs_are_caught(mutant):
-    [m] = [m for m in FAMILY if m.name == mutant]
-    k = kill(m, "torch", sizes=("small",), seeds=(0,))
-    assert k.killed is True, k.how
+    assert_killed(mutant_named(FAMILY, mutant))
 
 
 def test_nan_is_never_generated():

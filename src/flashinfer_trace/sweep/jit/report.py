@@ -128,8 +128,8 @@ class JitReport:
 
     def outcome(self, definition: str, source: str, api: str | None = None) -> BuildRecord | None:
         """The prebuild's record of (definition, source); for a pair it did not build, where `api` is given, the
-        record of a job it deferred for the same API (a definition it did not plan, e.g. one of FlashInfer's own
-        traced files, would build that module inside a test); else None."""
+        record of a job it deferred for `api` or for an API sharing its JIT module (deferred_for: a definition it did
+        not plan, e.g. one of FlashInfer's own traced files, would build that module inside a test); else None."""
         found = self.records.get((definition, source))
         return found if found is not None or api is None else deferred_for(self.records.values(), api, source)
 
@@ -138,8 +138,12 @@ class JitReport:
 
 
 def deferred_for(records: Iterable[BuildRecord], api: str, source: str) -> BuildRecord | None:
-    """A record of a job deferred for `api` (from `source`), as the deferral of another definition of that API:
-    its module is the one left to the jit- session. (An fp8 MoE file of FlashInfer's own, not among the
+    """The deferral that stands for `api` (from `source`): the first deferred record of `source` whose API is `api`
+    or whose `covers` names it (the other APIs that load the JIT modules its known build makes:
+    expect.sharing_apis), copied as a deferred record of `api` whose message names the definition it was deferred
+    for and whether through the same API or a shared JIT module; None when no deferred record of `source` is or
+    covers `api`.
+    Those modules are the ones left to the jit- session. (An fp8 MoE file of FlashInfer's own, not among the
     prebuild's jobs, built that module for 10 minutes inside a test while holding device memory, and a case
     waiting to take the device alone held every other process: H200, 2026-11-29.)"""
     for r in records:
@@ -292,7 +296,7 @@ class PrebuildWatch:
 
     def outcome(self, definition: str, source: str, api: str | None = None) -> BuildRecord | None:
         """The job's record, waiting for it while the running prebuild has it planned and not ended; for a job it
-        does not have, a deferred job's of the same `api` (JitReport.outcome)."""
+        does not have, the deferral standing for `api` (deferred_for, as JitReport.outcome)."""
         while True:
             settled, record = self._verdict(definition, source)
             if settled:
