@@ -178,3 +178,20 @@ def test_check_failure_lines_print_the_reason_as_written(capsys, valid, write_de
     assert code == 1 and failures
     assert all("[link=https://x]click[/link] \\x1b[2J" in line for line in failures)
     assert "\x1b" not in out
+
+
+@pytest.mark.parametrize("results", [None, ""])
+def test_check_says_first_where_its_records_go(capsys, valid, write_def, monkeypatch, tmp_path, results):
+    """By default `check` appends to results/check.jsonl under the current folder: its first line says so."""
+    monkeypatch.chdir(tmp_path)
+    path = write_def(valid)
+    extra = () if results is None else ("--results", results)
+    code, _, err = run_cli(capsys, "check", str(path), "--ground-truth", "torch", "--size", "small",
+                           "--no-edge-cases", "--device", "cpu", "--save-failures", "", "--no-progress", *extra)
+    first = " ".join(err.split("\n")[0].split())
+    assert code == 0, err
+    if results is None:
+        assert first.startswith("check: 1 definition(s); each record appended to")
+        assert f"{tmp_path / 'results' / 'check.jsonl'}" in " ".join(err.split()) and (tmp_path / "results").is_dir()
+    else:
+        assert first == "check: 1 definition(s); no records file (--results '')"

@@ -199,6 +199,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                                  resume=args.resume)
     targets = args.targets or [str(definitions_dir(args.definitions))]
     found = discover(targets, config)
+    where = (f"each record appended to {Path(config.results_file).resolve()} (--results FILE to choose, '' for none)"
+             if config.results_file else "no records file (--results '')")
+    err.print(for_rich(f"check: {len(found.definitions)} definition(s); {where}"), highlight=False)
     kernels = tuple(s for s in sources if s in ("flashinfer", "sglang"))  # the JIT-built ones
     background, ready = None, {}
     if kernels and config.resolved_device.startswith("cuda") and not args.no_prebuild:
