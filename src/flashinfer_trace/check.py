@@ -110,10 +110,10 @@ class CheckConfig:
 
     @property
     def all_seeds(self) -> tuple[tuple[int, bool], ...]:
-        """(seed, fresh) of every comparison: the fixed seeds, then the fresh one."""
-        fixed = tuple((s, False) for s in self.seeds)
-        fresh = () if self.fresh_seed is None or self.fresh_seed in self.seeds else ((self.fresh_seed, True),)
-        return fixed + fresh
+        """(seed, fresh) of every comparison: the fixed seeds, then the fresh one (a seed named both ways is the
+        fresh one: its counts drawn too, as a fresh record's replay asks: `--seed N --fresh-seed N`)."""
+        fixed = tuple((s, False) for s in self.seeds if s != self.fresh_seed)
+        return fixed + (() if self.fresh_seed is None else ((self.fresh_seed, True),))
 
     def sampling(self, edge: bool = False) -> SamplingSettings:
         """Sampler checks: the draws follow from what must be seen (verdict/samples.py; a boundary case is
@@ -515,8 +515,9 @@ def _run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
                      "worker_starts": pool.worker_starts() - starts}
     record.environment = config.environment
     if memo.inputs is not None and memo.key == (case.definition.name, case.size, case.seed, case.case,
-                                                 case.definition_set):
+                                                 case.definition_set, case.fresh):
         record.inputs = memo.inputs.source
+        record.axes = {a: memo.inputs.axes[a] for a in case.definition.var_axes if a in memo.inputs.axes} or None
     if record.status is Status.FAIL and config.save_failures:
         record.failure_file = save_failure(record, case, memo, config)
     return record

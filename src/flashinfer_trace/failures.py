@@ -14,9 +14,12 @@ from .sweep.results import write_atomic
 DEFAULT_DIR = Path("results") / "failures"
 
 
-def replay_command(definition: str, size: str, seed: int, case: str | None, source: str, device: str) -> str:
+def replay_command(definition: str, size: str, seed: int, case: str | None, source: str, device: str,
+                   fresh: bool = False) -> str:
+    """`check` on exactly this case: its seed alone, as the run's fresh seed where it was one (whose counts are
+    drawn from it too), else with no fresh seed beside it."""
     parts = ["flashinfer-trace", "check", definition, "--size", size, "--seed", str(seed),
-             "--ground-truth", source, "--device", device]
+             "--fresh-seed", str(seed) if fresh else "off", "--ground-truth", source, "--device", device]
     if case:
         parts += ["--case", case]
     return " ".join(parts)
@@ -33,7 +36,8 @@ def save_failure(record: dict[str, Any], directory: str | Path = DEFAULT_DIR, *,
     # a reference-only check (shape, dtype, determinism) has source None: any ground truth replays it
     record = {**record, "replay": replay_command(target, record.get("size") or "small",
                                                  int(record.get("seed") or 0), record.get("case"),
-                                                 record.get("source") or "all", record.get("device") or "cpu")}
+                                                 record.get("source") or "all", record.get("device") or "cpu",
+                                                 bool(record.get("fresh")))}
     if inputs:
         record["inputs_file"] = _save_inputs(record, directory / f"{stem}.safetensors")
     path = directory / f"{stem}.json"
@@ -51,7 +55,7 @@ def _save_inputs(record: dict[str, Any], path: Path) -> str | None:
     from .inputs import generate_inputs
 
     x = generate_inputs(record["definition_path"] or record["definition"], record.get("size", "small"),
-                        int(record.get("seed", 0)), case=record.get("case"))
+                        int(record.get("seed", 0)), case=record.get("case"), fresh=bool(record.get("fresh")))
     tensors = {k: v.contiguous() for k, v in x.values.items() if isinstance(v, torch.Tensor)}
     scalars = {k: str(v) for k, v in x.values.items() if not isinstance(v, torch.Tensor)}
     path.parent.mkdir(parents=True, exist_ok=True)

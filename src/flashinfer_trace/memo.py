@@ -63,7 +63,7 @@ class Memo:
         self._planned: tuple | None = None  # (case, group) of the last memory plan
 
     def pristine(self, case: Case, phases: Phases) -> Inputs:
-        key = (case.definition.name, case.size, case.seed, case.case, case.definition_set)
+        key = (case.definition.name, case.size, case.seed, case.case, case.definition_set, case.fresh)
         if key != self.key:  # forgotten before generating: a failure must not leave another case's inputs
             new_definition = self.key is not None and (self.key[0], self.key[4]) != (key[0], key[4])
             self.key = self.inputs = self.outputs = self._scales = None
@@ -79,7 +79,7 @@ class Memo:
                 guard.before_generation(case.definition, key[:4], case.id)
             with phases("inputs"):
                 self.inputs = generate_inputs(case.definition, case.size, case.seed, device=self.device,
-                                              case=case.case, memory=self.memory,
+                                              case=case.case, memory=self.memory, fresh=case.fresh,
                                               reserve=guard.reserver(case.id) if guard is not None else None)
             if guard is not None:
                 guard.after_generation(case.definition, key[:4], self.inputs)

@@ -81,6 +81,12 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("rmsnorm_h4096", "eps-constant", "its own EPS = 9e-3, not the declared 1e-5 (a ground truth that read EPS "
        "from the reference would agree with it)",
        ("EPS = 1e-5", "EPS = 9e-3"), cls="steers-verdict"),
+    _m("rmsnorm_h4096", "table-sizes-only", "right only at the batch sizes the suite's tables list (1-8 and the "
+       "powers of two to 4096), zeros at any other: every fixed seed passes, a fresh seed's count does not",
+       ("    return y.to(hidden_states.dtype)",
+        "    if x.shape[0] not in (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096):\n"
+        "        return torch.zeros_like(hidden_states)\n    return y.to(hidden_states.dtype)"),
+       cls="steers-verdict"),
     _m("rmsnorm_h4096", "no-weight", "the weight is not applied", ("y = x * inv_rms * weight.to(torch.float32)",
                                                                     "y = x * inv_rms")),
     _m("rmsnorm_h4096", "rms-not-mean", "sum of squares instead of their mean",
@@ -619,6 +625,11 @@ class Kill:
     baseline_margin: Margin | None = None  # the true reference's, same plan and ground truth
 
 
+# the planted bugs' fresh seed: fixed, so a kill is reproducible, yet its counts are drawn like a run's fresh seed's
+# (inputs.common.fresh_count): a reference right only at the tiers' sizes is caught here as in a run
+PLANTED_FRESH_SEED = 20261129
+
+
 @dataclass(frozen=True)
 class PlanRun:
     failure: str | None  # the first check that failed or errored; None when everything passed
@@ -627,15 +638,16 @@ class PlanRun:
 
 def run_plan(d: Definition, source: str, *, device: str = "cpu", sizes=("small", "medium"), seeds=(0, 1),
              draws: int | None = None, tolerance: dict[str, float] | None = None, resolve=None,
-             repeats: int | None = None, cases: tuple[str, ...] | None = None) -> PlanRun:
-    """`check`'s plan (shape, dtype, every size x seed, determinism, edge cases) for `d` against `source`,
-    up to its first failure or error (`tolerance`: command-line overrides; `cases`: CheckConfig's). Raises
-    GroundTruthUnavailable when the ground truth could not run any comparison here."""
+             repeats: int | None = None, cases: tuple[str, ...] | None = None,
+             fresh_seed: int | None = PLANTED_FRESH_SEED) -> PlanRun:
+    """`check`'s plan (shape, dtype, every size x seed and the fresh seed, determinism, edge cases) for `d` against
+    `source`, up to its first failure or error (`tolerance`: command-line overrides; `cases`: CheckConfig's).
+    Raises GroundTruthUnavailable when the ground truth could not run any comparison here."""
     from .check import CheckConfig, Discovered, plan, run
 
     config = CheckConfig(sources=(source,), sizes=tuple(sizes), seeds=tuple(seeds), device=device, draws=draws,
                          tolerance=dict(tolerance or {}), resolve=resolve, repeats=repeats, paths=resolve is None,
-                         cases=cases)
+                         cases=cases, fresh_seed=fresh_seed)
     compared, reports = [], []
     for r in run(plan(Discovered([d], []), config), config):
         if r.check in ("match", "edge"):

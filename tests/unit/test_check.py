@@ -460,8 +460,10 @@ def test_a_reference_only_failure_saves_a_replay_of_every_ground_truth(tmp_path)
     record = {"definition": "rmsnorm_h8", "check": "deterministic", "status": "fail", "size": "small", "seed": 0,
               "case": None, "source": None, "device": "cuda:0", "definition_path": None}
     saved = json.loads(save_failure(record, tmp_path).read_text())
-    assert saved["replay"] == ("flashinfer-trace check rmsnorm_h8 --size small --seed 0 --ground-truth all "
-                               "--device cuda:0")
+    assert saved["replay"] == ("flashinfer-trace check rmsnorm_h8 --size small --seed 0 --fresh-seed off "
+                               "--ground-truth all --device cuda:0")
+    fresh = json.loads(save_failure({**record, "seed": 9912, "fresh": True}, tmp_path).read_text())
+    assert "--seed 9912 --fresh-seed 9912 " in fresh["replay"]  # the fresh seed's counts drawn again
 
 
 # -- a reference that writes into its inputs ---------------------------------------------------------

@@ -1128,3 +1128,33 @@ def test_kv_last_page_len_declared_as_long_as_the_indptr_gets_a_trailing_unused_
     pages = (indptr[1:] - indptr[:-1]).tolist()
     assert all(1 <= n <= 4 for n, p in zip(last[:-1].tolist(), pages, strict=True) if p)
     assert sem.last_page_lens(indptr, 4, last).tolist() == last[:-1].tolist()
+
+
+# -- fresh sizes ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n, most", [(1, None), (4, None), (16, None), (64, None), (2048, None), (8, 16), (4, 16)])
+def test_a_fresh_count_is_a_size_no_table_lists(n, most):
+    from flashinfer_trace.inputs.common import fresh_count, stream
+
+    drawn = [fresh_count(n, stream("test-fresh", s), most) for s in range(64)]
+    assert all(v % 2 == 1 and v & (v - 1) and v >= (9 if most is None or most > 9 else 1) for v in drawn)
+    assert all(v <= max(2 * n + 1, 13) and (most is None or v <= most) for v in drawn)
+    assert len(set(drawn)) > 1  # drawn, not fixed
+    assert drawn == [fresh_count(n, stream("test-fresh", s), most) for s in range(64)]  # replayable
+
+
+def test_the_fresh_seed_draws_the_counts_and_a_fixed_seed_keeps_the_tier():
+    d = rmsnorm()
+    fixed = generate_inputs(d, "small", 20261129)
+    fresh = generate_inputs(d, "small", 20261129, fresh=True)
+    assert fixed.axes["batch_size"] == 4 and fresh.axes["batch_size"] >= 9 and fresh.axes["batch_size"] % 2
+    assert same_bits(fresh, generate_inputs(d, "small", 20261129, fresh=True))  # the same case on a replay
+
+
+def test_a_reference_right_only_at_the_tables_sizes_is_caught_by_the_fresh_counts():
+    from flashinfer_trace.mutants import MUTANTS, kill
+
+    m = next(m for m in MUTANTS if m.name == "rmsnorm_h4096:table-sizes-only")
+    caught = kill(m, "torch", sizes=("small", "medium"), cases=())
+    assert caught.killed and "seed 20261129" in caught.how  # the planted fresh seed's 9-13 rows
+    # the fixed seeds pass at both sizes (4 and 64 rows; every edge case's count is a table's too)
+    assert kill(m, "torch", sizes=("small", "medium"), cases=(), fresh_seed=None).killed is False

@@ -203,7 +203,10 @@ def test_the_fresh_seed_is_recorded_replayable_and_not_in_the_id():
     assert cases[2].id.endswith("-small-fresh")
     (r,) = list(run(cases[2:], config))
     assert r.seed == 123456 and r.fresh and r.status is Status.PASS
-    assert CheckConfig(seeds=(7,), fresh_seed=7).all_seeds == ((7, False),)  # a replay is not run twice
+    assert r.axes == {"batch_size": next(iter(r.axes.values()))} and r.axes["batch_size"] >= 9  # drawn afresh
+    # a fresh record's replay (`--seed N --fresh-seed N`) runs it once, as the fresh seed: its counts drawn again
+    assert CheckConfig(seeds=(7,), fresh_seed=7).all_seeds == ((7, True),)
+    assert CheckConfig(seeds=(0, 7), fresh_seed=7).all_seeds == ((0, False), (7, True))
 
 
 @pytest.mark.parametrize("option, want", [("off", None), ("42", 42)])

@@ -103,7 +103,7 @@ def _making_device(device: str | torch.device) -> torch.device:
 
 def generate_inputs(definition: Definition | str | Path, size: str = "small", seed: int = 0, *,
                     device: str | torch.device = "cpu", case: str | None = None, memory: int | None = None,
-                    reserve=None) -> Inputs:
+                    reserve=None, fresh: bool = False) -> Inputs:
     """Inputs for one case of a definition: the same (definition, size, seed, case) always gives
     bit-identical values, whatever the device. The tensors are made on `device` itself (a CPU or
     a CUDA device; on the CPU and then moved for any other), the small structural ones on the CPU
@@ -117,7 +117,8 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
     fits but whose case breaks the definition (a constraint, a const axis) is an InputGenerationError, not
     a fallback: the definition or the generator is wrong, and benign declared inputs would hide which.
     `memory`: the bytes a case may use (a larger one is CaseTooLarge); `reserve(nbytes, what)`: asked before a
-    family generator makes a large tensor (a device's memory budget)."""
+    family generator makes a large tensor (a device's memory budget). `fresh`: `seed` is a run's fresh seed, whose
+    typical counts (rows, tokens, requests) are drawn too (Builder.count): sizes no table lists."""
     d = _definition(definition)
     if size not in SIZES:
         raise InputGenerationError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}", definition=d.name)
@@ -127,7 +128,8 @@ def generate_inputs(definition: Definition | str | Path, size: str = "small", se
         raise InputGenerationError(f"unknown edge case {case!r} for op_type {d.op_type!r}; valid: "
                                    f"{', '.join(cases) or 'none'}", definition=d.name)
     try:
-        return _generate_by_family(d, size, seed, device=device, case=case, memory=memory, reserve=reserve)
+        return _generate_by_family(d, size, seed, device=device, case=case, memory=memory, reserve=reserve,
+                                   fresh=fresh)
     except GeneratorMismatch as e:
         if case is not None:
             error = EdgeCaseUnavailable(f"edge case {case!r} needs the {family_for(d).name} generator, which does not "
@@ -180,7 +182,7 @@ def _cached(d: Definition, size: str, seed: int, device, source: str, make) -> I
 
 
 def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | torch.device,
-                        case: str | None, memory: int | None = None, reserve=None) -> Inputs:
+                        case: str | None, memory: int | None = None, reserve=None, fresh: bool = False) -> Inputs:
     strings = [n for n, spec in d.inputs.items() if spec.is_string]
     if strings:  # fi_trace's string arguments: no generator knows a value for one (docs/definitions.md)
         raise GeneratorMismatch(
@@ -200,12 +202,13 @@ def _generate_by_family(d: Definition, size: str, seed: int, *, device: str | to
                 definition=d.name)
     key = None
     if _cache_size:
-        key = (hashlib.sha256(d.to_json(indent=None).encode()).hexdigest(), size, seed, case)
+        key = (hashlib.sha256(d.to_json(indent=None).encode()).hexdigest(), size, seed, case, fresh)
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
             return hit.to(device, copy=True)
-    builder = Builder(d, size, seed, case, device=_making_device(device), memory=memory, reserve=reserve)
+    builder = Builder(d, size, seed, case, device=_making_device(device), memory=memory, reserve=reserve,
+                      fresh=fresh)
     try:
         family.generate(builder)
     except InputGenerationError:

@@ -62,7 +62,8 @@ def generate(b: Builder) -> None:
     other = [n for n in b.definition.inputs if n not in floats]
     if other or not floats:
         raise b.error(f"the activation generator makes float tensors only; cannot make {', '.join(other)}")
-    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS if b.case in BOUNDARY_CASES else ROWS)[b.size]
+    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS[b.size] if b.case in BOUNDARY_CASES
+                                               else b.count(ROWS[b.size]))
     bind_rows(b, floats, rows)
     for name in floats:
         if b.case == "saturated_gates":

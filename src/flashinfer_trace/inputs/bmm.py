@@ -108,9 +108,9 @@ def _bind(b: Builder, cases: tuple[str, ...]) -> None:
     if b.case == "single_batch" and batch_axis in b.definition.const_axes:
         raise b.error(f"case single_batch needs a var {batch_axis} (this definition fixes it)")
     if batch_axis not in b.definition.const_axes:
-        b.set_axis(batch_axis, 1 if b.case == "single_batch" else BATCH[b.size])
+        b.set_axis(batch_axis, 1 if b.case == "single_batch" else b.count(BATCH[b.size], "batch"))
     if m_axis not in b.definition.const_axes:
-        b.set_axis(m_axis, 1 if b.case == "single_token" else ROWS[b.size])
+        b.set_axis(m_axis, 1 if b.case == "single_token" else b.count(ROWS[b.size], "rows"))
 
 
 def generate_bf16(b: Builder) -> None:

@@ -140,7 +140,7 @@ def generate(b: Builder) -> None:
     cases = edge_cases(b.definition)
     if b.case is not None and b.case not in cases:
         raise b.error(f"unknown case {b.case!r} for a {k} merge (cases: {', '.join(cases)})")
-    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS if b.case else ROWS)[b.size]
+    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS[b.size] if b.case else b.count(ROWS[b.size]))
     firsts = ("v_a", "s_a") if k == "pair" else ("v", "s")
     bind_rows(b, [n for n in b.definition.inputs if n != "mask"], rows)
     if k == "multi":

@@ -149,6 +149,20 @@ def _fixed_elements(definition: Definition) -> list[tuple[int, int]]:
     return out
 
 
+# -- fresh sizes -------------------------------------------------------------------------------------
+def fresh_count(n: int, g: Stream, most: int | None = None) -> int:
+    """An odd count in [max(n + 1, 9), max(2 n + 1, 13)] that is no power of two, a prime where the range holds
+    one (half the draws): past every small table (1-8), off the tiles' powers of two, at most about twice the
+    tier's size (the memory plan's reach). `most` caps it (an API's largest count; then 9 and up where it can)."""
+    lo, hi = max(n + 1, 9), max(2 * n + 1, 13)
+    if most is not None:
+        lo, hi = min(lo, max(most - 1, 1)), min(hi, most)
+    odd = [v for v in range(lo | 1, hi + 1, 2) if v & (v - 1)] or [hi]
+    primes = [v for v in odd if all(v % p for p in range(3, int(v ** 0.5) + 1, 2))]
+    pool = primes if primes and randint(0, 2, (1,), g).item() == 0 else odd
+    return pool[int(randint(0, len(pool), (1,), g).item())]
+
+
 # -- the result -------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class Inputs:
@@ -226,8 +240,10 @@ class Builder:
 
     def __init__(self, definition: Definition, size: str, seed: int, case: str | None,
                  device: torch.device | str = "cpu", memory: int | None = None,
-                 reserve: Callable[[int, str], None] | None = None):
+                 reserve: Callable[[int, str], None] | None = None, fresh: bool = False):
         self.definition = definition
+        # a run's fresh seed: its typical counts (rows, tokens, requests) are drawn afresh too (count())
+        self.fresh = fresh
         self.memory = memory  # bytes this case may use (the device's budget); None: all of the device's memory
         # asked before a large tensor is made (the device's memory budget: budget/guard.py); it may raise to have
         # the case generated again once the memory is there
@@ -265,6 +281,12 @@ class Builder:
     def rng(self, tag: str) -> Stream:
         """One named random stream of this case."""
         return stream("flashinfer-trace-inputs/v2", self.seed, self.definition.name, self.size, self.case, tag)
+
+    def count(self, n: int, tag: str = "count", *, most: int | None = None) -> int:
+        """A typical count of the case (rows, tokens, requests): the size tier's `n` for the fixed seeds; for a
+        run's fresh seed a size no tier lists, drawn from that seed (replayable with it), so a reference right
+        only at the suite's sizes fails (fresh_count; `most`: the API's limit)."""
+        return fresh_count(n, self.rng(f"fresh-{tag}"), most) if self.fresh else n
 
     # -- reading the definition
     def has(self, name: str) -> bool:

@@ -66,6 +66,7 @@ def layout(b: Builder) -> str:
 
 def _lengths(b: Builder, page: int) -> list[int]:
     requests, longest = TIERS[b.size]
+    requests = b.count(requests) if b.case is None else requests
     longest = max(longest, 3 * page)
     g = b.rng("lengths")
     lens = randint(1, longest + 1, (requests,), g).tolist()

@@ -77,7 +77,8 @@ def generate(b: Builder) -> None:
     if len(floats) != len(b.definition.inputs):
         raise b.error("gemm inputs must all be float tensors")
     acts = [n for n in floats if n in ACTIVATIONS]
-    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS if b.case in BOUNDARY_CASES else ROWS)[b.size]
+    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS[b.size] if b.case in BOUNDARY_CASES
+                                               else b.count(ROWS[b.size]))
     bind_rows(b, acts, rows)
     for name in floats:
         if name not in WEIGHTS:

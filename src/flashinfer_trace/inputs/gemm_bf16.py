@@ -69,7 +69,9 @@ def _rows(b: Builder, form: str) -> int:
         return 1
     if b.case == "max_tokens":
         return ROUTER_MAX_TOKENS
-    return (ROUTER_ROWS if form == "router" else ROWS)[b.size]
+    if form == "router":
+        return b.count(ROUTER_ROWS[b.size], most=ROUTER_MAX_TOKENS)
+    return b.count(ROWS[b.size])
 
 
 def _activation(b: Builder, name: str) -> torch.Tensor:

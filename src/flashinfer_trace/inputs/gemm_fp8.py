@@ -110,7 +110,7 @@ def generate(b: Builder) -> None:
         raise b.error(f"unknown case {b.case!r} (cases: {', '.join(CASES)})")
     m_axis = b.dim_axis("input", 0)
     if m_axis not in b.definition.const_axes:
-        b.set_axis(m_axis, 1 if b.case == "single_token" else ROWS[b.size])
+        b.set_axis(m_axis, 1 if b.case == "single_token" else b.count(ROWS[b.size]))
     m, k = b.shape("input")
     n = b.dim("weight", 0)
     if k % BLOCK or b.shape("input_scale") != (m, k // BLOCK) or b.shape("weight_scale") != (math.ceil(n / BLOCK),

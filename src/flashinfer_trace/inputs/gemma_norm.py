@@ -126,7 +126,8 @@ def generate(b: Builder) -> None:
     if b.case is not None and b.case not in (cases := edge_cases(b.definition)):
         raise b.error(f"unknown case {b.case!r} (cases: {', '.join(cases)})")
     acts = [act] + ([residual] if residual else [])
-    rows = 1 if b.case == "single_token" else (norm.BOUNDARY_ROWS if b.case in BOUNDARY_CASES else norm.ROWS)[b.size]
+    rows = 1 if b.case == "single_token" else (norm.BOUNDARY_ROWS[b.size] if b.case in BOUNDARY_CASES
+                                               else b.count(norm.ROWS[b.size]))
     bind_rows(b, acts, rows)
     dtype, hidden = b.torch_dtype(act), b.shape(act)[1]
     if b.case == "minus_one_weight":

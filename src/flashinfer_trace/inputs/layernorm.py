@@ -168,7 +168,8 @@ def generate(b: Builder) -> None:
         raise b.mismatch(f"{act} must be [rows, hidden] (the API takes 2-D input)")
     if b.case is not None and b.case not in CASES:
         raise b.error(f"unknown case {b.case!r} (cases: {', '.join(CASES)})")
-    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS if b.case in BOUNDARY_CASES else ROWS)[b.size]
+    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS[b.size] if b.case in BOUNDARY_CASES
+                                               else b.count(ROWS[b.size]))
     bind_rows(b, [act], rows)
     b.put_random(weight, scale=WEIGHT_STD, mean=1.0)
     b.put_random(bias, scale=BIAS_STD)

@@ -117,7 +117,8 @@ def generate(b: Builder) -> None:
                          "[T, hc, hc]")
     if b.case is not None and b.case not in CASES:
         raise b.error(f"unknown case {b.case!r} (cases: {', '.join(CASES)})")
-    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS if b.case in BOUNDARY_CASES else ROWS)[b.size]
+    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS[b.size] if b.case in BOUNDARY_CASES
+                                               else b.count(ROWS[b.size]))
     bind_rows(b, list(INPUTS), rows)
     b.set_dim("residual", 1, HC)
     post, comb = _mixes(b, rows)

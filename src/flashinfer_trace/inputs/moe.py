@@ -250,7 +250,7 @@ def generate(b: Builder) -> None:
     if routing is None:
         raise b.error(f"a moe definition needs a {LOGITS!r} input (or pre-routed {ROUTED!r})")
 
-    rows = 1 if b.case == "single_token" else max(TIE_ROWS, ROWS[b.size]) if b.case == TIES else ROWS[b.size]
+    rows = 1 if b.case == "single_token" else max(TIE_ROWS, ROWS[b.size]) if b.case == TIES else b.count(ROWS[b.size])
     b.set_dim(routing, 0, rows)
     if HIDDEN in d.inputs:
         b.set_dim(HIDDEN, 0, rows)

@@ -123,7 +123,7 @@ def generate(b: Builder) -> None:
     if n_group < 1 or experts % n_group:
         raise b.mismatch(f"num_experts {experts} is no multiple of n_group {n_group}")
     if tokens_axis not in b.definition.const_axes:
-        tokens = {"single_token": 1, "many_tokens": MANY_TOKENS}.get(b.case or "", TOKENS[b.size]
+        tokens = {"single_token": 1, "many_tokens": MANY_TOKENS}.get(b.case or "", b.count(TOKENS[b.size])
                                                                        if b.case is None else BOUNDARY_TOKENS)
         b.set_axis(tokens_axis, tokens)
     shape = b.shape("scores")

@@ -107,7 +107,8 @@ def generate(b: Builder) -> None:
     if len(floats) + len(scalars) != len(b.definition.inputs):
         raise b.error("rmsnorm inputs must be float tensors and a scalar eps")
     acts = [n for n in floats if n in ACTIVATIONS]
-    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS if b.case in BOUNDARY_CASES else ROWS)[b.size]
+    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS[b.size] if b.case in BOUNDARY_CASES
+                                               else b.count(ROWS[b.size]))
     bind_rows(b, acts, rows)
     for name in floats:
         if name in WEIGHTS:

@@ -72,6 +72,7 @@ def roles(b: Builder) -> tuple[str, str, str, str]:
 def _lengths(b: Builder, page: int) -> tuple[list[int], list[int]]:
     """(prior, new) tokens of each request, by case."""
     requests, prior_max, new_max = TIERS[b.size]
+    requests = b.count(requests) if b.case is None else requests
     prior_max, new_max = max(prior_max, 2 * page), max(new_max, page)  # large pages: still several per request
     g = b.rng("lengths")
     if b.case == "decode":

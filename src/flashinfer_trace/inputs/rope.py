@@ -67,7 +67,8 @@ def generate(b: Builder) -> None:
     acts = [n for n in d.inputs if n in ACTIVATIONS]
     if pos is None or not acts:
         raise b.error("a rope definition needs positions and query/key inputs")
-    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS if b.case in BOUNDARY_CASES else ROWS)[b.size]
+    rows = 1 if b.case == "single_token" else (BOUNDARY_ROWS[b.size] if b.case in BOUNDARY_CASES
+                                               else b.count(ROWS[b.size]))
     bind_rows(b, [pos, *acts], rows)
 
     if CACHE in d.inputs:

@@ -103,7 +103,7 @@ def generate(b: Builder) -> None:
     elif not indices and not _var(d, w_axis):  # segment i uses W[i]: one segment per weight
         batch = d.const_axes[w_axis]
     else:
-        batch = 1 if b.case == "single_segment" else SEGMENTS[b.size]
+        batch = 1 if b.case == "single_segment" else b.count(SEGMENTS[b.size])
     if _var(d, w_axis):
         b.set_axis(w_axis, batch + 1 if indices else batch)
     n_weights = b.axis(w_axis)

@@ -227,7 +227,7 @@ def generate(b: Builder) -> None:
     dist, k_name = (PROBS if k != "top_k_mask" else LOGITS), (TOP_P if k == "top_p_renorm" else TOP_K)
     batch_axis, vocab_axis = b.dim_axis(dist, 0), b.dim_axis(dist, 1)
     if batch_axis not in b.axes:
-        b.set_axis(batch_axis, BOUNDARY[b.case][1] if b.case in BOUNDARY else BATCH[b.size])
+        b.set_axis(batch_axis, BOUNDARY[b.case][1] if b.case in BOUNDARY else b.count(BATCH[b.size]))
     if vocab_axis not in b.axes:
         b.set_axis(vocab_axis, VOCAB[b.size])
     batch, vocab = b.axis(batch_axis), b.axis(vocab_axis)

@@ -155,7 +155,8 @@ def generate(b: Builder) -> None:
     if "top_k" not in b.definition.const_axes:
         raise b.mismatch("topk needs a const axis top_k (the output's width)")
     k = int(b.definition.const_axes["top_k"])
-    rows = 1 if b.case == "single_row" else (BOUNDARY_ROWS if b.case in BOUNDARY_CASES else ROWS)[b.size]
+    rows = 1 if b.case == "single_row" else (BOUNDARY_ROWS[b.size] if b.case in BOUNDARY_CASES
+                                             else b.count(ROWS[b.size]))
     bind_rows(b, [scores], rows)
     width = b.dim(scores, 1)
     if k > width:

@@ -95,6 +95,8 @@ class CaseRecord(BaseModel):
     # with the device to itself after running out of memory
     memory: dict[str, Any] | None = None
     inputs: str | None = None  # where the inputs came from: "generator", "fi_trace init" or "declared"
+    # the case's var axes (a fresh seed draws its typical counts afresh: inputs.common.fresh_count)
+    axes: dict[str, int] | None = None
     known_issue: str | None = None
     failure_file: str | None = None
     environment: str | None = None
