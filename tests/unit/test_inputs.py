@@ -985,7 +985,7 @@ def test_unsupported_op_type():
                                          "cascade_merge", "page_append", "single_decode", "single_prefill", "layernorm",
                                          "topk", "bmm_fp8", "bmm_bf16", "moe_routing", "segment_gemm",
                                          "block_sparse", "cascade_attention", "pod", "mhc_post",
-                                         "dequantize_fp4", "gemm_fp8", "gemm_bf16"}
+                                         "dequantize_fp4", "gemm_fp8", "gemm_bf16", "xqa"}
 
 
 def test_unknown_case_and_size():

@@ -36,6 +36,7 @@ from . import (
     speculative,
     topk,
     topk_select,
+    xqa,
 )
 from .common import Builder, UnsupportedOpType
 
@@ -43,7 +44,7 @@ _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
                                      segment_gemm, block_sparse, cascade_attention,
                                      pod, mhc, dequantize_fp4,
-                                     gemm_fp8, gemm_bf16)
+                                     gemm_fp8, gemm_bf16, xqa)
 
 
 @dataclass(frozen=True)

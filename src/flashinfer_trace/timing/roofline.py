@@ -29,6 +29,8 @@ FLOPs (multiply and add count as two), per op_type:
   causal prefill (a definition of stage prefill with "causal" in its name) the bottom-right
   aligned triangle: query i of q (at position kv_len - q + i) sees keys 0..kv_len - q + i, so
   pairs = q * (kv_len - q) + q * (q + 1) / 2 when q <= kv_len;
+* xqa: 4 * heads * head_dim * pairs, pairs = each request's seq_lens (capped by a window of window_left + 1),
+  the caches counted by the keys read;
 * single_decode, single_prefill: the same sum for their one request (q [heads, dim] is one query; k
   and v [kv_len, kv_heads, dim]);
 * mla_paged: 2 * heads * pairs * (ckv_dim + kpe_dim) for the scores plus 2 * heads * pairs * ckv_dim
@@ -216,6 +218,11 @@ def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
             reads[name] = math.ceil(kv_tokens * per_token)
             notes.append(f"{name}: {kv_tokens} referenced tokens * {per_token:g} B/token "
                          f"(of {slots} token slots, {full} B allocated)")
+        elif definition.op_type == "xqa" and name in PAGED_CACHES and "seq_lens" in values:
+            slots = int(axes[spec.shape[0]]) * int(axes[spec.shape[1]])
+            tokens = sum(_xqa_keys(definition, values))
+            reads[name] = math.ceil(tokens * (full / slots if slots else 0.0))
+            notes.append(f"{name}: {tokens} keys read (within seq_lens and the window), of {slots} token slots")
         elif definition.op_type == "mamba_ssu" and name == "state" and spec.shape:
             live, rows = _mamba_rows(values, int(axes[spec.shape[0]]))
             reads[name] = full * live // rows if rows else 0
@@ -538,6 +545,22 @@ def _flops_pod(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 2 * heads * (prefill + decode) * 2 * dim
 
 
+def _xqa_keys(d: Definition, values: Mapping[str, Any]) -> list[int]:
+    """Per request, the keys its query sees: seq_lens, capped by a window of window_left + 1."""
+    lens = _ints(values["seq_lens"])
+    window = values.get("window_left")
+    return [min(n, int(window) + 1) for n in lens] if window is not None and int(window) >= 0 else lens
+
+
+def _flops_xqa(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """One query per request over the keys it sees: 2 * heads * pairs * 2 * head_dim (scores and values)."""
+    batch, heads, dim = _shape(d, inputs, "query")
+    pairs = sum(_xqa_keys(d, inputs.values))
+    detail["visible_pairs"] = pairs
+    detail["flops_formula"] = f"2 * heads * pairs * 2 * head_dim = 2 * {heads} * {pairs} * 2 * {dim}"
+    return 2 * heads * pairs * 2 * dim
+
+
 def _flops_moe_routing(d: Definition, inputs: Inputs, detail: dict) -> int:
     """Per token: a sigmoid and the bias added for every expert (about 5), each group's top-2 sum (2 a group), and
     the chosen experts' weights normalised and scaled (3 each); the selections' comparisons not counted."""
@@ -631,6 +654,7 @@ _FLOPS = {
     "cascade_merge": _flops_cascade,
     "page_append": _flops_page_append,
     "dequantize_fp4": _flops_dequantize_fp4,
+    "xqa": _flops_xqa,
     "topk": _flops_topk,
 }
 

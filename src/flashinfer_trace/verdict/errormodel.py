@@ -18,7 +18,7 @@ such an element is the sum of the absolute products that made it, per op family:
     mhc_post                      |x| |post| + |comb|^T @ |residual|  every output
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged / block_sparse /
-    cascade_attention / pod
+    cascade_attention / pod / xqa
                                                                   so only V needs its absolute value)
     mamba_ssu                     |C| . (exp(dt A) |S| + dt |x| |B|) `output` and `new_state` (A and dt keep
                                   + |D x|                        their signs: the decay is what it is)
@@ -83,6 +83,8 @@ MODELS: dict[str, ErrorModel] = {
     "cascade_attention": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V| over every level"),
     "mla_ragged": ErrorModel(("v",), ("output",), "operand scale: softmax(QK^T) . |V|"),
     "pod": ErrorModel(("v_p", "v_cache"), ("output_p", "output_d"), "operand scale: softmax(QK^T) . |V|, both halves"),
+    # XQA decode: |V| (an fp8 cache's |codes|) through the ground truth, times bmm2_scale (> 0) as the kernel scales
+    "xqa": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V| * bmm2_scale"),
     # y = C . S' + D x with S' = exp(dt A) S + dt x B: a sum of products over dstate that cancels like a
     # dot product; |S|, |x|, |B|, |C|, |D| (never A or dt: the decay and the step stay what they are) give
     # each element's sum of absolute terms, for the output and the updated state alike
