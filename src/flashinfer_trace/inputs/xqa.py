@@ -118,13 +118,17 @@ def structure(b: Builder, lens: list[int], page: int) -> tuple[torch.Tensor, int
     return table, num_pages
 
 
+def request_slots(table: torch.Tensor, lens: list[int], page: int) -> list[torch.Tensor]:
+    """Per request, the rows of its keys in the cache flattened over pages (page * page_size + offset), in order."""
+    return [(table[r, :-(-n // page)].long()[:, None] * page + torch.arange(page)).flatten()[:n]
+            for r, n in enumerate(lens)]
+
+
 def poison(b: Builder, table: torch.Tensor, lens: list[int], page: int, num_pages: int) -> None:
     """tail_poison: every slot no request reads (past a length on its last page, and the unread pages) gets large
     keys and values; the slots read keep their random values."""
     read = torch.zeros(num_pages * page, dtype=torch.bool)
-    for r, n in enumerate(lens):
-        pages = table[r, :-(-n // page)]
-        read[(pages[:, None] * page + torch.arange(page)).flatten()[:n]] = True
+    read[torch.cat(request_slots(table, lens, page))] = True
     unread = (~read).nonzero().flatten().to(b.device)
     for name, value in (("k_cache", POISON_KEY), ("v_cache", POISON_VALUE)):
         b.values[name].flatten(0, 1)[unread] = torch.tensor(value, dtype=b.torch_dtype(name), device=b.device)
@@ -168,8 +172,7 @@ def generate(b: Builder) -> None:
     for name in ("k_cache", "v_cache"):
         cache_values(b, name)
     if b.case in SCORE_CASES:
-        slots = [(table[r, :-(-n // page)][:, None] * page + torch.arange(page)).flatten()[:n]
-                 for r, n in enumerate(lens)]
+        slots = request_slots(table, lens, page)
         shape_scores(b, ROLES, slots, _dominant(b, slots) if b.case == "one_key_dominates" else [])
     if b.case == "tail_poison":
         poison(b, table, lens, page, num_pages)
@@ -195,8 +198,7 @@ def edge_key(b: Builder, table: torch.Tensor, lens: list[int], page: int) -> Non
     v = b.values
     v["query"][..., 0] = 16.0
     k = v["k_cache"].flatten(0, 1)
-    for r, n in enumerate(lens):
-        slots = (table[r, :-(-n // page)][:, None] * page + torch.arange(page)).flatten()[:n]
+    for n, slots in zip(lens, request_slots(table, lens, page), strict=True):
         k[slots.to(k.device), ..., 0] = 0.0
         if n > win:
             k[int(slots[n - 1 - win]), ..., 0] = 32.0
@@ -209,8 +211,7 @@ def top_scores(b: Builder, lens: list[int], page: int, bmm1: float) -> torch.Ten
     heads, kv = q.shape[1], kc.shape[1]
     group, win = heads // kv, window(b)
     best = torch.full((heads,), -math.inf, device=q.device)
-    for r, n in enumerate(lens):
-        slots = (table[r, :-(-n // page)][:, None] * page + torch.arange(page)).flatten()[:n]
+    for r, (n, slots) in enumerate(zip(lens, request_slots(table, lens, page), strict=True)):
         if win is not None:
             slots = slots[max(0, n - win):]
         k = kc[slots.to(q.device)].repeat_interleave(group, dim=1)  # [keys, heads, d]
