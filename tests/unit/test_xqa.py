@@ -177,6 +177,14 @@ def test_the_slot_table_and_the_mask():
     assert tx.visible(torch.tensor([4]), 4, 1).tolist() == [[False, False, True, True]]
 
 
+def test_the_truth_in_chunks_is_the_truth_at_once(monkeypatch):
+    d = load_definition(SWA)
+    x = generate_inputs(d, "small", 0)
+    whole = _truth(d, x)[0]
+    monkeypatch.setattr(tx, "CHUNK_ELEMENTS", 1)  # one request a chunk
+    assert torch.equal(_truth(d, x)[0], whole)
+
+
 @pytest.mark.parametrize(("name", "case"), [(QWEN, "tail_poison"), (NEXT, "values_near_max"), (FP8, "scores_large")])
 def test_the_reference_agrees_with_the_truth(name, case):
     d = load_definition(name)

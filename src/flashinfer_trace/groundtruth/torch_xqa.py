@@ -7,7 +7,8 @@ the caches gathered through it in float64 (an fp8 cache's codes are exact there)
 query heads with `repeat_interleave`, and a [batch, longest] visibility mask: j < seq_lens[b], and with a window
 j >= seq_lens[b] - 1 - window_left. Scores by einsum times bmm1_scale, -inf off the mask; a sink is one more
 column of the score matrix (its logit, no value) that the softmax normalises over and the product drops; the
-output is the weighted sum of the values times bmm2_scale, rounded once to the output's dtype.
+output is the weighted sum of the values times bmm2_scale, rounded once to the output's dtype. Requests go a chunk
+at a time (CHUNK_ELEMENTS gathered elements), so the large tier's batches do not widen to GiBs at once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .. import semantics as sem
 from .base import Adapter, Call
 
 F64 = torch.float64
+CHUNK_ELEMENTS = 1 << 25
 INPUTS = ("query", "k_cache", "v_cache", "block_tables", "seq_lens", "bmm1_scale", "bmm2_scale")
 
 
@@ -53,27 +55,34 @@ def visible(seq_lens: torch.Tensor, longest: int, window_left: int | None) -> to
     return mask
 
 
-def xqa(call: Call) -> tuple:
-    from ..dtypes import torch_dtype
-
-    d, x = call.definition, call.inputs.values
-    q, kc, vc = x["query"], x["k_cache"], x["v_cache"]
-    page_size = kc.shape[1]
-    lens = x["seq_lens"].to(q.device)
-    longest = max(int(lens.max()), 1)
-    slots = slot_table(x["block_tables"].to(q.device), page_size, longest)
+def attend(x: dict, rows: slice, longest: int) -> torch.Tensor:
+    """float64 [rows, heads, dim]: the output of the requests `rows`, over their first `longest` tokens."""
+    q, kc, vc = x["query"][rows], x["k_cache"], x["v_cache"]
+    lens = x["seq_lens"][rows].to(q.device)
+    slots = slot_table(x["block_tables"][rows].to(q.device), kc.shape[1], longest)
     group = q.shape[1] // kc.shape[2]
-    k = kc.flatten(0, 1)[slots].to(F64).repeat_interleave(group, dim=2)  # [batch, longest, heads, dim]
+    k = kc.flatten(0, 1)[slots].to(F64).repeat_interleave(group, dim=2)  # [rows, longest, heads, dim]
     v = vc.flatten(0, 1)[slots].to(F64).repeat_interleave(group, dim=2)
     s = torch.einsum("bhd,bjhd->bhj", q.to(F64), k) * float(x["bmm1_scale"])
-    mask = visible(lens, longest, x.get("window_left"))
-    s = s.masked_fill(~mask[:, None, :], -math.inf)
+    s = s.masked_fill(~visible(lens, longest, x.get("window_left"))[:, None, :], -math.inf)
     if x.get("sinks") is not None:
         sink = x["sinks"].to(device=q.device, dtype=F64)[None, :, None].expand(s.shape[0], -1, 1)
         p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
     else:
         p = torch.softmax(s, dim=-1)
-    out = torch.einsum("bhj,bjhd->bhd", p, v) * float(x["bmm2_scale"])
+    return torch.einsum("bhj,bjhd->bhd", p, v) * float(x["bmm2_scale"])
+
+
+def xqa(call: Call) -> tuple:
+    from ..dtypes import torch_dtype
+
+    d, x = call.definition, call.inputs.values
+    q = x["query"]
+    longest = max(int(x["seq_lens"].max()), 1)
+    # requests a chunk at a time: a chunk's gathered keys and values (float64, widened to the query heads) stay
+    # near CHUNK_ELEMENTS each, whatever the batch (64 requests of 4096 keys would be 8 GiB at once)
+    step = max(1, CHUNK_ELEMENTS // (longest * q.shape[1] * q.shape[2]))
+    out = torch.cat([attend(x, slice(i, i + step), longest) for i in range(0, q.shape[0], step)])
     return (out.to(torch_dtype(d.outputs["output"].dtype)),)
 
 
