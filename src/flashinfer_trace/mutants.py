@@ -47,6 +47,7 @@ from .mutants_speculative import MUTANTS as SPECULATIVE_MUTANTS
 from .mutants_topk import MUTANTS as TOPK_MUTANTS
 from .mutants_topk_select import MUTANTS as TOPK_SELECT_MUTANTS
 from .mutants_trtllm_paged import MUTANTS as TRTLLM_PAGED_MUTANTS
+from .mutants_xqa import MUTANTS as XQA_MUTANTS
 
 __all__ = ["KERNELS", "MUTANTS", "Kill", "Margin", "Mutant", "PlantedKernel", "baseline", "first_failure", "kill",
            "kill_kernel", "kill_rate", "kills", "mutate", "rates_by_class", "run_plan"]
@@ -456,7 +457,7 @@ MUTANTS: tuple[Mutant, ...] = (
      + SAMPLERS_MUTANTS + TOPK_SELECT_MUTANTS + BMM_MUTANTS + MOE_ROUTING_MUTANTS + SEGMENT_GEMM_MUTANTS
      + BLOCK_SPARSE_MUTANTS + CASCADE_ATTENTION_MUTANTS + POD_MUTANTS + MHC_MUTANTS
      + DEQUANTIZE_FP4_MUTANTS + SPECULATIVE_MUTANTS + GEMM_FP8_MUTANTS
-     + GEMM_BF16_MUTANTS + TRTLLM_PAGED_MUTANTS)
+     + GEMM_BF16_MUTANTS + TRTLLM_PAGED_MUTANTS + XQA_MUTANTS)
 
 
 # -- planted kernels -------------------------------------------------------------------------------------

@@ -985,7 +985,7 @@ def test_unsupported_op_type():
                                          "cascade_merge", "page_append", "single_decode", "single_prefill", "layernorm",
                                          "topk", "bmm_fp8", "bmm_bf16", "moe_routing", "segment_gemm",
                                          "block_sparse", "cascade_attention", "pod", "mhc_post",
-                                         "dequantize_fp4", "gemm_fp8", "gemm_bf16", "trtllm_paged"}
+                                         "dequantize_fp4", "gemm_fp8", "gemm_bf16", "trtllm_paged", "xqa"}
 
 
 def _renamed_inputs(d: Definition) -> Definition:

@@ -39,6 +39,7 @@ from . import (
     flashinfer_topk,
     flashinfer_topk_select,
     flashinfer_trtllm_paged,
+    flashinfer_xqa,
     modes,
     sglang,
     sglang_cascade,
@@ -65,6 +66,7 @@ from . import (
     torch_topk,
     torch_topk_select,
     torch_trtllm_paged,
+    torch_xqa,
 )
 from .base import (
     ALL_SOURCES,
@@ -96,7 +98,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
                   + flashinfer_pod.ADAPTERS + flashinfer_mhc.ADAPTERS
                   + flashinfer_dequantize_fp4.ADAPTERS + flashinfer_speculative.ADAPTERS
                   + flashinfer_gemm_fp8.ADAPTERS + flashinfer_gemm_bf16.ADAPTERS
-                  + flashinfer_trtllm_paged.ADAPTERS,
+                  + flashinfer_trtllm_paged.ADAPTERS + flashinfer_xqa.ADAPTERS,
     "sglang": sglang.ADAPTERS + sglang_cascade.ADAPTERS + sglang_topk.ADAPTERS + sglang_gemma_norm.ADAPTERS
               + sglang_samplers.ADAPTERS,
     "torch": torch_ref.ADAPTERS + torch_cascade.ADAPTERS + torch_page_append.ADAPTERS + torch_topk.ADAPTERS
@@ -106,7 +108,7 @@ ADAPTERS: dict[str, list[Adapter]] = {
              + torch_block_sparse.ADAPTERS + torch_cascade_attention.ADAPTERS
              + torch_pod.ADAPTERS + torch_mhc.ADAPTERS + torch_dequantize_fp4.ADAPTERS
              + torch_speculative.ADAPTERS + torch_gemm_fp8.ADAPTERS
-             + torch_gemm_bf16.ADAPTERS + torch_trtllm_paged.ADAPTERS,
+             + torch_gemm_bf16.ADAPTERS + torch_trtllm_paged.ADAPTERS + torch_xqa.ADAPTERS,
 }
 
 

@@ -37,6 +37,7 @@ from . import (
     topk,
     topk_select,
     trtllm_paged,
+    xqa,
 )
 from .common import Builder, UnsupportedOpType
 
@@ -44,7 +45,7 @@ _MODULES: tuple[ModuleType, ...] = (norm, gemm, attention, moe, rope, activation
                                      page_append, single_attention, layernorm, topk_select, bmm, moe_routing,
                                      segment_gemm, block_sparse, cascade_attention,
                                      pod, mhc, dequantize_fp4,
-                                     gemm_fp8, gemm_bf16, trtllm_paged)
+                                     gemm_fp8, gemm_bf16, trtllm_paged, xqa)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ FLOPs (multiply and add count as two), per op_type:
   pairs = q * (kv_len - q) + q * (q + 1) / 2 when q <= kv_len;
 * trtllm_paged: the same sum per request, pairs from cum_seq_lens_q and seq_lens (causal bottom-right; ragged:
   a square of each request's tokens; decode: seq_lens), the caches' bytes those of the seq_lens tokens;
+* xqa: 4 * heads * head_dim * pairs, pairs = each request's seq_lens (capped by a window of window_left + 1),
+  the caches counted by the keys read;
 * single_decode, single_prefill: the same sum for their one request (q [heads, dim] is one query; k
   and v [kv_len, kv_heads, dim]);
 * mla_paged: 2 * heads * pairs * (ckv_dim + kpe_dim) for the scores plus 2 * heads * pairs * ckv_dim
@@ -224,6 +226,11 @@ def _bytes(definition: Definition, inputs: Inputs, detail: dict) -> int:
             reads[name] = math.ceil(tokens * (full / slots if slots else 0.0))
             detail["kv_tokens_read"] = tokens
             notes.append(f"{name}: {tokens} tokens of seq_lens read (of {slots} token slots)")
+        elif definition.op_type == "xqa" and name in PAGED_CACHES and "seq_lens" in values:
+            slots = int(axes[spec.shape[0]]) * int(axes[spec.shape[1]])
+            tokens = sum(_xqa_keys(definition, values))
+            reads[name] = math.ceil(tokens * (full / slots if slots else 0.0))
+            notes.append(f"{name}: {tokens} keys read (within seq_lens and the window), of {slots} token slots")
         elif definition.op_type == "mamba_ssu" and name == "state" and spec.shape:
             live, rows = _mamba_rows(values, int(axes[spec.shape[0]]))
             reads[name] = full * live // rows if rows else 0
@@ -563,6 +570,22 @@ def _flops_trtllm_paged(d: Definition, inputs: Inputs, detail: dict) -> int:
     return 2 * heads * pairs * 2 * dim
 
 
+def _xqa_keys(d: Definition, values: Mapping[str, Any]) -> list[int]:
+    """Per request, the keys its query sees: seq_lens, capped by a window of window_left + 1."""
+    lens = _ints(values["seq_lens"])
+    window = values.get("window_left")
+    return [min(n, int(window) + 1) for n in lens] if window is not None and int(window) >= 0 else lens
+
+
+def _flops_xqa(d: Definition, inputs: Inputs, detail: dict) -> int:
+    """One query per request over the keys it sees: 2 * heads * pairs * 2 * head_dim (scores and values)."""
+    batch, heads, dim = _shape(d, inputs, "query")
+    pairs = sum(_xqa_keys(d, inputs.values))
+    detail["visible_pairs"] = pairs
+    detail["flops_formula"] = f"2 * heads * pairs * 2 * head_dim = 2 * {heads} * {pairs} * 2 * {dim}"
+    return 2 * heads * pairs * 2 * dim
+
+
 def _flops_moe_routing(d: Definition, inputs: Inputs, detail: dict) -> int:
     """Per token: a sigmoid and the bias added for every expert (about 5), each group's top-2 sum (2 a group), and
     the chosen experts' weights normalised and scaled (3 each); the selections' comparisons not counted."""
@@ -657,6 +680,7 @@ _FLOPS = {
     "page_append": _flops_page_append,
     "dequantize_fp4": _flops_dequantize_fp4,
     "trtllm_paged": _flops_trtllm_paged,
+    "xqa": _flops_xqa,
     "topk": _flops_topk,
 }
 

@@ -19,7 +19,7 @@ such an element is the sum of the absolute products that made it, per op family:
     gqa_paged / gqa_ragged /      softmax(QK^T) . |V|            `output` (probabilities are >= 0,
     mla_ragged / block_sparse /
     cascade_attention / pod /
-    trtllm_paged
+    trtllm_paged / xqa
                                                                   so only V needs its absolute value)
     mamba_ssu                     |C| . (exp(dt A) |S| + dt |x| |B|) `output` and `new_state` (A and dt keep
                                   + |D x|                        their signs: the decay is what it is)
@@ -88,6 +88,8 @@ MODELS: dict[str, ErrorModel] = {
     "trtllm_paged": ErrorModel(None, ("output",), "operand scale: softmax(QK^T) . |V|",
                                compute=lambda d, x: _absolute_scales(d, x, tuple(n for n in ("v_cache", "value")
                                                                                  if n in d.inputs), ("output",))),
+    # XQA decode: |V| (an fp8 cache's |codes|) through the ground truth, times bmm2_scale (> 0) as the kernel scales
+    "xqa": ErrorModel(("v_cache",), ("output",), "operand scale: softmax(QK^T) . |V| * bmm2_scale"),
     # y = C . S' + D x with S' = exp(dt A) S + dt x B: a sum of products over dstate that cancels like a
     # dot product; |S|, |x|, |B|, |C|, |D| (never A or dt: the decay and the step stay what they are) give
     # each element's sum of absolute terms, for the output and the updated state alike
