@@ -70,7 +70,9 @@ class CheckConfig:
     save_inputs: bool = False
     results_file: str | None = None  # JSONL, one record a line as each completes
     resume: bool = False  # reuse the records already in results_file
-    jit_report: str | None = None  # the JIT prebuild's report (jit.jsonl): what it could not build is skipped
+    # the JIT prebuild's answers (definition, source, api=None) -> its record, from the face that started or found the
+    # prebuild (its report, sweep/jit/report.py): what it could not build is skipped
+    prebuild_lookup: PrebuildLookup | None = None
     environment: str | None = None  # the environment id the records carry
     # this run's fresh seed, beside the fixed ones: a reference cannot be right for the fixed seeds only.
     # None: none (config_from_options draws one unless told "off"); replayed with --seeds N
@@ -123,11 +125,7 @@ class CheckConfig:
         return SamplingSettings.gpu(self.draws, edge=edge)
 
     def prebuild(self) -> PrebuildLookup | None:
-        if not self.jit_report:
-            return None
-        from .sweep.jit.report import watch
-
-        return watch(self.jit_report).outcome  # waits for a job a running prebuild has not ended yet
+        return self.prebuild_lookup
 
 
 def config_from_options(get: Callable[[str], Any], **more: Any) -> CheckConfig:
@@ -135,7 +133,7 @@ def config_from_options(get: Callable[[str], Any], **more: Any) -> CheckConfig:
     sizes, seeds = get("sizes"), get("seeds")
     return CheckConfig(sizes=tuple(sizes) if sizes else DEFAULT_SIZES, seeds=tuple(seeds) if seeds else DEFAULT_SEEDS,
                        device=get("device"), draws=get("draws"), save_failures=get("save_failures"),
-                       save_inputs=bool(get("save_inputs")), jit_report=get("jit_report"),
+                       save_inputs=bool(get("save_inputs")),
                        fresh_seed=fresh_seed(get("fresh_seed")), repeats=get("repeats"), paths=not get("plain_path"),
                        max_fixed_bytes=None if get("max_fixed_mib") is None else int(get("max_fixed_mib") * 2**20),
                        draws_store=get("draws_store"),
@@ -534,13 +532,13 @@ def save_failure(record: CaseRecord, case: Case, memo: Memo, config: CheckConfig
 def recorded(path: str | Path) -> dict[tuple, CaseRecord]:
     """The records in a JSONL stream by key (the last record of a key wins); a torn line is skipped."""
     from .results.record import parse
-    from .sweep.results import read_latest
+    from .results.stream import read_latest
 
     return {r.key: r for r in read_latest(path, parse, lambda r: r.key)}
 
 
 def run(cases: list[Case | CaseRecord], config: CheckConfig) -> Iterator[CaseRecord]:
-    from .sweep.results import JsonlStream
+    from .results.stream import JsonlStream
 
     memo = Memo(config.resolved_device, config.memory())
     done = recorded(config.results_file) if config.resume and config.results_file else {}

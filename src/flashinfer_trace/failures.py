@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .sweep.results import write_atomic
+from .results.stream import write_atomic
 
 DEFAULT_DIR = Path("results") / "failures"
 

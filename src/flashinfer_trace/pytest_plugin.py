@@ -66,10 +66,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @cache
 def _check_config(config: pytest.Config) -> CheckConfig:
-    checked = config_from_options(config.getoption)
+    report = config.getoption("jit_report")
+    checked = config_from_options(config.getoption, prebuild_lookup=_watch(report) if report else None)
     if config.getoption("--run-slow") and "large" not in checked.sizes:
         checked.sizes = (*checked.sizes, "large")
     return checked
+
+
+def _watch(report: str):
+    """The prebuild's answers from its report as it grows (a running prebuild's jobs are waited for)."""
+    from .sweep.jit.report import watch
+
+    return watch(report).outcome
 
 
 def reference_test(op_type: str):
@@ -114,7 +122,7 @@ def _fi_trace_config(config: pytest.Config) -> CheckConfig:
     ours (rmsnorm_h4096): read for these, it would answer for another definition."""
     from dataclasses import replace
 
-    return replace(_check_config(config), definition_set=FI_TRACE_SET, jit_report=None)
+    return replace(_check_config(config), definition_set=FI_TRACE_SET, prebuild_lookup=None)
 
 
 def planned_cases(op_type: str, config: CheckConfig) -> list[Case | CaseRecord]:

@@ -164,3 +164,23 @@ def test_the_noxfile_imports_need_no_pydantic_or_torch():
             "ns = runpy.run_path('noxfile.py')\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parents[1], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+@pytest.mark.parametrize("engine", ["flashinfer_trace.check", "flashinfer_trace.memo"])
+def test_the_engine_does_not_reach_up_into_the_sweep(engine):
+    """The engine reads and writes records through results/ alone, and what it needs of the JIT prebuild's report
+    comes in through its config (CheckConfig.prebuild_lookup, set by the CLI or the pytest plugin)."""
+    up = sorted(m for m in _reaches(import_graph(), engine) if m.startswith(("flashinfer_trace.sweep",
+                                                                              "flashinfer_trace.cli",
+                                                                              "flashinfer_trace.matrix")))
+    assert not up, f"{engine} reaches {up}"

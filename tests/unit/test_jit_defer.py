@@ -189,7 +189,7 @@ def test_a_deferred_module_makes_its_cases_not_run_building_never_a_skip_or_an_e
         base._check_prebuild(fake, definition, prebuild)
         raise AssertionError("a deferred module must not be built here")
 
-    config = CheckConfig(device="cpu", jit_report=str(report), resolve=resolve)
+    config = CheckConfig(device="cpu", prebuild_lookup=jit.PrebuildWatch(str(report)).outcome, resolve=resolve)
     record = run_case(Case(d, Check.MATCH, "small", 0, source="flashinfer"), Memo("cpu"), config)
     assert (record.status, record.kind) == (Status.NOT_RUN, Kind.BUILDING)
     assert "not-run: building: flashinfer.norm.rmsnorm" in record.detail and "nox -s jit-x" in record.detail

@@ -222,7 +222,7 @@ def test_comparisons_of_a_ready_definition_start_before_the_last_build_ends(tmp_
             _job("slow", "moe", api="flashinfer.fused_moe.x")]
     config = _config(tmp_path, plan, workers=3)
     background = Background(jobs, config, progress=None)
-    lookup = CheckConfig(jit_report=config.report).prebuild()
+    lookup = CheckConfig(prebuild_lookup=jit.PrebuildWatch(config.report).outcome).prebuild()
     assert lookup("fast", "flashinfer").status == "built"
     fake = base.Adapter("flashinfer", "activation", "flashinfer.act.silu", lambda call: (), None)
     d = load_definition("silu_and_mul_i256")

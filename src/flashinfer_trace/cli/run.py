@@ -171,6 +171,13 @@ def _fmt(x: Any) -> str:
 
 
 # -- check --------------------------------------------------------------------------------------
+def _watch(report: str):
+    """The prebuild's answers from its report (jit.jsonl) as it grows: the engine reads them through its config."""
+    from ..sweep.jit.report import watch
+
+    return watch(report).outcome
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from ..check import config_from_options, configure_sandbox, discover, plan, run, summarise
     from ..dataset import definitions_dir
@@ -193,10 +200,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     configure_sandbox(lambda name: getattr(args, name))
     sources = (*SOURCES, *((KERNEL,) if args.kernel else ())) if args.ground_truth == "all" else (args.ground_truth,)
+    lookup = _watch(args.jit_report) if args.jit_report else None
     config = config_from_options(lambda name: getattr(args, name), sources=sources, kernel=args.kernel,
                                  cases=(tuple(args.case) if args.case else None) if not args.no_edge_cases else (),
                                  definitions_dir=args.definitions, results_file=args.results or None,
-                                 resume=args.resume)
+                                 resume=args.resume, prebuild_lookup=lookup)
     targets = args.targets or [str(definitions_dir(args.definitions))]
     found = discover(targets, config)
     where = (f"each record appended to {Path(config.results_file).resolve()} (--results FILE to choose, '' for none)"
@@ -205,7 +213,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     kernels = tuple(s for s in sources if s in ("flashinfer", "sglang"))  # the JIT-built ones
     background, ready = None, {}
     if kernels and config.resolved_device.startswith("cuda") and not args.no_prebuild:
-        background, config.jit_report, ready = _prebuild(found.definitions, kernels, config.resolved_device, args)
+        background, report, ready = _prebuild(found.definitions, kernels, config.resolved_device, args)
+        config.prebuild_lookup = _watch(report)
     planned = ready_first(plan(found, config), ready)
     results = []
     try:
