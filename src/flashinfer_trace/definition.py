@@ -264,9 +264,9 @@ class Definition(BaseModel):
 
     @cached_property
     def reference_call(self):
-        """How the reference is called (`sandbox.static.Entry`): its entry function, whether by keyword,
+        """How the reference is called (`sandbox.entry.Entry`): its entry function, whether by keyword,
         the keyword each input is passed as, and the inputs it ignores (docs/definitions.md)."""
-        from .sandbox.static import entry_point
+        from .sandbox.entry import entry_point
 
         params = {n: s.param for n, s in self.inputs.items() if s.param is not None}
         optional = [n for n, s in self.inputs.items() if s.optional is True]
@@ -313,7 +313,7 @@ class Definition(BaseModel):
         dataset's MoE references list `routing_bias` second where the inputs list it last. Parsed,
         never run; the inputs' own order where the reference has no such run() (validate says why),
         and for an entry point called by keyword (fi_trace), less the inputs it ignores."""
-        from .sandbox.static import run_parameters
+        from .sandbox.entry import run_parameters
 
         if self.reference_by_name:
             ignored = set(self.reference_ignored)

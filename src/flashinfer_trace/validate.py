@@ -321,7 +321,8 @@ def _param_tag_problems(data: dict[str, Any], file: str) -> list[Problem]:
 
 def _reference_problems(code: str, input_names: list[str], file: str, params: dict[str, str] | None = None,
                         notes: list[Problem] | None = None, optional: Sequence[str] = ()) -> list[Problem]:
-    from .sandbox.static import check_reference, entry_point, parse, undefined_names
+    from .sandbox.entry import entry_point, undefined_names
+    from .sandbox.static import check_reference, parse
 
     try:
         tree = parse(code)

@@ -15,8 +15,9 @@ import torch
 from flashinfer_trace.dataset import load_path
 from flashinfer_trace.fitrace import emit
 from flashinfer_trace.fitrace.layout import MANIFEST_NAME, write_layout
+from flashinfer_trace.sandbox.entry import entry_point
 from flashinfer_trace.sandbox.namespace import compile_in_namespace
-from flashinfer_trace.sandbox.static import check_reference, entry_point
+from flashinfer_trace.sandbox.static import check_reference
 from flashinfer_trace.testing import _with_in_place
 from flashinfer_trace.validate import check_data, validate_paths
 

@@ -14,7 +14,7 @@ import torch
 from flashinfer_trace.definition import Definition
 from flashinfer_trace.dtypes import DType, torch_dtype
 from flashinfer_trace.inputs import InputGenerationError, Inputs, generate_inputs
-from flashinfer_trace.sandbox.static import entry_point
+from flashinfer_trace.sandbox.entry import entry_point
 from flashinfer_trace.testing import run_reference
 from flashinfer_trace.validate import check_data, check_file, validate_paths
 
@@ -179,7 +179,7 @@ def test_a_helper_left_out_is_a_problem_naming_function_and_name(fi):
     ("def h(x):\n    return nope(x)\ndef g(x):\n    return gone(x)\ndef f(x):\n    return g(x)\n", [("g", "gone")]),
 ])
 def test_undefined_names_follow_the_calls_from_the_entry(code, undefined):
-    from flashinfer_trace.sandbox.static import undefined_names
+    from flashinfer_trace.sandbox.entry import undefined_names
 
     assert undefined_names(code, "f") == undefined
 

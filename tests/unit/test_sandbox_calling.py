@@ -16,7 +16,7 @@ import torch
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.inputs import generate_inputs
-from flashinfer_trace.sandbox.static import UNEVALUATED, entry_signature
+from flashinfer_trace.sandbox.entry import UNEVALUATED, entry_signature
 from flashinfer_trace.testing import compile_reference
 
 

@@ -185,7 +185,8 @@ def complete_reference(definition: dict[str, Any], reference_fn: Any) -> list[st
     plain function (its source) or a literal constant goes in before the entry function (which stays last:
     the entry rule picks the last one), helpers of helpers too. Names nothing binds stay missing, and so
     does everything where an added helper would change which function is the entry point."""
-    from ..sandbox.static import parse, undefined_names  # noqa: PLC0415 - standard library only
+    from ..sandbox.entry import undefined_names  # noqa: PLC0415 - standard library only
+    from ..sandbox.static import parse  # noqa: PLC0415
 
     code = definition.get("reference")
     try:  # `@torch.no_grad()` wraps it: the wrapper's globals are torch's
@@ -245,7 +246,7 @@ def restore_params(definition: dict[str, Any], template: Any) -> dict[str, str]:
 
 
 def _entry(code: str, definition: dict[str, Any]) -> str | None:
-    from ..sandbox.static import entry_point  # noqa: PLC0415
+    from ..sandbox.entry import entry_point  # noqa: PLC0415
 
     inputs = definition.get("inputs") if isinstance(definition.get("inputs"), dict) else {}
     specs = {n: s for n, s in inputs.items() if isinstance(s, dict)}

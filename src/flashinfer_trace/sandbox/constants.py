@@ -136,7 +136,7 @@ def reference_constants(code: str, entry: str = "run") -> dict[str, object]:
     entries = [n for n in functions if n.name == entry]
     if not entries and entry == "run" and functions:
         # FlashInfer fi_trace: no run(); the reference is the last top-level function (its helpers are
-        # inlined before it), `EPS = 1e-6` inside `_rmsnorm_reference` (sandbox.static.entry_point)
+        # inlined before it), `EPS = 1e-6` inside `_rmsnorm_reference` (sandbox.entry.entry_point)
         entries = functions[-1:]
     if entries:
         params = {a.arg for a in ast.walk(entries[-1].args) if isinstance(a, ast.arg)}

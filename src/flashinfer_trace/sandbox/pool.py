@@ -43,8 +43,9 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers CUDA IPC for ForkingPickler (else a CUDA tensor pickles as a copy)
 
 from .confine import scrubbed_environment
+from .entry import entry_signature
 from .errors import ConfinementUnavailable, ReferenceFailure, SandboxError, reference_raised
-from .static import check_reference, entry_signature
+from .static import check_reference
 from .transport import Arenas, HostArena, ProtocolError, decode, encode, needed
 
 __all__ = ["ConfinedReference", "Settings", "compile_reference", "configure", "settings", "shutdown", "status"]
@@ -589,7 +590,7 @@ class ConfinedReference:
     a confined worker.
 
     The arguments are bound in this process against the entry's parameter list, read from the code's
-    AST (`static.entry_signature`; nothing of the code runs here), so a missing, unexpected or doubled
+    AST (`entry.entry_signature`; nothing of the code runs here), so a missing, unexpected or doubled
     argument is a TypeError before any worker is asked, and the worker gets them in parameter order."""
 
     def __init__(self, code: str, definition: str, entry: str, *, escaped: bool = False,
