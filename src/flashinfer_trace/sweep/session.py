@@ -88,7 +88,13 @@ def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], 
     fresh = [] if fresh_seed is None or any(a.startswith("--fresh-seed") for a in extra) else [
         f"--fresh-seed={fresh_seed}"]
     # the test processes share one GPU: each case takes its memory from the device's budget (budget/)
-    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *fresh, *extra]
+    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *fresh, *QUIET_PLUGINS, *extra]
+
+
+# pytest plugins a reference test process has no use for, each a cost in every one of ~17k tests or ~35 processes:
+# logging attaches its capture handler to each of torch's ~40 non-propagating loggers three times a test (~2 ms;
+# a log line still reaches the test's captured stderr), hypothesis imports itself whole for its terminal summary
+QUIET_PLUGINS = ("-p", "no:logging", "-p", "no:hypothesispytest")
 
 
 def session_fresh_seed(results: Path, resume: bool) -> int:
