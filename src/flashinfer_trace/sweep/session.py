@@ -10,8 +10,9 @@ parallel, each with its own budget; a `jit` session builds everything, an hour a
 or bench session leaves a job expected past its budget, its modules not here, to the `jit-` session: deferred at
 once, its cases `not-run: building`), import FlashInfer's own definitions
 where it has them (fitrace_step.py: results/<session>/fi_trace/, or a note why not) and, while the modules
-build, run the tests with every file (or shard of one) in its own process (isolation.py: a crash or a hang
-fails one test, the rest still run), each started once its definitions' builds have ended, those expected
+build, run the tests with every file (a shard of one, a CPU session's group of small ones: targets.py) in its own
+process (isolation.py: a crash or a hang fails one test, the rest still run), each started once its definitions'
+builds have ended, those expected
 ready first (session.json's `timeline`: seconds to the first and the last comparison), sample the clocks again,
 write results/<session>/ (results.py). Exit status: 0 when everything that ran passed (cases not run
 for a module still building included), 1 on test failures, 3 when the session was skipped (arch mismatch, no GPU).
@@ -38,6 +39,7 @@ from .install import torch_differences
 from .isolation import Target
 from .results import ERRORS, FAILURES, JsonlStream, SessionInfo, TestRecord, from_fields, read_latest, write_session
 from .session_report import Timeline, bad_lines, building_lines, info_line, not_run_kinds, phase_totals
+from .targets import group_small, order_targets, shard, target_definitions, target_files  # noqa: F401
 
 EXIT_SKIPPED = 3
 REFERENCE_TESTS = "tests/references"
@@ -274,6 +276,8 @@ def reference_targets(s: SessionState, c: SessionConfig) -> SessionState:
           + (f": {step.detail}" if step.detail else ""), file=sys.stderr)
     kept, own = fi_trace_targets(step, c.results, s.targets)
     s.targets = shard(kept, c.jobs, c.definitions, own)
+    if not c.combo.gpu:  # a GPU session's targets wait for their own modules: kept one file each there
+        s.targets = group_small(s.targets, c.jobs, c.definitions)
     if s.builds is not None:
         from .jit import PrebuildWatch
         from .jit.pipeline import readiness
@@ -321,7 +325,7 @@ def rerun_alone(s: SessionState, c: SessionConfig) -> SessionState:
     latest = {r.nodeid: r for r in s.records}
     again = {n for n, r in latest.items() if r.status is Status.NOT_RUN and r.kind in HARNESS_KINDS}
     files = {Path(n.partition("::")[0]).name for n in again}
-    targets = [t for t in s.targets if Path(t if isinstance(t, str) else t[0]).name in files]
+    targets = [t for t in s.targets if any(Path(f).name in files for f in target_files(t))]
     if not again or not targets:
         return s
     print(f"{c.session}: {len(again)} case(s) out of memory beside the others: run again, alone", file=sys.stderr)
@@ -454,34 +458,6 @@ def child_environment(jobs: int, cores: int | None = None) -> dict[str, str]:
     return env
 
 
-def shard(files: list[str], jobs: int, definitions: Path, own: dict[str, tuple] | None = None) -> list[Target]:
-    """Test files split into shards that run side by side: about 2 x jobs processes in all, each file's
-    share in proportion to its definitions (test_<op>.py: definitions/<op>/), so a file with many
-    definitions (GEMM's) is not the whole session's critical path. `own`: a file's pytest arguments of its
-    own (test_fi_trace.py: --fi-trace-definitions DIR, whose definitions it counts, every op type)."""
-    own = own or {}
-
-    def target(f: str, *more: str) -> Target:
-        args = (*own.get(f, ()), *more)
-        return (f, args) if args else f
-
-    if jobs <= 1:
-        return [target(f) for f in files]
-
-    def count(f: str) -> int:
-        if f in own and len(own[f]) >= 2:
-            return len(list(Path(own[f][1]).rglob("*.json")))
-        return len(list((definitions / Path(f).stem.removeprefix("test_")).glob("*.json")))
-
-    counts = {f: max(1, count(f)) for f in files}
-    total = sum(counts.values())
-    out: list[Target] = []
-    for f in sorted(files, key=lambda f: -counts[f]):  # the big files first: their shards start early
-        n = max(1, min(counts[f], round(2 * jobs * counts[f] / total)))
-        out += [target(f)] if n == 1 else [target(f, "--shard", f"{i}/{n}") for i in range(n)]
-    return out
-
-
 def session_fi_trace(combo: Combination, resume: bool, versions: dict[str, str | None] | None = None,
                      op_types: tuple[str, ...] | None = None, enabled: bool = True) -> FiTraceConfig:
     """The fi_trace step of a session in this environment: the installed FlashInfer (`versions`: default this
@@ -587,34 +563,6 @@ def read_prebuild(results: Path):
     from . import jit
 
     return jit.read_report(results / JIT_STREAM)
-
-
-def target_definitions(target: Target, definitions: Path) -> list[str] | None:
-    """The definitions a test target runs (test_<op>.py: definitions/<op>/; a `--shard I/N` of it: every N-th of
-    their sorted names from the I-th, the plugin's rule); None when not known (the target then waits for the whole
-    prebuild). A -k filter can move definitions between shards: their cases then wait inside the test process."""
-    path, own = (target, ()) if isinstance(target, str) else target
-    folder = definitions / Path(path.split("::")[0]).stem.removeprefix("test_")
-    if not folder.is_dir():
-        return None
-    names = sorted(f.stem for f in folder.glob("*.json"))
-    if "--shard" in own:
-        index, _, count = own[own.index("--shard") + 1].partition("/")
-        i, n = int(index), int(count)
-        names = [d for k, d in enumerate(names) if k % n == i]
-    return names
-
-
-def order_targets(targets: list[Target], ready: dict[str, float], definitions: Path) -> list[Target]:
-    """The targets whose definitions' modules are expected ready first (their slowest job's expected seconds);
-    otherwise in the given order (the big files' shards first)."""
-    def key(item: tuple[int, Target]) -> tuple[float, int]:
-        names = target_definitions(item[1], definitions)
-        worst = max(ready.values(), default=0.0) if names is None else max((ready.get(d, 0.0) for d in names),
-                                                                             default=0.0)
-        return worst, item[0]
-
-    return [t for _, t in sorted(enumerate(targets), key=key)]
 
 
 def gate(watch, definitions: Path) -> Callable[[Target, threading.Event], None]:
