@@ -129,7 +129,9 @@ def planned_cases(op_type: str, config: CheckConfig) -> list[Case | CaseRecord]:
     from .check import Discovered, plan
     from .dataset import Dataset
 
-    definitions = sorted(Dataset(config.definitions_dir).select(op_type=op_type), key=lambda d: d.name)
+    dataset = Dataset(config.definitions_dir)
+    definitions = sorted(dataset.select(op_type=op_type, names=dataset.names_maybe_of(op_type)),
+                         key=lambda d: d.name)
     return plan(Discovered(definitions, []), config)
 
 

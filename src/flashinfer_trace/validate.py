@@ -321,6 +321,30 @@ def _param_tag_problems(data: dict[str, Any], file: str) -> list[Problem]:
 
 def _reference_problems(code: str, input_names: list[str], file: str, params: dict[str, str] | None = None,
                         notes: list[Problem] | None = None, optional: Sequence[str] = ()) -> list[Problem]:
+    """The reference's problems (and its notes, into `notes`), remembered per (code, inputs, file, params,
+    optional): the static analysis parses the code several times, ~80% of a definition's validation, and the same
+    reference is validated again and again (each test process that loads a definition; the fuzz test's 2500
+    variants of one). Problems are frozen; a very long code is analysed afresh each time."""
+    key = (code, tuple(input_names), file, None if params is None else tuple(sorted(params.items())), tuple(optional))
+    hit = _REFERENCE_PROBLEMS.get(key) if len(code) <= _REMEMBERED_CODE else None
+    if hit is None:
+        found: list[Problem] = []
+        hit = (tuple(_analyse_reference(code, input_names, file, params, found, optional)), tuple(found))
+        if len(code) <= _REMEMBERED_CODE:
+            if len(_REFERENCE_PROBLEMS) >= _REMEMBERED:
+                _REFERENCE_PROBLEMS.pop(next(iter(_REFERENCE_PROBLEMS)))
+            _REFERENCE_PROBLEMS[key] = hit
+    if notes is not None:
+        notes += hit[1]
+    return list(hit[0])
+
+
+_REFERENCE_PROBLEMS: dict[tuple, tuple[tuple[Problem, ...], tuple[Problem, ...]]] = {}
+_REMEMBERED, _REMEMBERED_CODE = 1024, 1 << 16  # entries, characters of code
+
+
+def _analyse_reference(code: str, input_names: list[str], file: str, params: dict[str, str] | None,
+                       notes: list[Problem], optional: Sequence[str]) -> list[Problem]:
     from .sandbox.entry import entry_point, undefined_names
     from .sandbox.static import check_reference, parse
 

@@ -198,6 +198,26 @@ def test_large_reference_files_are_sharded_in_proportion_to_their_definitions():
     assert shard(files, 1, Path("definitions")) == files
 
 
+def test_small_reference_files_share_a_process_and_no_file_is_lost():
+    """A CPU session packs the files of few definitions into groups (each test process starts torch and a fork
+    server): every file and shard still runs once, a group runs exactly its files' definitions, the heaviest first."""
+    from flashinfer_trace.sweep.isolation import collect_files
+    from flashinfer_trace.sweep.session import group_small, shard, target_definitions, target_files
+
+    definitions = ROOT / "definitions"
+    plan = shard(collect_files([str(ROOT / "tests" / "references")]), 2, definitions)
+    grouped = group_small(plan, 2, definitions)
+    assert len(grouped) < len(plan) // 2
+    assert sorted(f for t in grouped for f in target_files(t)) == sorted(f for t in plan for f in target_files(t))
+    assert {t for t in plan if not isinstance(t, str)} <= set(grouped)  # shards and own arguments stay alone
+    share = sum(len(target_definitions(f, definitions) or []) for f in plan) // 8
+    for t in (t for t in grouped if not isinstance(t, str) and t[1][0].endswith(".py")):
+        names = target_definitions(t, definitions)
+        assert names == [d for f in target_files(t) for d in target_definitions(f, definitions)]
+        assert len(names) <= share
+    assert grouped[0] == plan[0]
+
+
 def test_shards_split_a_file_without_overlap_or_loss():
     def collect(*extra):
         out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",

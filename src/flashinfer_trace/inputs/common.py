@@ -425,12 +425,22 @@ _CHECK_CHUNK = 1 << 24  # elements: isfinite makes temporaries 2.5x a bf16 tenso
 
 
 def _all_finite(t: torch.Tensor) -> bool:
-    """No NaN or infinity in t, checked where t is, a chunk at a time, with one sync at the end."""
+    """No NaN or infinity in t, checked where t is, a chunk at a time, with one sync at the end. Through each
+    chunk's min and max (aminmax propagates NaN, and an infinity is an extreme): one pass without a temporary,
+    where isfinite(...).all() made three (~9x slower on a CPU, bf16 inputs of a GEMM's weights the most)."""
     flat = t.reshape(-1)
     ok = torch.ones((), dtype=torch.bool, device=t.device)
     for start in range(0, flat.numel(), _CHECK_CHUNK):
-        ok &= torch.isfinite(flat[start:start + _CHECK_CHUNK]).all()
+        chunk = flat[start:start + _CHECK_CHUNK]
+        if chunk.dtype in _MINMAX_DTYPES:
+            lo, hi = torch.aminmax(chunk)
+            ok &= torch.isfinite(lo) & torch.isfinite(hi)
+        else:  # float8_e8m0fnu (MX scales): no aminmax
+            ok &= torch.isfinite(chunk).all()
     return bool(ok)
+
+
+_MINMAX_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 # -- helpers shared by the simple families ----------------------------------------------------------

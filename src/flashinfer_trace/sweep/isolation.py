@@ -3,7 +3,7 @@ fails the test it happened in, and every other test still gets its record.
 
 Each target (a test file or a nodeid) runs in its own `python -m pytest` child, in a new process
 group so that a kill also reaches what the test spawned (compilers, servers). The child streams its
-events through `_stream_plugin`, fsynced line by line; the supervisor reads that stream, so after the
+events through `_stream_plugin`, flushed line by line; the supervisor reads that stream, so after the
 child dies it knows what was reported and which test was running. That test is recorded as an error
 (crash) or timeout (hang), and a new child resumes the target with every test that already has a
 record deselected, until each collected test has one.

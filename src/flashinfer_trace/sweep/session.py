@@ -10,8 +10,9 @@ parallel, each with its own budget; a `jit` session builds everything, an hour a
 or bench session leaves a job expected past its budget, its modules not here, to the `jit-` session: deferred at
 once, its cases `not-run: building`), import FlashInfer's own definitions
 where it has them (fitrace_step.py: results/<session>/fi_trace/, or a note why not) and, while the modules
-build, run the tests with every file (or shard of one) in its own process (isolation.py: a crash or a hang
-fails one test, the rest still run), each started once its definitions' builds have ended, those expected
+build, run the tests with every file (a shard of one, a CPU session's group of small ones: targets.py) in its own
+process (isolation.py: a crash or a hang fails one test, the rest still run), each started once its definitions'
+builds have ended, those expected
 ready first (session.json's `timeline`: seconds to the first and the last comparison), sample the clocks again,
 write results/<session>/ (results.py). Exit status: 0 when everything that ran passed (cases not run
 for a module still building included), 1 on test failures, 3 when the session was skipped (arch mismatch, no GPU).
@@ -43,14 +44,13 @@ from .session_prebuild import (  # noqa: F401 - re-exported: the CLI and the tes
     finish_prebuild,
     gate,
     k_expression,
-    order_targets,
     plan_prebuild,
     prebuild,
     read_prebuild,
     start_prebuild,
-    target_definitions,
 )
 from .session_report import Timeline, bad_lines, building_lines, info_line, not_run_kinds, phase_totals
+from .targets import group_small, order_targets, shard, target_definitions, target_files  # noqa: F401
 
 EXIT_SKIPPED = 3
 REFERENCE_TESTS = "tests/references"
@@ -101,7 +101,13 @@ def pytest_args(kind: str, combo: Combination, results: Path, extra: list[str], 
     fresh = [] if fresh_seed is None or any(a.startswith("--fresh-seed") for a in extra) else [
         f"--fresh-seed={fresh_seed}"]
     # the test processes share one GPU: each case takes its memory from the device's budget (budget/)
-    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *fresh, *extra]
+    return [f"--device={device}", f"--save-failures={results / 'failures'}", *report, *fresh, *QUIET_PLUGINS, *extra]
+
+
+# pytest plugins a reference test process has no use for, each a cost in every one of ~17k tests or ~35 processes:
+# logging attaches its capture handler to each of torch's ~40 non-propagating loggers three times a test (~2 ms;
+# a log line still reaches the test's captured stderr), hypothesis imports itself whole for its terminal summary
+QUIET_PLUGINS = ("-p", "no:logging", "-p", "no:hypothesispytest")
 
 
 def session_fresh_seed(results: Path, resume: bool) -> int:
@@ -281,6 +287,8 @@ def reference_targets(s: SessionState, c: SessionConfig) -> SessionState:
           + (f": {step.detail}" if step.detail else ""), file=sys.stderr)
     kept, own = fi_trace_targets(step, c.results, s.targets)
     s.targets = shard(kept, c.jobs, c.definitions, own)
+    if not c.combo.gpu:  # a GPU session's targets wait for their own modules: kept one file each there
+        s.targets = group_small(s.targets, c.jobs, c.definitions)
     if s.builds is not None:
         from .jit import PrebuildWatch
         from .jit.pipeline import readiness
@@ -328,7 +336,7 @@ def rerun_alone(s: SessionState, c: SessionConfig) -> SessionState:
     latest = {r.nodeid: r for r in s.records}
     again = {n for n, r in latest.items() if r.status is Status.NOT_RUN and r.kind in HARNESS_KINDS}
     files = {Path(n.partition("::")[0]).name for n in again}
-    targets = [t for t in s.targets if Path(t if isinstance(t, str) else t[0]).name in files]
+    targets = [t for t in s.targets if any(Path(f).name in files for f in target_files(t))]
     if not again or not targets:
         return s
     print(f"{c.session}: {len(again)} case(s) out of memory beside the others: run again, alone", file=sys.stderr)
@@ -458,34 +466,6 @@ def child_environment(jobs: int, cores: int | None = None) -> dict[str, str]:
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (cores or os.cpu_count() or 1) // max(1, jobs)))
     return env
-
-
-def shard(files: list[str], jobs: int, definitions: Path, own: dict[str, tuple] | None = None) -> list[Target]:
-    """Test files split into shards that run side by side: about 2 x jobs processes in all, each file's
-    share in proportion to its definitions (test_<op>.py: definitions/<op>/), so a file with many
-    definitions (GEMM's) is not the whole session's critical path. `own`: a file's pytest arguments of its
-    own (test_fi_trace.py: --fi-trace-definitions DIR, whose definitions it counts, every op type)."""
-    own = own or {}
-
-    def target(f: str, *more: str) -> Target:
-        args = (*own.get(f, ()), *more)
-        return (f, args) if args else f
-
-    if jobs <= 1:
-        return [target(f) for f in files]
-
-    def count(f: str) -> int:
-        if f in own and len(own[f]) >= 2:
-            return len(list(Path(own[f][1]).rglob("*.json")))
-        return len(list((definitions / Path(f).stem.removeprefix("test_")).glob("*.json")))
-
-    counts = {f: max(1, count(f)) for f in files}
-    total = sum(counts.values())
-    out: list[Target] = []
-    for f in sorted(files, key=lambda f: -counts[f]):  # the big files first: their shards start early
-        n = max(1, min(counts[f], round(2 * jobs * counts[f] / total)))
-        out += [target(f)] if n == 1 else [target(f, "--shard", f"{i}/{n}") for i in range(n)]
-    return out
 
 
 def session_fi_trace(combo: Combination, resume: bool, versions: dict[str, str | None] | None = None,

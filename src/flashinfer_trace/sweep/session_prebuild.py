@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .isolation import Target
 from .results import JsonlStream
+from .targets import target_definitions
 
 JIT_STREAM = "jit.jsonl"
 
@@ -110,34 +111,6 @@ def read_prebuild(results: Path):
     from . import jit
 
     return jit.read_report(results / JIT_STREAM)
-
-
-def target_definitions(target: Target, definitions: Path) -> list[str] | None:
-    """The definitions a test target runs (test_<op>.py: definitions/<op>/; a `--shard I/N` of it: every N-th of
-    their sorted names from the I-th, the plugin's rule); None when not known (the target then waits for the whole
-    prebuild). A -k filter can move definitions between shards: their cases then wait inside the test process."""
-    path, own = (target, ()) if isinstance(target, str) else target
-    folder = definitions / Path(path.split("::")[0]).stem.removeprefix("test_")
-    if not folder.is_dir():
-        return None
-    names = sorted(f.stem for f in folder.glob("*.json"))
-    if "--shard" in own:
-        index, _, count = own[own.index("--shard") + 1].partition("/")
-        i, n = int(index), int(count)
-        names = [d for k, d in enumerate(names) if k % n == i]
-    return names
-
-
-def order_targets(targets: list[Target], ready: dict[str, float], definitions: Path) -> list[Target]:
-    """The targets whose definitions' modules are expected ready first (their slowest job's expected seconds);
-    otherwise in the given order (the big files' shards first)."""
-    def key(item: tuple[int, Target]) -> tuple[float, int]:
-        names = target_definitions(item[1], definitions)
-        worst = max(ready.values(), default=0.0) if names is None else max((ready.get(d, 0.0) for d in names),
-                                                                             default=0.0)
-        return worst, item[0]
-
-    return [t for _, t in sorted(enumerate(targets), key=key)]
 
 
 def gate(watch, definitions: Path) -> Callable[[Target, threading.Event], None]:
