@@ -512,8 +512,7 @@ def _run_case(case: Case, memo: Memo, config: CheckConfig) -> CaseRecord:
     record.phases = {**{k: round(v, 4) for k, v in phases.seconds.items()},
                      "worker_starts": pool.worker_starts() - starts}
     record.environment = config.environment
-    if memo.inputs is not None and memo.key == (case.definition.name, case.size, case.seed, case.case,
-                                                 case.definition_set, case.fresh):
+    if memo.inputs is not None and memo.key == memo.group(case):
         record.inputs = memo.inputs.source
         record.axes = {a: memo.inputs.axes[a] for a in case.definition.var_axes if a in memo.inputs.axes} or None
     if record.status is Status.FAIL and config.save_failures:

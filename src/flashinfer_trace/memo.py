@@ -63,7 +63,7 @@ class Memo:
         self._planned: tuple | None = None  # (case, group) of the last memory plan
 
     def pristine(self, case: Case, phases: Phases) -> Inputs:
-        key = (case.definition.name, case.size, case.seed, case.case, case.definition_set, case.fresh)
+        key = self.group(case)
         if key != self.key:  # forgotten before generating: a failure must not leave another case's inputs
             new_definition = self.key is not None and (self.key[0], self.key[4]) != (key[0], key[4])
             self.key = self.inputs = self.outputs = self._scales = None
@@ -99,7 +99,9 @@ class Memo:
                                         reference=runs)
 
     def group(self, case: Case) -> tuple:
-        return (case.definition.name, case.size, case.seed, case.case, case.definition_set)
+        """The cases that share one set of inputs (and the reference's outputs on them): a fresh seed's counts are
+        its own, so `fresh` is part of it."""
+        return (case.definition.name, case.size, case.seed, case.case, case.definition_set, case.fresh)
 
     def free(self) -> None:
         """Drop every tensor of the current group (inputs, the reference's outputs, its draws), close the reference

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from fakes import install_flashinfer
 from packaging.version import Version
 from planted import assert_caught_by_its_case, assert_family_cases, passes, truth
 
 from flashinfer_trace.dataset import load_definition
-from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
+from flashinfer_trace.groundtruth import GroundTruthUnavailable, get_ground_truth, modes, paths
 from flashinfer_trace.groundtruth import flashinfer_block_sparse as fbs
 from flashinfer_trace.groundtruth import torch_block_sparse as tbs
 from flashinfer_trace.groundtruth.base import Call
@@ -228,10 +228,7 @@ def _fake(monkeypatch, version, cc=(9, 0), **kw):
     module = types.ModuleType("flashinfer")
     module.__version__ = version
     module.sparse = types.SimpleNamespace(BlockSparseAttentionWrapper=_wrapper_class(**kw))
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: cc if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version, cc=cc)
     monkeypatch.setattr(fbs, "_device_cc", lambda t: cc)
     CALLS.clear()
     return module

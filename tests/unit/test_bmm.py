@@ -6,13 +6,12 @@ each planted bug passes on typical operands and is caught by its case."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 from planted import agrees, assert_boundary_bug, assert_killed, mutant_named
 
 from flashinfer_trace.dataset import load_definition
@@ -181,10 +180,7 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_bmm: boo
             out.copy_(c)
             return out
         module.bmm_bf16 = bmm_bf16
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0) if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version)
     real = flashinfer_bmm.importlib.util.find_spec
     monkeypatch.setattr(flashinfer_bmm.importlib.util, "find_spec",
                         lambda name, *a: (object() if cudnn else None) if name == "cudnn" else real(name, *a))

@@ -6,17 +6,17 @@ each release takes (a fake module: no GPU here), and each planted bug is caught 
 from __future__ import annotations
 
 import math
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from fakes import install_flashinfer
 from packaging.version import Version
 from planted import assert_caught_by_its_case, assert_family_cases, passes, truth
 
 from flashinfer_trace.dataset import load_definition
-from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
+from flashinfer_trace.groundtruth import GroundTruthUnavailable, get_ground_truth, modes, paths
 from flashinfer_trace.groundtruth import flashinfer_cascade_attention as fca
 from flashinfer_trace.groundtruth import torch_cascade_attention as tca
 from flashinfer_trace.groundtruth.base import Call
@@ -218,10 +218,7 @@ def _fake(monkeypatch, version, **kw):
     module = types.ModuleType("flashinfer")
     module.__version__ = version
     module.cascade = types.SimpleNamespace(MultiLevelCascadeAttentionWrapper=_wrapper_class(**kw))
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0) if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version)
     CALLS.clear()
     return module
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import install_flashinfer
 from packaging.version import Version
 from planted import agrees, assert_boundary_bug
 
 from flashinfer_trace.dataset import load_definition
-from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
+from flashinfer_trace.groundtruth import GroundTruthUnavailable, get_ground_truth, modes, paths
 from flashinfer_trace.groundtruth import flashinfer_dequantize_fp4 as fdq
 from flashinfer_trace.groundtruth import torch_dequantize_fp4 as tdq
 from flashinfer_trace.groundtruth.base import Call
@@ -250,10 +251,7 @@ def _fake_flashinfer(monkeypatch, version, cc=(9, 0), **quantization):
     module = types.ModuleType("flashinfer")
     module.__version__ = version
     module.quantization = types.SimpleNamespace(**quantization)
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: cc if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version, cc=cc)
     return module
 
 

@@ -2,13 +2,12 @@
 the index-set comparison, FlashInfer adapters (fakes), extraction, planted bugs."""
 
 import dataclasses
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 
 from flashinfer_trace.dataset import load_definition, load_path
 from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth
@@ -174,9 +173,7 @@ def _fake_flashinfer(monkeypatch, version, **attrs):
     module.__version__ = version
     for k, v in attrs.items():
         setattr(module, k, v)
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
+    install_flashinfer(monkeypatch, module, version, cc=None)
     return module
 
 

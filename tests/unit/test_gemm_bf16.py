@@ -7,13 +7,12 @@ typical operands and is caught by its case."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named
 
 from flashinfer_trace.dataset import load_definition
@@ -212,10 +211,7 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, apis=("mm_bf1
         gemm.mm_M1_16_K7168_N256 = router("mm_M1_16_K7168_N256")
         gemm.mm_M1_16_K6144_N256 = router("mm_M1_16_K6144_N256")
     module.gemm = gemm
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: cc if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version, cc=cc)
     real = flashinfer_bmm.importlib.util.find_spec
     monkeypatch.setattr(flashinfer_bmm.importlib.util, "find_spec",
                         lambda name, *a: (object() if cudnn else None) if name == "cudnn" else real(name, *a))

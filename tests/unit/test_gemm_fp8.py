@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 from planted import agrees, assert_caught_by_its_case, assert_family_cases, passes
 
 from flashinfer_trace.dataset import load_definition
@@ -163,10 +162,7 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_api: boo
 
     if with_api:
         module.gemm.fp8_blockscale_gemm_sm90 = api
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: cc if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version, cc=cc)
     return calls
 
 

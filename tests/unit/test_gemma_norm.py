@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import install_flashinfer
 from packaging.version import Version
 from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named, passes
 
@@ -239,10 +240,7 @@ def _fake_flashinfer(monkeypatch, version: str, calls: list | None = None, *, pd
         else:
             norm.gemma_rmsnorm, norm.gemma_fused_add_rmsnorm = gemma_rmsnorm, gemma_fused_add_rmsnorm
     module.norm = norm
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0) if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version)
     return module
 
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named, passes
 
 from flashinfer_trace.dataset import load_definition
@@ -177,10 +176,7 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_layernor
             return y.to(input.dtype)
         norm.layernorm = layernorm
     module.norm = norm
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0) if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version)
     return module
 
 

@@ -6,13 +6,12 @@ passes on typical tokens and is caught by its case."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named, passes
 
 from flashinfer_trace.dataset import load_definition
@@ -195,10 +194,7 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_mhc: boo
             return out.to(torch.bfloat16).reshape(residual.shape)
         mhc.mhc_post = mhc_post
     module.mhc = mhc
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: cc if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version, cc=cc)
     return module
 
 

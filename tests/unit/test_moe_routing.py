@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named, passes, truth
 
 from flashinfer_trace.dataset import load_definition
@@ -217,10 +216,7 @@ def _fake(monkeypatch, version: str, calls: list, *, new_keywords: bool = True, 
 
     module.fused_moe = types.SimpleNamespace() if missing else types.SimpleNamespace(
         fused_topk_deepseek=fused_topk_deepseek)
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: (10, 0) if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version, cc=(10, 0))
     return module
 
 

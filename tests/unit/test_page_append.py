@@ -6,17 +6,17 @@ each planted bug is caught by its case."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from fakes import install_flashinfer
 from packaging.version import Version
 from planted import assert_boundary_bug, mutant_named
 
 from flashinfer_trace.dataset import load_definition
-from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
+from flashinfer_trace.groundtruth import GroundTruthUnavailable, get_ground_truth, modes, paths
 from flashinfer_trace.groundtruth import flashinfer_page_append as fpa
 from flashinfer_trace.groundtruth import torch_page_append as tpa
 from flashinfer_trace.groundtruth.base import Call
@@ -225,10 +225,7 @@ def _fake_flashinfer(monkeypatch, version, **page):
     module = types.ModuleType("flashinfer")
     module.__version__ = version
     module.page = types.SimpleNamespace(**page)
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0) if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version)
     return module
 
 

@@ -7,13 +7,12 @@ by its case."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named
 
 from flashinfer_trace.dataset import load_definition
@@ -193,10 +192,7 @@ def _fake(monkeypatch, version: str, calls: list | None = None, *, with_class: b
     calls = [] if calls is None else calls
     if with_class:
         module.SegmentGEMMWrapper = lambda ws, backend="auto": _FakeWrapper(calls, ws, backend)
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: cc if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version, cc=cc)
     monkeypatch.setattr(flashinfer_segment_gemm, "WORKSPACE_BYTES", 16)
     return module
 

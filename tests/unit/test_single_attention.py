@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import install_flashinfer
 from packaging.version import Version
 
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.definition import Definition
-from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
+from flashinfer_trace.groundtruth import GroundTruthUnavailable, get_ground_truth, modes, paths
 from flashinfer_trace.groundtruth import flashinfer_single as fs
 from flashinfer_trace.groundtruth.base import Call
 from flashinfer_trace.inputs import attention as att
@@ -179,10 +180,7 @@ def _fake_flashinfer(monkeypatch, version, decode=_decode, prefill=_prefill, cc=
     module.__version__ = version
     module.decode = types.SimpleNamespace(single_decode_with_kv_cache=decode)
     module.prefill = types.SimpleNamespace(single_prefill_with_kv_cache=prefill)
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: cc if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version, cc=cc)
     CALLS.clear()
     return module
 

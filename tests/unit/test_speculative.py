@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 
 from flashinfer_trace.check import CheckConfig, Discovered, plan, run
 from flashinfer_trace.dataset import load_definition
 from flashinfer_trace.definition import Definition
-from flashinfer_trace.groundtruth import ADAPTERS, GroundTruthUnavailable, base, get_ground_truth, paths
+from flashinfer_trace.groundtruth import ADAPTERS, GroundTruthUnavailable, get_ground_truth, paths
 from flashinfer_trace.groundtruth.torch_speculative import acceptance, count_law, encode, laws, split, stop_law
 from flashinfer_trace.inputs import edge_cases, generate_inputs
 from flashinfer_trace.inputs.registry import family_for
@@ -240,10 +239,7 @@ def _fake(monkeypatch, version: str, fn):
     module = types.ModuleType("flashinfer")
     module.__version__ = version
     module.sampling = types.SimpleNamespace(chain_speculative_sampling=fn)
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0) if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version)
     return module
 
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from packaging.version import Version
+from fakes import install_flashinfer
 from planted import agrees, assert_boundary_bug, assert_boundary_classes, assert_killed, mutant_named
 
 from flashinfer_trace.dataset import load_definition
-from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, paths
+from flashinfer_trace.groundtruth import GroundTruthUnavailable, get_ground_truth, paths
 from flashinfer_trace.inputs import Inputs, edge_cases, generate_inputs
 from flashinfer_trace.mutants import MUTANTS
 from flashinfer_trace.testing import run_reference
@@ -182,10 +181,7 @@ def _fake(monkeypatch, version: str, calls: list, *, keywords: bool = True, varl
                 ids = out_indices
             return ids, None
         module.top_k_varlen = top_k_varlen
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0) if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version)
     return module
 
 

@@ -7,17 +7,17 @@ case."""
 from __future__ import annotations
 
 import math
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from fakes import install_flashinfer
 from packaging.version import Version
 from planted import assert_caught_by_its_case, assert_family_cases
 
 from flashinfer_trace.dataset import load_definition
-from flashinfer_trace.groundtruth import GroundTruthUnavailable, base, get_ground_truth, modes, paths
+from flashinfer_trace.groundtruth import GroundTruthUnavailable, get_ground_truth, modes, paths
 from flashinfer_trace.groundtruth import flashinfer_trtllm_paged as ftrt
 from flashinfer_trace.groundtruth import torch_trtllm_paged as ttrt
 from flashinfer_trace.groundtruth.base import Call
@@ -260,10 +260,7 @@ def _fake(monkeypatch, version, cc=(9, 0)):
     module.__version__ = version
     module.prefill = types.SimpleNamespace(trtllm_fmha_v2_prefill=_fake_prefill)
     module.decode = types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=_fake_decode)
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: cc if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version, cc=cc)
     CALLS.clear()
     return module
 

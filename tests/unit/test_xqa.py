@@ -6,12 +6,12 @@ with the scales the kernel takes (a fake module: no GPU here), and each planted 
 from __future__ import annotations
 
 import math
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from fakes import install_flashinfer
 from packaging.version import Version
 from planted import assert_caught_by_its_case, assert_family_cases
 
@@ -234,10 +234,7 @@ def _fake(monkeypatch, version):
     module.__version__ = version
     module.decode = types.SimpleNamespace(xqa_batch_decode_with_kv_cache=_fake_batch_decode)
     module.xqa = types.SimpleNamespace(xqa=_fake_xqa)
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(base, "installed_version", lambda package: Version(version))
-    monkeypatch.setattr(base, "_imported", {})
-    monkeypatch.setattr(base, "cuda_capability", lambda device: (9, 0) if str(device).startswith("cuda") else None)
+    install_flashinfer(monkeypatch, module, version)
     monkeypatch.setattr(fx, "workspace", lambda device, zeroed=False: torch.zeros(16 << 20, dtype=torch.uint8))
     CALLS.clear()
     return module
